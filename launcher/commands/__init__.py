@@ -1,0 +1,1 @@
+"""Click commands, one module per command group; loaded lazily by ``launcher.cli``."""

@@ -1,0 +1,82 @@
+"""Every environment variable name the launcher reads or sets, in one place.
+
+Names are grouped by who defines the contract: the legacy Ascend scripts, torchrun, msrun (MindSpore
+dynamic cluster), MindCluster / the Ascend Operator, and the launcher itself. See
+``shared/docs/ascend-contracts.md`` sections 1, 2 and 6 for where each comes from.
+"""
+
+# --- Legacy Ascend per-rank variables (train_start.sh / utils.sh) --------------------------------
+RANK_TABLE_FILE = "RANK_TABLE_FILE"
+RANK_ID = "RANK_ID"
+RANK_SIZE = "RANK_SIZE"
+DEVICE_ID = "DEVICE_ID"
+ASCEND_DEVICE_ID = "ASCEND_DEVICE_ID"
+DEVICE_NUM = "DEVICE_NUM"
+DEVICE_INDEX = "DEVICE_INDEX"  # TensorFlow: the global rank (legacy scripts hard-coded 8*server)
+SERVER_ID = "SERVER_ID"  # index of this server in the rank table
+SERVER_NUM = "SERVER_NUM"
+JOB_ID = "JOB_ID"
+HCCL_IF_IP = "HCCL_IF_IP"
+GROUP_INFO_FILE = "GROUP_INFO_FILE"
+RESTORE_RANKS = "RESTORE_RANKS"
+RESTORE_RANKS_MAP = "RESTORE_RANKS_MAP"
+
+# --- torchrun ---------------------------------------------------------------------------------
+RANK = "RANK"
+LOCAL_RANK = "LOCAL_RANK"
+WORLD_SIZE = "WORLD_SIZE"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+ROLE_RANK = "ROLE_RANK"
+ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+ROLE_NAME = "ROLE_NAME"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+
+# --- msrun / MindSpore dynamic cluster --------------------------------------------------------
+MS_ROLE = "MS_ROLE"
+MS_ROLE_SCHED = "MS_SCHED"
+MS_ROLE_WORKER = "MS_WORKER"
+MS_SCHED_HOST = "MS_SCHED_HOST"
+MS_SCHED_PORT = "MS_SCHED_PORT"
+MS_WORKER_NUM = "MS_WORKER_NUM"
+MS_LOCAL_WORKER = "MS_LOCAL_WORKER"
+MS_NODE_RANK = "MS_NODE_RANK"
+MS_NODE_ID = "MS_NODE_ID"
+MS_SERVER_NUM = "MS_SERVER_NUM"
+MS_TOPO_TIMEOUT = "MS_TOPO_TIMEOUT"
+MS_ENABLE_GRACEFUL_EXIT = "MS_ENABLE_GRACEFUL_EXIT"
+MS_ENABLE_TFT = "MS_ENABLE_TFT"
+
+# --- MindCluster / Ascend Operator / Kubernetes -----------------------------------------------
+XDL_IP = "XDL_IP"
+POD_IP = "POD_IP"
+MINDX_TASK_ID = "MINDX_TASK_ID"
+MINDX_FRAMEWORK = "framework"  # the MindX samples export the framework name in lower case
+ASCEND_VISIBLE_DEVICES = "ASCEND_VISIBLE_DEVICES"
+TASKD_PROCESS_ENABLE = "TASKD_PROCESS_ENABLE"
+LD_PRELOAD = "LD_PRELOAD"
+PROCESS_RECOVER = "PROCESS_RECOVER"
+HIGH_AVAILABILITY = "HIGH_AVAILABILITY"
+ENABLE_RESTART_FAULT_PROCESS = "ENABLE_RESTART_FAULT_PROCESS"
+XDG_RUNTIME_DIR = "XDG_RUNTIME_DIR"
+
+# --- The launcher's own variables, exported to every rank -------------------------------------
+LAUNCHER_RUN_DIR = "LAUNCHER_RUN_DIR"
+LAUNCHER_ATTEMPT = "LAUNCHER_ATTEMPT"
+LAUNCHER_GRACEFUL_EXIT_FILE = "LAUNCHER_GRACEFUL_EXIT_FILE"
+LAUNCHER_GASP_SAVE_ALLOWED = "LAUNCHER_GASP_SAVE_ALLOWED"
+LAUNCHER_RESUME_SOURCE_RANK = "LAUNCHER_RESUME_SOURCE_RANK"
+LAUNCHER_RESUME_CHECKPOINT = "LAUNCHER_RESUME_CHECKPOINT"
+LAUNCHER_RESUME_STEP = "LAUNCHER_RESUME_STEP"
+LAUNCHER_RESUME_KIND = "LAUNCHER_RESUME_KIND"  # "breakpoint" or "periodic"
+
+# --- Options of `launcher run` read from the environment (LAUNCHER_<OPTION>) -------------------
+ENV_PREFIX = "LAUNCHER_"
