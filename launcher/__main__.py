@@ -1,0 +1,24 @@
+"""Entry point for ``launcher`` and ``python -m launcher``.
+
+For ``run`` the signal handlers are installed before anything else is imported, so a SIGTERM that
+arrives while the launcher is still starting is recorded and honoured, never lost.
+"""
+
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """Run the launcher CLI and exit with its status."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["run"]:
+        from launcher import signals
+
+        signals.install()
+    from launcher.cli import main as cli_main
+
+    sys.exit(cli_main(args))
+
+
+if __name__ == "__main__":
+    main()

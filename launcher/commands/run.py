@@ -1,0 +1,79 @@
+"""``launcher run [OPTIONS] -- COMMAND [ARGS]...``: parse, then delegate to ``launcher.runner``."""
+
+from typing import Any, Callable, Optional
+
+import click
+
+from launcher.options import FRAMEWORKS, RunOptions, env_var_for, load_config
+
+
+def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    # Eager: runs before the other options, so the file becomes their default_map and click's
+    # precedence (command line > environment > default_map > default) applies unchanged.
+    if value:
+        ctx.default_map = {**(ctx.default_map or {}), **load_config(value)}
+    return value
+
+
+def _opt(*decls: str, **kwargs: Any) -> Callable:
+    """A ``run`` option that can also be set as ``LAUNCHER_<NAME>`` in the environment."""
+    name = max(decls, key=len).lstrip("-").replace("-", "_")
+    kwargs.setdefault("envvar", env_var_for(name))
+    kwargs.setdefault("show_envvar", True)
+    return click.option(*decls, **kwargs)
+
+
+@click.command(context_settings={"ignore_unknown_options": False, "show_default": True})
+@click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
+              callback=_load_config, envvar="LAUNCHER_CONFIG", show_envvar=True,
+              help="YAML file holding any run option (keys as option names).")
+@_opt("--rank-table", type=click.Path(dir_okay=False),
+      help="Rank table (hccl.json). Default: $RANK_TABLE_FILE, else "
+           "/user/serverid/devindex/config/hccl.json when it exists.")
+@_opt("--rank-table-timeout", type=click.FloatRange(min=0), default=300.0,
+      help="Seconds to wait for the rank table's status to become 'completed'.")
+@_opt("--nproc-per-node", type=click.IntRange(min=1),
+      help="Build the rank table here: N ranks per node (torchrun style, no hccl.json).")
+@_opt("--nnodes", type=click.IntRange(min=1), default=1, help="Number of nodes (with --nproc-per-node).")
+@_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This node's index (with --nproc-per-node).")
+@_opt("--master-addr", help="Rendezvous address (default: the server hosting rank 0 / 127.0.0.1).")
+@_opt("--master-port", type=click.IntRange(1, 65535),
+      help="Rendezvous port (default 29500; MindSpore scheduler 8118).")
+@_opt("--server-id", help="This server's address in the rank table (default $XDL_IP, $POD_IP, host addresses).")
+@_opt("--framework", type=click.Choice(FRAMEWORKS, case_sensitive=False),
+      help="Environment flavour for the ranks (default: $framework, else pytorch).")
+@_opt("--max-restarts", type=click.IntRange(min=0), default=0,
+      help="Restart the local group this many times after a rank fails.")
+@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.0,
+      help="Seconds to wait between a failure and the restart.")
+@_opt("--stop-timeout", type=click.FloatRange(min=0), default=10.0,
+      help="Seconds between SIGTERM and SIGKILL when stopping the group after a failure.")
+@_opt("--grace-period", type=click.FloatRange(min=0), default=25.0,
+      help="Seconds ranks get to exit after the launcher is asked to stop (SIGTERM/SIGINT).")
+@_opt("--log-dir", type=click.Path(file_okay=False),
+      help="Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).")
+@_opt("--console-ranks", default="all", help="Ranks whose output is shown on the console: all, none, or 0,3,5-7.")
+@_opt("--run-dir", type=click.Path(file_okay=False),
+      help="Private state directory: pid, state, events.jsonl (default $XDG_RUNTIME_DIR/launcher "
+           "or /tmp/launcher-<uid>).")
+@_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else generated).")
+@_opt("--group-info-root", type=click.Path(file_okay=False),
+      help="Root of <root>/device<RANK_ID>/group_info.pb (default <run-dir>/group_info).")
+@_opt("--dry-run", is_flag=True, help="Resolve and print everything without spawning.")
+@click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(**kwargs: Any) -> int:
+    """Start one process per local rank, supervise them, and restart the group on failure.
+
+    Examples:
+
+      launcher run --nproc-per-node 4 -- python train.py
+
+      launcher run --rank-table /user/serverid/devindex/config/hccl.json -- python train.py
+    """
+    from launcher.runner import execute
+
+    kwargs["command"] = tuple(kwargs["command"])
+    if kwargs.get("framework"):
+        kwargs["framework"] = kwargs["framework"].lower()
+    return execute(RunOptions(**kwargs))

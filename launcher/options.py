@@ -1,0 +1,107 @@
+"""``RunOptions``: everything ``launcher run`` was asked to do, and the YAML config file loader.
+
+Precedence (each source tested): command line > ``LAUNCHER_<OPTION>`` environment > ``--config``
+file > defaults. Click implements exactly this order when the config file is loaded into the
+context's ``default_map`` by an eager option, which is what ``load_config_into_context`` does.
+"""
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional, Tuple
+
+from launcher import envnames
+from launcher.errors import UsageError
+
+FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
+DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
+DEFAULT_RANK_TABLE = "/user/serverid/devindex/config/hccl.json"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The resolved options of one ``launcher run``."""
+
+    command: Tuple[str, ...]
+    rank_table: Optional[str] = None
+    rank_table_timeout: float = 300.0
+    nproc_per_node: Optional[int] = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    server_id: Optional[str] = None
+    framework: Optional[str] = None
+    max_restarts: int = 0
+    restart_backoff: float = 0.0
+    stop_timeout: float = 10.0
+    grace_period: float = 25.0
+    log_dir: Optional[str] = None
+    console_ranks: str = "all"
+    run_dir: Optional[str] = None
+    run_id: Optional[str] = None
+    group_info_root: Optional[str] = None
+    dry_run: bool = False
+    json_output: bool = False
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def resolved_framework(self, environ: Dict[str, str]) -> str:
+        """``--framework``, else MindX's ``framework`` variable, else pytorch."""
+        name = (self.framework or environ.get(envnames.MINDX_FRAMEWORK) or "pytorch").lower()
+        if name not in FRAMEWORKS:
+            raise UsageError(f"unknown framework {name!r}", [f"expected one of {', '.join(FRAMEWORKS)}"])
+        return name
+
+
+def env_var_for(option_name: str) -> str:
+    """The environment variable that sets a run option: ``max_restarts`` -> ``LAUNCHER_MAX_RESTARTS``."""
+    return envnames.ENV_PREFIX + option_name.upper()
+
+
+def load_config(path: str) -> Dict[str, Any]:
+    """Read and validate a YAML config file of ``run`` options.
+
+    Keys may be spelled with dashes or underscores (``max-restarts`` or ``max_restarts``).
+
+    Raises:
+        UsageError: unreadable file, malformed YAML, or schema violations (one line each, with path).
+    """
+    import yaml  # only paid for when a config file is used
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UsageError(f"config file {path} is not valid YAML", [str(exc).replace("\n", " ")]) from None
+    if data is None:
+        return {}
+    if isinstance(data, dict):
+        data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    problems = _schema_problems(data)
+    if problems:
+        raise UsageError(f"config file {path} is invalid", problems)
+    return data
+
+
+def _schema_problems(data: Any) -> list:
+    import jsonschema
+
+    from launcher.resources import load_schema
+
+    validator = jsonschema.Draft7Validator(load_schema("launcher.schema.json"))
+    problems = []
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        problems.append(f"{path}: {error.message}")
+    return problems
+
+
+def default_run_dir(environ: Optional[Dict[str, str]] = None) -> str:
+    """``$XDG_RUNTIME_DIR/launcher`` when set, else ``/tmp/launcher-<uid>``; ``LAUNCHER_RUN_DIR`` wins."""
+    env = os.environ if environ is None else environ
+    if env.get(envnames.LAUNCHER_RUN_DIR):
+        return env[envnames.LAUNCHER_RUN_DIR]
+    if env.get(envnames.XDG_RUNTIME_DIR):
+        return os.path.join(env[envnames.XDG_RUNTIME_DIR], "launcher")
+    return f"/tmp/launcher-{os.getuid()}"

@@ -1,0 +1,120 @@
+"""Rank output: a per-rank log file, and the console with a ``[rank N]`` prefix.
+
+A rank shown on the console writes into a pipe; the event loop reads it in large chunks, appends the
+raw bytes to the rank's file and writes whole prefixed lines to the console (partial lines wait for
+their newline, so ranks never interleave mid-line). A rank not shown on the console writes straight
+into its file, costing the launcher nothing.
+"""
+
+import os
+import sys
+from typing import BinaryIO, List, Optional
+
+CHUNK = 1 << 16
+
+
+def open_log(path: str) -> int:
+    """Open (create) a rank's log file for appending; returns the fd."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+class RankOutput:
+    """Tees one rank's output pipe to its log file and the console.
+
+    Args:
+        read_fd: Read end of the rank's stdout/stderr pipe.
+        log_fd: The rank's log file (O_APPEND).
+        label: Console prefix text, e.g. ``rank 3``.
+        console: Console stream (bytes), or None to write only the file.
+    """
+
+    def __init__(self, read_fd: int, log_fd: int, label: str, console: Optional[BinaryIO] = None):
+        self.read_fd = read_fd
+        self.log_fd = log_fd
+        self.prefix = f"[{label}] ".encode()
+        self.console = console
+        self._partial = b""
+
+    def pump(self) -> bool:
+        """Read what is available and tee it. Returns False at end of stream (fd closed)."""
+        try:
+            data = os.read(self.read_fd, CHUNK)
+        except BlockingIOError:
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            self.close()
+            return False
+        _write_all(self.log_fd, data)
+        if self.console is not None:
+            self._to_console(data)
+        return True
+
+    def drain(self) -> None:
+        """Tee what is already in the pipe, then close it (the attempt is over).
+
+        Stops at the first empty read instead of waiting for end-of-file: a process that escaped
+        its group could hold the pipe open forever.
+        """
+        while self.read_fd >= 0:
+            try:
+                data = os.read(self.read_fd, CHUNK)
+            except (BlockingIOError, OSError):
+                break
+            if not data:
+                break
+            _write_all(self.log_fd, data)
+            if self.console is not None:
+                self._to_console(data)
+        if self.read_fd >= 0:
+            self.close()
+
+    def _to_console(self, data: bytes) -> None:
+        lines: List[bytes] = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        if lines:
+            self._emit(b"".join(self.prefix + line + b"\n" for line in lines))
+
+    def _emit(self, data: bytes) -> None:
+        try:
+            self.console.write(data)
+            self.console.flush()
+        except (OSError, ValueError):  # console gone (closed terminal / pipe): keep the files going
+            self.console = None
+
+    def close(self) -> None:
+        """Flush a trailing partial line and close the pipe and the log file."""
+        if self.console is not None and self._partial:
+            self._emit(self.prefix + self._partial + b"\n")
+        self._partial = b""
+        for fd in (self.read_fd, self.log_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.read_fd = self.log_fd = -1
+
+
+def console_stream() -> BinaryIO:
+    """The binary console stream rank output goes to."""
+    return sys.stdout.buffer
+
+
+def tail_lines(path: str, count: int = 10, max_bytes: int = 8192) -> List[str]:
+    """The last ``count`` lines of a log file (for the root-cause summary)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    return lines[-count:]

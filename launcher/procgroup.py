@@ -1,0 +1,283 @@
+"""Mechanism: spawning, signalling, reaping and output of one attempt's processes.
+
+The supervisor (policy) sees only the :class:`ProcessGroup` interface: ``start``, ``wait_event``,
+``signal_main``, ``kill_groups``, ``ensure_gone``, ``pids``. :class:`LocalProcessGroup` implements it
+with one session (process group) per rank and a single-threaded ``selectors`` loop woken by the
+signal wakeup pipe (SIGCHLD, SIGTERM, ...) and the ranks' output pipes: a rank's exit is seen within
+milliseconds, and nothing polls.
+"""
+
+import abc
+import collections
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Union
+
+from launcher import guard as guard_mod
+from launcher import signals
+from launcher.errors import LauncherError
+from launcher.output import RankOutput, console_stream, open_log
+from launcher.rankenv import WorkerSpec
+from launcher.states import ExitInfo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankExited:
+    """A rank's main process ended."""
+
+    rank: int
+    info: ExitInfo
+
+
+@dataclass(frozen=True)
+class SignalReceived:
+    """The launcher received a stop signal (SIGTERM, SIGINT, SIGHUP)."""
+
+    signum: int
+
+
+@dataclass(frozen=True)
+class ControlRequest:
+    """A request from ``launcher prestop`` / ``launcher exit`` over the control socket.
+
+    Attributes:
+        command: What is asked (``gasp``, ``exit``, ``status``).
+        args: The request's parameters.
+        reply: Send a JSON-serialisable answer; ``final=True`` closes the connection.
+    """
+
+    command: str
+    args: Dict[str, Any]
+    reply: Callable[..., None]
+
+
+Event = Union[RankExited, SignalReceived, ControlRequest]
+
+
+class ProcessGroup(abc.ABC):
+    """What the supervisor needs from the processes of an attempt."""
+
+    @abc.abstractmethod
+    def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
+        """Spawn every spec (each in its own session)."""
+
+    @abc.abstractmethod
+    def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
+        """The next event, or None when ``timeout`` seconds pass without one."""
+
+    @abc.abstractmethod
+    def signal_main(self, ranks: Iterable[int], signum: int) -> None:
+        """Send ``signum`` to the main process of each rank still running (not its children)."""
+
+    @abc.abstractmethod
+    def kill_groups(self, ranks: Optional[Iterable[int]] = None) -> None:
+        """SIGKILL the whole process group of each rank (all of this attempt's when None)."""
+
+    @abc.abstractmethod
+    def ensure_gone(self, timeout: float) -> List[int]:
+        """Kill and reap every process of the attempt; returns pgids still present at the timeout."""
+
+    @abc.abstractmethod
+    def pids(self) -> Dict[int, int]:
+        """Rank -> pid of its main process, for ranks still running."""
+
+
+class LocalProcessGroup(ProcessGroup):
+    """Processes on this machine.
+
+    Args:
+        log_path: ``(spec, attempt) -> path`` of the rank's log file.
+        on_console: ``spec -> bool``: whether the rank's output is also shown on the console.
+        orphan_guard: Kills the ranks' process groups if the launcher dies; optional.
+    """
+
+    def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
+                 orphan_guard: Optional[guard_mod.OrphanGuard] = None):
+        self._log_path = log_path
+        self._on_console = on_console
+        self._guard = orphan_guard
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
+        self._queue: Deque[Event] = collections.deque()
+        self._procs: Dict[int, subprocess.Popen] = {}
+        self._pid_rank: Dict[int, int] = {}
+        self._outputs: Dict[int, RankOutput] = {}
+        self._pgids: Dict[int, int] = {}
+        self.log_paths: Dict[int, str] = {}
+        guard_mod.prepare()
+
+    # -- spawning -------------------------------------------------------------------------------
+    def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
+        self._procs.clear()
+        self._pgids.clear()
+        self.log_paths.clear()
+        base = dict(os.environ)
+        for spec in specs:
+            try:
+                self._spawn(spec, attempt, base)
+            except OSError as exc:
+                self.kill_groups()
+                self.ensure_gone(5.0)
+                raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+
+    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str]) -> None:
+        path = self._log_path(spec, attempt)
+        log_fd = open_log(path)
+        self.log_paths[spec.rank] = path
+        read_fd = target = -1
+        if self._on_console(spec):
+            read_fd, target = os.pipe()
+        try:
+            proc = subprocess.Popen(
+                list(spec.argv), env={**base, **spec.env}, stdin=subprocess.DEVNULL,
+                stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
+        except OSError:
+            for fd in (log_fd, read_fd, target):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        if target >= 0:
+            os.close(target)
+            os.set_blocking(read_fd, False)
+            out = RankOutput(read_fd, log_fd, spec.label, console_stream())
+            self._outputs[read_fd] = out
+            self._selector.register(read_fd, selectors.EVENT_READ, out)
+        else:
+            os.close(log_fd)  # the child writes its file directly
+        self._procs[spec.rank] = proc
+        self._pid_rank[proc.pid] = spec.rank
+        self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
+        if self._guard is not None:
+            self._guard.watch(proc.pid)
+
+    # -- events ---------------------------------------------------------------------------------
+    def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._queue:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            for key, _mask in self._selector.select(remaining):
+                self._dispatch(key)
+        return self._queue.popleft()
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        handler = key.data
+        if isinstance(handler, RankOutput):
+            if not handler.pump():
+                self._unregister_output(handler, key.fd)
+        else:
+            handler()
+
+    def _unregister_output(self, out: RankOutput, fd: int) -> None:
+        self._selector.unregister(fd)
+        self._outputs.pop(fd, None)
+
+    def _on_wakeup(self) -> None:
+        signals.drain_wakeup()
+        self._reap()
+        signum = signals.pop_pending()
+        while signum is not None:
+            self._queue.append(SignalReceived(signum))
+            signum = signals.pop_pending()
+
+    def _reap(self) -> None:
+        """Collect every exited child: our ranks, and orphans re-parented to us (subreaper / PID 1)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rank = self._pid_rank.pop(pid, None)
+            if rank is None:
+                continue
+            code = os.waitstatus_to_exitcode(status)
+            proc = self._procs.get(rank)
+            if proc is not None and proc.pid == pid:
+                proc.returncode = code  # reaped here; keep Popen from waiting on it again
+            self._queue.append(RankExited(rank, ExitInfo(code, time.time())))
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Watch ``fd`` in the event loop; ``callback`` runs when it is readable."""
+        self._selector.register(fd, selectors.EVENT_READ, callback)
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd``."""
+        try:
+            self._selector.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def post(self, event: Event) -> None:
+        """Queue an event produced by a reader callback (e.g. a control request)."""
+        self._queue.append(event)
+
+    # -- signalling -----------------------------------------------------------------------------
+    def signal_main(self, ranks: Iterable[int], signum: int) -> None:
+        for rank in ranks:
+            proc = self._procs.get(rank)
+            if proc is not None and proc.returncode is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def kill_groups(self, ranks: Optional[Iterable[int]] = None) -> None:
+        for rank in list(self._pgids) if ranks is None else ranks:
+            pgid = self._pgids.get(rank)
+            if pgid is not None:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def ensure_gone(self, timeout: float) -> List[int]:
+        deadline = time.monotonic() + timeout
+        self.kill_groups()
+        alive = list(self._pgids.items())
+        while alive:
+            self._reap()
+            alive = [(rank, pgid) for rank, pgid in alive if _group_exists(pgid)]
+            if not alive or time.monotonic() >= deadline:
+                break
+            self.kill_groups(rank for rank, _ in alive)  # members forked after the first kill
+            time.sleep(0.002)
+        gone = set(self._pgids.values()) - {pgid for _, pgid in alive}
+        if self._guard is not None:
+            for pgid in gone:
+                self._guard.forget(pgid)
+        for fd, out in list(self._outputs.items()):
+            out.drain()
+            self._unregister_output(out, fd)
+        return [pgid for _, pgid in alive]
+
+    def pids(self) -> Dict[int, int]:
+        return {rank: p.pid for rank, p in self._procs.items() if p.returncode is None}
+
+    def pgid(self, rank: int) -> Optional[int]:
+        """Process-group id of ``rank`` in the current attempt."""
+        return self._pgids.get(rank)
+
+    def close(self) -> None:
+        """Release the selector (call after ``ensure_gone``)."""
+        self._selector.close()
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,135 @@
+"""``launcher run``: resolve the job, then hand it to the supervisor and report how it ended."""
+
+import json
+import logging
+import os
+import shutil
+import uuid
+from datetime import datetime
+from typing import List, Mapping, Optional, Sequence
+
+from launcher import envnames, topology
+from launcher.errors import UsageError
+from launcher.options import RunOptions, default_run_dir
+from launcher.rankenv import EnvContext, WorkerSpec, worker_specs
+from launcher.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> int:
+    """Run the job described by ``opts``; returns the launcher's exit status."""
+    environ = dict(os.environ if environ is None else environ)
+    framework = opts.resolved_framework(environ)
+    check_command(opts.command, environ)
+    topo = resolve_topology(opts, framework, environ)
+    run_dir = os.path.abspath(opts.run_dir or default_run_dir(environ))
+    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or uuid.uuid4().hex[:12]
+    ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
+                     run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
+                                                                       os.path.join(run_dir, "group_info")),
+                     base_env=environ)
+    if opts.dry_run:
+        print_dry_run(ctx, worker_specs(ctx, opts.command, 0), opts.json_output)
+        return 0
+    from launcher.session import Session  # the spawning machinery is not needed for --dry-run
+
+    with Session(opts, ctx) as session:
+        return session.run()
+
+
+def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Fail early, with exit 2, when the command cannot be found or executed."""
+    program = command[0]
+    if os.sep in program:
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            raise UsageError(f"command not found or not executable: {program}")
+    elif shutil.which(program, path=environ.get("PATH")) is None:
+        raise UsageError(f"command not found: {program}", ["(searched $PATH)"])
+
+
+def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:
+    """The rank table (waiting for the cluster to complete it) and this server's entry."""
+    path = topology.rank_table_path(opts, environ)
+    table = None
+    if path is not None:
+        from launcher.ranktable.wait import wait_for_rank_table
+
+        table = wait_for_rank_table(path, timeout=opts.rank_table_timeout)
+    return topology.resolve(opts, framework, environ, table)
+
+
+def parse_rank_filter(text: str) -> Optional[List[int]]:
+    """``all`` -> None (every rank), ``none`` -> [], ``0,3,5-7`` -> [0, 3, 5, 6, 7].
+
+    Raises:
+        UsageError: malformed list.
+    """
+    text = text.strip().lower()
+    if text == "all":
+        return None
+    if text == "none":
+        return []
+    ranks: List[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            low, _, high = part.partition("-")
+            ranks.extend(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise UsageError(f"--console-ranks {text!r}: expected all, none, or a list like 0,3,5-7") from None
+    return ranks
+
+
+def session_name() -> str:
+    """Directory name of one launcher invocation's logs: time, then pid (sortable, unique)."""
+    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], as_json: bool) -> None:
+    """Print what ``run`` would start, without starting it."""
+    topo = ctx.topology
+    doc = {
+        "framework": ctx.framework,
+        "source": topo.source,
+        "rank_table_file": topo.table_file,
+        "world_size": topo.table.world_size,
+        "server": {"index": topo.server_index, "server_id": topo.server.server_id,
+                   "addresses": list(topo.server.addresses)},
+        "master_addr": topo.table.master_addr,
+        "master_port": topo.master_port,
+        "run_dir": ctx.run_dir,
+        "ranks": [{"rank": s.rank, "local_rank": s.local_rank, "device_id": s.device_id, "role": s.role,
+                   "env": dict(s.env), "argv": list(s.argv)} for s in specs],
+    }
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    print(f"framework {ctx.framework}; ranks from {topo.source}; world size {topo.table.world_size}")
+    print(f"this server: #{topo.server_index} {'/'.join(topo.server.addresses)}; "
+          f"master {topo.table.master_addr}:{topo.master_port}")
+    for rank in doc["ranks"]:
+        print(f"\n{rank['role']} rank={rank['rank']} local_rank={rank['local_rank']} device={rank['device_id']}")
+        print("  argv: " + " ".join(rank["argv"]))
+        for key in sorted(rank["env"]):
+            print(f"  {key}={rank['env'][key]}")
+
+
+def format_root_cause(result, log_lines: int = 10) -> List[str]:
+    """The root-cause summary: which rank failed first, how, when, and the end of its log."""
+    from launcher.output import tail_lines
+
+    cause = result.root_cause
+    if cause is None:
+        return []
+    when = datetime.fromtimestamp(cause.info.wall_time).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    lines = [f"job failed after {result.attempts} attempt(s): first failure of the last attempt was "
+             f"{cause.label} ({cause.info.describe()}) at {when}"]
+    earlier = result.failures[:-1]
+    if earlier:
+        lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
+                                                       for f in earlier))
+    if cause.log_path:
+        tail = tail_lines(cause.log_path, log_lines)
+        lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
+        lines.extend(f"    {line}" for line in tail)
+    return lines

@@ -1,0 +1,135 @@
+"""One supervised run: run dir, events, logs, orphan guard, process group and supervisor, wired up.
+
+Everything set up here is torn down in ``__exit__``, whatever happened in between.
+"""
+
+import logging
+import os
+import sys
+import time
+from typing import Dict, Optional, Sequence
+
+from launcher import guard as guard_mod
+from launcher import rundir as rundir_mod
+from launcher.errors import UsageError
+from launcher.events import EventLog
+from launcher.options import RunOptions
+from launcher.procgroup import LocalProcessGroup
+from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec, worker_specs
+from launcher.runner import format_root_cause, parse_rank_filter, session_name
+from launcher.supervisor import RestartPolicy, RunResult, Supervisor
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """Context manager owning the resources of one ``launcher run``.
+
+    Args:
+        opts: Run options.
+        ctx: The resolved job context (topology, run id, ...).
+    """
+
+    def __init__(self, opts: RunOptions, ctx: EnvContext):
+        self.opts = opts
+        self.ctx = ctx
+        self.console_ranks = parse_rank_filter(opts.console_ranks)
+        self.run_dir = rundir_mod.RunDir(ctx.run_dir)
+        self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
+        self.log_session = os.path.join(self.log_root, session_name())
+        self.events: Optional[EventLog] = None
+        self.guard: Optional[guard_mod.OrphanGuard] = None
+        self.group: Optional[LocalProcessGroup] = None
+        self._attempt = 0
+
+    def __enter__(self) -> "Session":
+        self.run_dir.lock()
+        self._make_log_dir()
+        self.events = EventLog(self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id)
+        self.run_dir.write_json(rundir_mod.LAUNCHER, {"pid": os.getpid(), "started": time.time(),
+                                                      "run_id": self.ctx.run_id, "log_dir": self.log_session})
+        guard_mod.become_subreaper()
+        self.guard = guard_mod.OrphanGuard()
+        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
+        for device in self.ctx.topology.server.devices:  # kept across restarts: ranks write here
+            os.makedirs(os.path.join(self.ctx.group_info_root, f"device{device.rank_id}"), exist_ok=True)
+        return self
+
+    def _make_log_dir(self) -> None:
+        try:
+            os.makedirs(self.log_session, exist_ok=True)
+            latest = os.path.join(self.log_root, "latest")
+            tmp = f"{latest}.{os.getpid()}"
+            os.symlink(os.path.basename(self.log_session), tmp)
+            os.replace(tmp, latest)
+        except OSError as exc:
+            raise UsageError(f"cannot write logs under {self.log_root}: {exc.strerror}",
+                             ["pass --log-dir with a writable directory"]) from None
+
+    def run(self) -> int:
+        """Supervise the job to its end; returns the exit status."""
+        topo = self.ctx.topology
+        self._emit("start", argv=list(self.opts.command), framework=self.ctx.framework, source=topo.source,
+                   world_size=topo.table.world_size, server=topo.server.server_id,
+                   local_ranks=list(topo.server.ranks), max_restarts=self.opts.max_restarts,
+                   log_dir=self.log_session)
+        log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
+                 topo.source, self.log_session)
+        policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
+                               self.opts.grace_period)
+        supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
+                                lambda rank: self.group.log_paths.get(rank))
+        result = supervisor.run()
+        self._report(result)
+        return result.exit_code
+
+    def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
+        self._attempt = attempt
+        if attempt:
+            log.info("restart %d of %d", attempt, self.opts.max_restarts)
+        return worker_specs(self.ctx, self.opts.command, attempt)
+
+    def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
+        import psutil  # after the ranks are running: not on the path to the first rank
+
+        ranks = []
+        for rank, pid in sorted(pids.items()):
+            try:
+                created = psutil.Process(pid).create_time()
+            except psutil.Error:
+                created = None  # already gone; its exit event follows
+            ranks.append({"rank": rank, "pid": pid, "pgid": pid, "create_time": created})
+        self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
+                                                   "ranks": ranks, "updated": time.time()})
+
+    def _log_path(self, spec: WorkerSpec, attempt: int) -> str:
+        name = "scheduler.log" if spec.role == ROLE_SCHEDULER else f"rank_{spec.rank}.log"
+        return os.path.join(self.log_session, f"attempt_{attempt}", name)
+
+    def _on_console(self, spec: WorkerSpec) -> bool:
+        return self.console_ranks is None or spec.rank in self.console_ranks
+
+    def _emit(self, event: str, **fields: object) -> None:
+        if self.events is not None:
+            self.events.emit(event, **fields)
+
+    def _report(self, result: RunResult) -> None:
+        self._emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
+        if result.reason == "succeeded":
+            log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
+        elif result.reason == "failed":
+            for line in format_root_cause(result):
+                log.error("%s", line)
+        else:
+            log.info("stopped by signal; exit %d", result.exit_code)
+        sys.stdout.flush()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.group is not None:
+            self.group.ensure_gone(5.0)
+            self.group.close()
+        if self.guard is not None:
+            self.guard.close()
+        if self.events is not None:
+            self.events.close()
+        self.run_dir.unlock()
