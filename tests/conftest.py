@@ -1,0 +1,65 @@
+"""Shared fixtures. The autouse ``no_leftover_processes`` fails any test that leaves a process behind.
+
+pytest makes itself a child subreaper, so a rank orphaned by a dead launcher is re-parented to
+pytest and shows up among its descendants instead of escaping to init unseen.
+"""
+
+import os
+import time
+
+import psutil
+import pytest
+
+from launcher.guard import become_subreaper
+
+become_subreaper()
+
+#: How long a test's processes get to finish exiting after the test body returns.
+SETTLE_SECONDS = 5.0
+
+
+def _descendants() -> dict:
+    found = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            found[(proc.pid, proc.create_time())] = proc
+        except psutil.Error:
+            continue
+    return found
+
+
+def _reap_orphans() -> None:
+    """Reap zombies re-parented to pytest (subprocess.Popen reaps its own)."""
+    for proc in psutil.Process().children():
+        try:
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(proc.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            continue
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Fail the test if it leaves any process running (and kill what it left)."""
+    before = set(_descendants())
+    yield
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        _reap_orphans()
+        left = {k: p for k, p in _descendants().items() if k not in before}
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if left:
+        described = []
+        for proc in left.values():
+            try:
+                described.append(f"{proc.pid} {' '.join(proc.cmdline())[:120]}")
+                proc.kill()
+            except psutil.Error:
+                continue
+        _reap_orphans()
+        if described:
+            pytest.fail("test left processes behind:\n  " + "\n  ".join(described))

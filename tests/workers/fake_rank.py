@@ -1,0 +1,80 @@
+"""A tiny rank for integration tests: does what its options say, and reports through files.
+
+It appends ``<rank> <attempt> <pid> <time>`` to ``--ready-file`` once it runs user code, so tests wait
+on that file instead of sleeping blindly. Behaviour options:
+  --fail-rank R --exit-code N     rank R exits with N (on attempts listed by --fail-attempts, default 0)
+  --fail-signal SIG               ... or kills itself with SIG instead
+  --ignore-term                   ignore SIGTERM (to test escalation to SIGKILL)
+  --term-delay S                  on SIGTERM, write a "term" record, sleep S, then exit 143
+  --child                         spawn a grandchild (same session) that writes its pid and sleeps
+  --orphan                        double-fork a short-lived grandchild (tests reaping by the launcher)
+  --run S                         run S seconds (default: until signalled)
+  --print-lines N                 print N lines first
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _append(path, text):
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--ready-file")
+    p.add_argument("--fail-rank", type=int, default=-1)
+    p.add_argument("--fail-attempts", default="0")
+    p.add_argument("--exit-code", type=int, default=1)
+    p.add_argument("--fail-signal")
+    p.add_argument("--ignore-term", action="store_true")
+    p.add_argument("--term-delay", type=float)
+    p.add_argument("--child", action="store_true")
+    p.add_argument("--orphan", action="store_true")
+    p.add_argument("--run", type=float)
+    p.add_argument("--print-lines", type=int, default=0)
+    a = p.parse_args()
+    rank = int(os.environ.get("RANK", os.environ.get("RANK_ID", "-1")))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("LAUNCHER_ATTEMPT", "0")))
+    if a.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if a.term_delay is not None:
+        def on_term(signum, frame):
+            _append(a.ready_file + ".term" if a.ready_file else None, f"{rank} {attempt} {os.getpid()} {time.time()}\n")
+            time.sleep(a.term_delay)
+            os._exit(143)
+        signal.signal(signal.SIGTERM, on_term)
+    for i in range(a.print_lines):
+        print(f"line {i} from rank {rank} attempt {attempt}")
+    print(f"rank {rank} attempt {attempt} pid {os.getpid()} up", flush=True)
+    if a.child:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        _append(a.ready_file + ".child" if a.ready_file else None, f"{rank} {child.pid}\n")
+    if a.orphan and os.fork() == 0:
+        if os.fork() == 0:
+            time.sleep(0.2)
+            os._exit(0)
+        os._exit(0)
+    _append(a.ready_file, f"{rank} {attempt} {os.getpid()} {time.time()}\n")
+    if rank == a.fail_rank and str(attempt) in a.fail_attempts.split(","):
+        time.sleep(0.05)
+        print(f"rank {rank} failing now", flush=True)
+        if a.fail_signal:
+            os.kill(os.getpid(), getattr(signal, a.fail_signal))
+        sys.exit(a.exit_code)
+    deadline = None if a.run is None else time.monotonic() + a.run
+    while deadline is None or time.monotonic() < deadline:
+        time.sleep(0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic())))
+
+
+if __name__ == "__main__":
+    main()
