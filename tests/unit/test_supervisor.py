@@ -1,0 +1,158 @@
+"""The restart policy, driven by scripted events through a fake process group (no processes)."""
+
+import signal
+from typing import Dict, List, Optional
+
+import pytest
+
+from launcher.procgroup import ControlRequest, ProcessGroup, RankExited, SignalReceived
+from launcher.rankenv import WorkerSpec
+from launcher.states import ExitInfo
+from launcher.supervisor import RestartPolicy, Supervisor
+
+
+class ScriptedGroup(ProcessGroup):
+    """Replays one list of events per attempt; ``None`` in a script means "the timeout passed"."""
+
+    def __init__(self, scripts: List[list]):
+        self.scripts = scripts
+        self.calls: List[tuple] = []
+        self.attempt = -1
+        self.ranks: List[int] = []
+        self.alive: Dict[int, int] = {}
+
+    def start(self, specs, attempt):
+        self.attempt = attempt
+        self.ranks = [s.rank for s in specs]
+        self.alive = {s.rank: 1000 * (attempt + 1) + s.rank for s in specs}
+        self.calls.append(("start", attempt, tuple(self.ranks)))
+
+    def wait_event(self, timeout: Optional[float]):
+        script = self.scripts[self.attempt]
+        if not script:
+            if timeout is None:
+                raise AssertionError("supervisor waits forever on an empty script")
+            return None
+        event = script.pop(0)
+        if isinstance(event, RankExited):
+            self.alive.pop(event.rank, None)
+        return event
+
+    def signal_main(self, ranks, signum):
+        self.calls.append(("signal", tuple(ranks), signum))
+
+    def kill_groups(self, ranks=None):
+        self.calls.append(("kill", tuple(ranks or ())))
+
+    def ensure_gone(self, timeout):
+        self.calls.append(("ensure_gone", self.attempt))
+        return []
+
+    def pids(self):
+        return dict(self.alive)
+
+
+def exited(rank: int, code: int) -> RankExited:
+    return RankExited(rank, ExitInfo(code, 0.0))
+
+
+def specs_for(n: int):
+    def build(attempt, failed_before):
+        build.seen.append((attempt, tuple(failed_before)))
+        return [WorkerSpec(r, r, r, "worker", ("x",), {}) for r in range(n)]
+    build.seen = []
+    return build
+
+
+def supervise(scripts, n=2, **policy):
+    group = ScriptedGroup(scripts)
+    events: List[tuple] = []
+    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)))
+    return sup.run(), group, events, sup
+
+
+def test_all_ranks_exit_zero_is_success():
+    result, group, events, _ = supervise([[exited(0, 0), exited(1, 0)]])
+    assert (result.exit_code, result.reason, result.attempts) == (0, "succeeded", 1)
+    assert [c[0] for c in group.calls] == ["start", "ensure_gone"]
+    assert [e[0] for e in events].count("rank_exited") == 2
+
+
+def test_failure_stops_others_then_restarts_with_failed_ranks():
+    scripts = [[exited(1, 3), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, events, sup = supervise(scripts, max_restarts=1)
+    assert result.exit_code == 0 and result.attempts == 2
+    assert ("signal", (0,), signal.SIGTERM) in group.calls
+    assert group.calls.index(("ensure_gone", 0)) < group.calls.index(("start", 1, (0, 1)))
+    assert sup.specs_for.seen == [(0, ()), (1, (1,))]
+    exits = [kw for name, kw in events if name == "rank_exited"]
+    assert [(e["rank"], e["state"]) for e in exits[:2]] == [(1, "failed"), (0, "stopped")]
+
+
+def test_budget_spent_returns_first_failure_of_last_attempt():
+    scripts = [[exited(1, 3), exited(0, -15)], [exited(0, -9), exited(1, -15)]]
+    result, _, events, _ = supervise(scripts, max_restarts=1)
+    assert result.reason == "failed"
+    assert result.exit_code == 128 + 9
+    assert [(f.attempt, f.rank) for f in result.failures] == [(0, 1), (1, 0)]
+    assert result.root_cause.rank == 0
+    assert any(name == "restart_budget_spent" for name, _ in events)
+
+
+def test_zero_budget_never_restarts():
+    result, group, _, _ = supervise([[exited(0, 1), exited(1, -15)]], max_restarts=0)
+    assert result.exit_code == 1
+    assert [c for c in group.calls if c[0] == "start"] == [("start", 0, (0, 1))]
+
+
+def test_rank_that_ignores_sigterm_is_killed_at_the_deadline():
+    # rank 1 fails; rank 0 ignores SIGTERM: the timeout passes (None), then SIGKILL, then it exits.
+    scripts = [[exited(1, 1), None, exited(0, -9)]]
+    result, group, events, _ = supervise(scripts, stop_timeout=0.01)
+    assert ("kill", (0,)) in group.calls
+    assert group.calls.index(("signal", (0,), signal.SIGTERM)) < group.calls.index(("kill", (0,)))
+    assert any(name == "kill_group" for name, _ in events)
+    assert result.exit_code == 1
+
+
+def test_stop_signal_is_forwarded_once_and_sets_exit_code():
+    # SIGTERM arrives; a second SIGTERM while ranks save must not be forwarded again.
+    scripts = [[SignalReceived(signal.SIGTERM), SignalReceived(signal.SIGTERM), exited(0, 0), exited(1, -15)]]
+    result, group, _, _ = supervise(scripts, max_restarts=5)
+    assert result.exit_code == 128 + signal.SIGTERM and result.reason == "signal"
+    assert [c for c in group.calls if c[0] == "signal"] == [("signal", (0, 1), signal.SIGTERM)]
+    assert [c for c in group.calls if c[0] == "start"] == [("start", 0, (0, 1))]  # no restart
+
+
+def test_signal_during_failure_stop_prevents_restart():
+    scripts = [[exited(0, 1), SignalReceived(signal.SIGTERM), exited(1, -15)], []]
+    result, group, _, _ = supervise(scripts, max_restarts=3)
+    assert result.reason == "signal"
+    assert [c[0] for c in group.calls].count("start") == 1
+
+
+def test_second_sigint_kills_immediately():
+    scripts = [[SignalReceived(signal.SIGINT), SignalReceived(signal.SIGINT), None, exited(0, -9), exited(1, -9)]]
+    result, group, _, _ = supervise(scripts, grace_period=1000)
+    assert ("kill", (0, 1)) in group.calls
+    assert result.exit_code == 128 + signal.SIGINT
+
+
+def test_signal_during_backoff_stops_without_restart():
+    scripts = [[exited(0, 1), exited(1, -15), SignalReceived(signal.SIGTERM)], []]
+    result, group, _, _ = supervise(scripts, max_restarts=2, backoff=5)
+    assert result.reason == "signal" and result.attempts == 1
+    assert [c[0] for c in group.calls].count("start") == 1
+
+
+def test_control_requests_are_answered_not_dropped():
+    replies = []
+    request = ControlRequest("bogus", {}, lambda payload, final=False: replies.append((payload, final)))
+    _result, _, _, _ = supervise([[request, exited(0, 0), exited(1, 0)]])
+    assert replies and replies[0][1] is True and replies[0][0]["ok"] is False
+
+
+@pytest.mark.parametrize("code,expected", [(2, 2), (-11, 139), (-6, 134)])
+def test_exit_code_mapping(code, expected):
+    result, _, _, _ = supervise([[exited(0, code), exited(1, -15)]], n=2)
+    assert result.exit_code == expected
