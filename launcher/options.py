@@ -34,7 +34,10 @@ class RunOptions:
     max_restarts: int = 0
     restart_backoff: float = 0.0
     stop_timeout: float = 10.0
-    grace_period: float = 25.0
+    gasp_timeout: Optional[float] = None
+    termination_grace_period: float = 30.0
+    gasp_signal: str = "SIGTERM"
+    gasp_min_interval: float = 0.0
     log_dir: Optional[str] = None
     console_ranks: str = "all"
     run_dir: Optional[str] = None
@@ -50,6 +53,25 @@ class RunOptions:
         if name not in FRAMEWORKS:
             raise UsageError(f"unknown framework {name!r}", [f"expected one of {', '.join(FRAMEWORKS)}"])
         return name
+
+
+    def resolved_gasp_timeout(self) -> float:
+        """``--gasp-timeout``, else what fits inside ``--termination-grace-period`` with a margin."""
+        from launcher.gasp import default_gasp_timeout
+
+        if self.gasp_timeout is not None:
+            return self.gasp_timeout
+        return default_gasp_timeout(self.termination_grace_period)
+
+    def resolved_gasp_signal(self) -> int:
+        """The gasp signal as a number (``SIGTERM``, ``TERM`` or ``15``)."""
+        import signal
+
+        name = self.gasp_signal.strip().upper()
+        try:
+            return int(name) if name.isdigit() else int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
+        except (AttributeError, ValueError):
+            raise UsageError(f"--gasp-signal {self.gasp_signal!r} is not a signal name") from None
 
 
 def env_var_for(option_name: str) -> str:

@@ -9,8 +9,11 @@ import sys
 import time
 from typing import Dict, Optional, Sequence
 
+from launcher import envnames
+from launcher import gasp as gasp_mod
 from launcher import guard as guard_mod
 from launcher import rundir as rundir_mod
+from launcher.control import ControlServer
 from launcher.errors import UsageError
 from launcher.events import EventLog
 from launcher.options import RunOptions
@@ -40,7 +43,9 @@ class Session:
         self.events: Optional[EventLog] = None
         self.guard: Optional[guard_mod.OrphanGuard] = None
         self.group: Optional[LocalProcessGroup] = None
-        self._attempt = 0
+        self.control: Optional[ControlServer] = None
+        self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
+        self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
 
     def __enter__(self) -> "Session":
         self.run_dir.lock()
@@ -51,6 +56,9 @@ class Session:
         guard_mod.become_subreaper()
         self.guard = guard_mod.OrphanGuard()
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
+        self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
+                                     self.group.remove_reader, self.group.post)
+        gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         for device in self.ctx.topology.server.devices:  # kept across restarts: ranks write here
             os.makedirs(os.path.join(self.ctx.group_info_root, f"device{device.rank_id}"), exist_ok=True)
         return self
@@ -76,18 +84,24 @@ class Session:
         log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
                  topo.source, self.log_session)
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
-                               self.opts.grace_period)
+                               self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
+                               self.gasp_gate.try_save)
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
-                                lambda rank: self.group.log_paths.get(rank))
+                                lambda rank: self.group.log_paths.get(rank),
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1))
         result = supervisor.run()
         self._report(result)
         return result.exit_code
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
-        self._attempt = attempt
         if attempt:
             log.info("restart %d of %d", attempt, self.opts.max_restarts)
-        return worker_specs(self.ctx, self.opts.command, attempt)
+        common = {envnames.LAUNCHER_GRACEFUL_EXIT_FILE: self.graceful_exit_file,
+                  envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if self.gasp_gate.allowed() else "0"}
+        if self.ctx.framework == "mindspore":
+            common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
+        per_rank = {d.rank_id: common for d in self.ctx.topology.server.devices}
+        return worker_specs(self.ctx, self.opts.command, attempt, per_rank)
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         import psutil  # after the ranks are running: not on the path to the first rank
@@ -121,10 +135,12 @@ class Session:
             for line in format_root_cause(result):
                 log.error("%s", line)
         else:
-            log.info("stopped by signal; exit %d", result.exit_code)
+            log.info("stopped (%s); exit %d", result.reason, result.exit_code)
         sys.stdout.flush()
 
     def __exit__(self, *exc_info: object) -> None:
+        if self.control is not None:
+            self.control.close()
         if self.group is not None:
             self.group.ensure_gone(5.0)
             self.group.close()

@@ -30,13 +30,19 @@ class RestartPolicy:
         max_restarts: Restarts allowed after the first attempt.
         backoff: Seconds between a failed attempt and the next.
         stop_timeout: SIGTERM -> SIGKILL delay when stopping the group after a failure.
-        grace_period: SIGTERM -> SIGKILL delay when the launcher itself is asked to stop.
+        grace_period: Signal -> SIGKILL delay when the launcher is asked to stop: the dying-gasp
+            timeout (prestop, SIGTERM) and the SIGINT grace.
+        gasp_signal: Signal sent to each rank's main process for the dying gasp.
+        gasp_allowed: ``() -> bool``: False within ``--gasp-min-interval`` of the previous gasp,
+            when the ranks are stopped without the save signal.
     """
 
     max_restarts: int = 0
     backoff: float = 0.0
     stop_timeout: float = 10.0
     grace_period: float = 25.0
+    gasp_signal: int = signal.SIGTERM
+    gasp_allowed: Callable[[], bool] = lambda: True
 
 
 @dataclass(frozen=True)
@@ -56,7 +62,8 @@ class RunResult:
 
     Attributes:
         exit_code: The launcher's exit status.
-        reason: ``succeeded``, ``failed`` (budget spent) or ``signal``.
+        reason: ``succeeded``, ``failed`` (budget spent), ``signal``, ``gasp`` (dying gasp on
+            prestop or SIGTERM) or ``graceful-exit`` (``launcher exit``).
         attempts: Attempts started.
         failures: Every rank failure, in order (first of each attempt).
         signum: The stop signal, for ``reason == "signal"``.
@@ -76,18 +83,21 @@ class RunResult:
 
 Emit = Callable[..., object]
 
+#: Stop signals that mean "the pod is going away": they trigger the dying gasp.
+GASP_TRIGGERS = (signal.SIGTERM, signal.SIGHUP)
+
 
 @dataclass
 class _Attempt:
     number: int
     workers: Dict[int, Worker]
     failure: Optional[Failure] = None
-    signum: Optional[int] = None
     failed_ranks: List[int] = field(default_factory=list)
+    killed: List[int] = field(default_factory=list)
 
 
 class Supervisor:
-    """Runs attempts until success, a spent budget, or a stop signal.
+    """Runs attempts until success, a spent budget, a stop signal, a dying gasp or an exit request.
 
     Args:
         group: The process-group mechanism.
@@ -96,47 +106,61 @@ class Supervisor:
         emit: ``emit(event_name, **fields)`` for events.jsonl.
         on_spawned: Called with ``(attempt, {rank: pid})`` after each start (state file).
         log_path: ``rank -> log file`` of the current attempt, for failure reports.
+        request_exit: Writes the graceful-exit request the ranks poll (``launcher exit``).
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
                  policy: RestartPolicy, emit: Emit,
                  on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
-                 log_path: Optional[Callable[[int], Optional[str]]] = None):
+                 log_path: Optional[Callable[[int], Optional[str]]] = None,
+                 request_exit: Optional[Callable[[], None]] = None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
         self.emit = emit
         self.on_spawned = on_spawned or (lambda attempt, pids: None)
         self.log_path = log_path or (lambda rank: None)
+        self.request_exit = request_exit or (lambda: None)
         self.failures: List[Failure] = []
-        self._pending_signal: Optional[int] = None
+        self._signal: Optional[int] = None      # first stop signal received
+        self._final: Optional[str] = None       # "signal" | "gasp" | "graceful-exit": no more restarts
+        self._waiters: List[ControlRequest] = []  # prestop / exit clients answered when the job ends
 
     def run(self) -> RunResult:
         """Run attempts until the job ends; returns how it ended."""
-        number, failed_ranks = 0, ()
-        while True:
-            if self._pending_signal is not None:
-                return self._signal_result(number)
+        number, failed_ranks, attempts = 0, (), 0
+        while self._final is None:
             attempt = self._run_attempt(number, failed_ranks)
-            if attempt.signum is not None or self._pending_signal is not None:
-                return self._signal_result(number + 1)
+            attempts = number + 1
+            if self._final is not None:
+                break
             if attempt.failure is None:
-                self.emit("job_succeeded", attempts=number + 1)
-                return RunResult(0, "succeeded", number + 1, tuple(self.failures))
+                return self._finish(RunResult(0, "succeeded", attempts, tuple(self.failures)))
             if number >= self.policy.max_restarts:
-                cause = attempt.failure
-                self.emit("restart_budget_spent", attempts=number + 1, max_restarts=self.policy.max_restarts)
-                return RunResult(cause.info.exit_code, "failed", number + 1, tuple(self.failures))
+                self.emit("restart_budget_spent", attempts=attempts, max_restarts=self.policy.max_restarts)
+                return self._finish(RunResult(attempt.failure.info.exit_code, "failed", attempts,
+                                              tuple(self.failures)))
             self.emit("restart", attempt=number + 1, after_rank=attempt.failure.rank,
                       backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - number - 1)
-            if self.policy.backoff and self._wait_quietly(self.policy.backoff):
-                return self._signal_result(number + 1)
+            if self.policy.backoff:
+                self._wait_quietly(self.policy.backoff)
             number, failed_ranks = number + 1, tuple(attempt.failed_ranks)
+        return self._finish(self._final_result(attempts, attempt))
 
-    def _signal_result(self, attempts: int) -> RunResult:
-        signum = self._pending_signal or signal.SIGTERM
-        self.emit("stopped_by_signal", signal=signal.Signals(signum).name)
-        return RunResult(128 + signum, "signal", attempts, tuple(self.failures), signum)
+    def _final_result(self, attempts: int, attempt: "_Attempt") -> RunResult:
+        if self._final == "graceful-exit":
+            code = attempt.failure.info.exit_code if attempt.failure else 0
+            return RunResult(code, "graceful-exit", attempts, tuple(self.failures))
+        signum = self._signal or signal.SIGTERM
+        return RunResult(128 + signum, self._final, attempts, tuple(self.failures), signum)
+
+    def _finish(self, result: RunResult) -> RunResult:
+        self.emit("job_end", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
+        for waiter in self._waiters:
+            waiter.reply({"ok": True, "done": True, "reason": result.reason, "exit_code": result.exit_code},
+                         final=True)
+        self._waiters.clear()
+        return result
 
     # -- one attempt --------------------------------------------------------------------------
     def _run_attempt(self, number: int, failed_before: Sequence[int]) -> _Attempt:
@@ -161,32 +185,94 @@ class Supervisor:
 
     def _handle(self, attempt: _Attempt, event: Optional[Event]) -> None:
         if isinstance(event, RankExited):
-            worker = attempt.workers.get(event.rank)
-            if worker is None or worker.done:
-                return
-            worker.exit = event.info
-            if event.info.returncode == 0:
-                worker.transition(WorkerState.SUCCEEDED)
-                return
-            worker.transition(WorkerState.FAILED)
-            attempt.failed_ranks.append(worker.rank)
-            attempt.failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank))
-            self.failures.append(attempt.failure)
-            log.warning("%s failed (%s); stopping the other local ranks", worker.label, event.info.describe())
-            self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"{worker.label} failed")
+            self._on_exit(attempt, event)
         elif isinstance(event, SignalReceived):
             self._on_signal(event.signum)
-            log.info("received %s: forwarding to the ranks (grace period %.0f s)",
-                     signal.Signals(event.signum).name, self.policy.grace_period)
-            attempt.signum = event.signum
-            self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
+            if event.signum in GASP_TRIGGERS:
+                self._gasp(attempt, f"signal {signal.Signals(event.signum).name}")
+            else:
+                log.info("received %s: forwarding to the ranks (grace %.0f s)",
+                         signal.Signals(event.signum).name, self.policy.grace_period)
+                self._final = "signal"
+                self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
         elif isinstance(event, ControlRequest):
-            event.reply({"ok": False, "error": f"unsupported request {event.command!r}"}, final=True)
+            self._on_request(attempt, event)
+
+    def _on_exit(self, attempt: _Attempt, event: RankExited) -> None:
+        worker = attempt.workers.get(event.rank)
+        if worker is None or worker.done:
+            return
+        worker.exit = event.info
+        if worker.state is WorkerState.STOPPING:  # outlived its SIGKILL settle time, now reaped
+            worker.transition(WorkerState.STOPPED)
+            return
+        if event.info.returncode == 0:
+            worker.transition(WorkerState.SUCCEEDED)
+            return
+        worker.transition(WorkerState.FAILED)
+        attempt.failed_ranks.append(worker.rank)
+        attempt.failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank))
+        self.failures.append(attempt.failure)
+        log.warning("%s failed (%s); stopping the other local ranks", worker.label, event.info.describe())
+        self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"{worker.label} failed")
 
     def _on_signal(self, signum: int) -> None:
         self.emit("signal_received", signal=signal.Signals(signum).name)
-        if self._pending_signal is None:
-            self._pending_signal = signum
+        if self._signal is None:
+            self._signal = signum
+
+    def _on_request(self, attempt: Optional[_Attempt], request: ControlRequest) -> None:
+        """prestop (``gasp``), ``exit`` and ``status`` requests, whatever the supervisor is doing."""
+        self.emit("control_request", command=request.command)
+        if request.command == "status":
+            workers = attempt.workers.values() if attempt else ()
+            request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
+                           "ranks": {w.rank: w.state.value for w in workers}}, final=True)
+        elif request.command == "gasp":
+            self._waiters.append(request)
+            if self._final is None and attempt is not None:
+                self._gasp(attempt, "prestop")
+            else:
+                self._final = self._final or "gasp"
+        elif request.command == "exit":
+            request.reply({"ok": True, "accepted": True})
+            self._waiters.append(request)
+            if self._final is None:
+                self._final = "graceful-exit"
+                self.request_exit()
+                self.emit("graceful_exit_requested")
+                log.info("graceful exit requested: ranks stop at their next step boundary; no restarts")
+        else:
+            request.reply({"ok": False, "error": f"unknown request {request.command!r}"}, final=True)
+
+    def _gasp(self, attempt: _Attempt, source: str) -> None:
+        """The dying gasp: one save signal to each rank's main process, wait, SIGKILL what is left."""
+        self._final = "gasp"
+        save = self.policy.gasp_allowed()
+        signum = self.policy.gasp_signal if save else signal.SIGKILL
+        self.emit("gasp", source=source, save=save, signal=signal.Signals(signum).name,
+                  timeout=self.policy.grace_period)
+        if save:
+            log.info("dying gasp (%s): %s to every rank, up to %.0f s to save", source,
+                     signal.Signals(signum).name, self.policy.grace_period)
+        else:
+            log.warning("dying gasp (%s) within --gasp-min-interval of the previous one: "
+                        "stopping the ranks without the save signal", source)
+        self._stop(attempt, signum, self.policy.grace_period if save else 0.0, f"dying gasp ({source})")
+        self._report_gasp(attempt)
+
+    def _report_gasp(self, attempt: _Attempt) -> None:
+        ranks = []
+        for worker in sorted(attempt.workers.values(), key=lambda w: w.rank):
+            info = worker.exit
+            killed = worker.rank in attempt.killed
+            ranks.append({"rank": worker.rank, "label": worker.label, "killed_after_timeout": killed,
+                          "returncode": info.returncode if info else None,
+                          "exit_code": info.exit_code if info else None,
+                          "signal": info.signal_name if info else None})
+        self.emit("gasp_done", ranks=ranks)
+        for waiter in self._waiters:
+            waiter.reply({"ok": True, "gasp": ranks})
 
     def _stop(self, attempt: _Attempt, signum: int, timeout: float, reason: str) -> None:
         """Signal every running rank's main process once, then SIGKILL its group at the deadline."""
@@ -203,10 +289,11 @@ class Supervisor:
         while any(w.state is WorkerState.STOPPING for w in stopping):
             event = self.group.wait_event(max(0.0, deadline - time.monotonic()))
             if event is None:
-                if killed:
-                    break  # SIGKILL sent and still not reaped: ensure_gone reports it
+                if killed:  # SIGKILL sent and still not reaped (uninterruptible sleep?)
+                    self._abandon(attempt, [w for w in stopping if w.state is WorkerState.STOPPING])
+                    break
                 killed, deadline = True, time.monotonic() + KILL_SETTLE_SECONDS
-                self._kill([w for w in stopping if w.state is WorkerState.STOPPING], attempt.number)
+                self._kill(attempt, [w for w in stopping if w.state is WorkerState.STOPPING])
             elif isinstance(event, RankExited):
                 worker = attempt.workers.get(event.rank)
                 if worker is not None and worker.state is WorkerState.STOPPING:
@@ -215,28 +302,35 @@ class Supervisor:
             elif isinstance(event, SignalReceived):
                 # Never a second signal to a rank that is saving; a second Ctrl-C means "now".
                 self._on_signal(event.signum)
-                if event.signum == signal.SIGINT and attempt.signum == signal.SIGINT and not killed:
+                self._final = self._final or ("gasp" if event.signum in GASP_TRIGGERS else "signal")
+                if event.signum == signal.SIGINT and self._signal == signal.SIGINT and not killed:
                     deadline = time.monotonic()
             elif isinstance(event, ControlRequest):
-                event.reply({"ok": False, "error": "the job is already stopping"}, final=True)
+                self._on_request(None, event)
 
-    def _kill(self, workers: List[Worker], number: int) -> None:
+    def _kill(self, attempt: _Attempt, workers: List[Worker]) -> None:
         ranks = [w.rank for w in workers]
+        attempt.killed.extend(ranks)
         log.warning("%s did not exit in time: SIGKILL", ", ".join(w.label for w in workers))
-        self.emit("kill_group", attempt=number, ranks=ranks)
+        self.emit("kill_group", attempt=attempt.number, ranks=ranks)
         self.group.kill_groups(ranks)
 
-    def _wait_quietly(self, seconds: float) -> bool:
-        """Wait ``seconds`` (restart backoff); True if a stop signal arrived meanwhile."""
+    def _abandon(self, attempt: _Attempt, workers: List[Worker]) -> None:
+        """Give up waiting for processes that survive SIGKILL; ensure_gone reports their groups."""
+        for worker in workers:
+            worker.transition(WorkerState.STOPPED)
+        self.emit("rank_lost", attempt=attempt.number, ranks=[w.rank for w in workers])
+
+    def _wait_quietly(self, seconds: float) -> None:
+        """Wait ``seconds`` (restart backoff), honouring stop signals and requests meanwhile."""
         deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
+        while self._final is None and time.monotonic() < deadline:
             event = self.group.wait_event(deadline - time.monotonic())
             if isinstance(event, SignalReceived):
                 self._on_signal(event.signum)
-                return True
-            if isinstance(event, ControlRequest):
-                event.reply({"ok": False, "error": "no ranks running (restart backoff)"}, final=True)
-        return False
+                self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
+            elif isinstance(event, ControlRequest):
+                self._on_request(None, event)
 
     def _changed(self, number: int) -> Callable[[Worker, WorkerState], None]:
         def on_change(worker: Worker, old: WorkerState) -> None:

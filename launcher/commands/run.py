@@ -17,7 +17,7 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[st
 
 def _opt(*decls: str, **kwargs: Any) -> Callable:
     """A ``run`` option that can also be set as ``LAUNCHER_<NAME>`` in the environment."""
-    name = max(decls, key=len).lstrip("-").replace("-", "_")
+    name = decls[0].lstrip("-").replace("-", "_")
     kwargs.setdefault("envvar", env_var_for(name))
     kwargs.setdefault("show_envvar", True)
     return click.option(*decls, **kwargs)
@@ -48,8 +48,15 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Seconds to wait between a failure and the restart.")
 @_opt("--stop-timeout", type=click.FloatRange(min=0), default=10.0,
       help="Seconds between SIGTERM and SIGKILL when stopping the group after a failure.")
-@_opt("--grace-period", type=click.FloatRange(min=0), default=25.0,
-      help="Seconds ranks get to exit after the launcher is asked to stop (SIGTERM/SIGINT).")
+@_opt("--gasp-timeout", "--grace-period", type=click.FloatRange(min=0),
+      help="Seconds ranks get to save and exit after prestop / SIGTERM / SIGINT before SIGKILL "
+           "(default: --termination-grace-period minus a margin of 5 s or 10 %).")
+@_opt("--termination-grace-period", type=click.FloatRange(min=1), default=30.0,
+      help="The pod's terminationGracePeriodSeconds, which the gasp must fit in.")
+@_opt("--gasp-signal", default="SIGTERM", help="Signal asking a rank to save its dying-gasp checkpoint.")
+@_opt("--gasp-min-interval", type=click.FloatRange(min=0), default=0.0,
+      help="A gasp within this many seconds of the previous one stops the ranks without the save "
+           "signal (crash loops; the seed's rule is 60). 0 disables.")
 @_opt("--log-dir", type=click.Path(file_okay=False),
       help="Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).")
 @_opt("--console-ranks", default="all", help="Ranks whose output is shown on the console: all, none, or 0,3,5-7.")

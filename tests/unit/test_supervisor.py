@@ -119,7 +119,7 @@ def test_stop_signal_is_forwarded_once_and_sets_exit_code():
     # SIGTERM arrives; a second SIGTERM while ranks save must not be forwarded again.
     scripts = [[SignalReceived(signal.SIGTERM), SignalReceived(signal.SIGTERM), exited(0, 0), exited(1, -15)]]
     result, group, _, _ = supervise(scripts, max_restarts=5)
-    assert result.exit_code == 128 + signal.SIGTERM and result.reason == "signal"
+    assert result.exit_code == 128 + signal.SIGTERM and result.reason == "gasp"
     assert [c for c in group.calls if c[0] == "signal"] == [("signal", (0, 1), signal.SIGTERM)]
     assert [c for c in group.calls if c[0] == "start"] == [("start", 0, (0, 1))]  # no restart
 
@@ -127,7 +127,7 @@ def test_stop_signal_is_forwarded_once_and_sets_exit_code():
 def test_signal_during_failure_stop_prevents_restart():
     scripts = [[exited(0, 1), SignalReceived(signal.SIGTERM), exited(1, -15)], []]
     result, group, _, _ = supervise(scripts, max_restarts=3)
-    assert result.reason == "signal"
+    assert result.reason == "gasp"
     assert [c[0] for c in group.calls].count("start") == 1
 
 
@@ -141,7 +141,7 @@ def test_second_sigint_kills_immediately():
 def test_signal_during_backoff_stops_without_restart():
     scripts = [[exited(0, 1), exited(1, -15), SignalReceived(signal.SIGTERM)], []]
     result, group, _, _ = supervise(scripts, max_restarts=2, backoff=5)
-    assert result.reason == "signal" and result.attempts == 1
+    assert result.reason == "gasp" and result.attempts == 1
     assert [c[0] for c in group.calls].count("start") == 1
 
 

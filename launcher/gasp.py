@@ -1,0 +1,131 @@
+"""Dying-gasp support: the crash-loop gate, the graceful-exit file, and prestop without a supervisor.
+
+``GaspGate`` implements the seed's 60 s rule once, in the launcher: a gasp within
+``--gasp-min-interval`` of the previous one stops the ranks without the save signal, and each rank is
+told at start (``LAUNCHER_GASP_SAVE_ALLOWED``) whether a save is currently allowed.
+"""
+
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+log = logging.getLogger(__name__)
+
+GASP_STATE = "gasp.json"
+GRACEFUL_EXIT_FILE = "graceful_exit.json"
+#: Seconds kept free inside terminationGracePeriodSeconds for SIGKILL, reaping and prestop's return.
+MIN_MARGIN = 5.0
+
+
+def default_gasp_timeout(termination_grace_period: float) -> float:
+    """Gasp timeout that fits the pod's grace period with a safety margin (5 s or 10 %, the larger)."""
+    margin = max(MIN_MARGIN, 0.1 * termination_grace_period)
+    return max(1.0, termination_grace_period - margin)
+
+
+class GaspGate:
+    """Remembers when the last gasp sent the save signal (in the run dir, across launcher restarts).
+
+    Args:
+        path: State file, e.g. ``<run-dir>/gasp.json``.
+        min_interval: Seconds; 0 disables the rule.
+        clock: Wall clock (tests pass a fake).
+    """
+
+    def __init__(self, path: str, min_interval: float, clock: Callable[[], float] = time.time):
+        self.path = path
+        self.min_interval = min_interval
+        self.clock = clock
+
+    def last(self) -> Optional[float]:
+        """Time of the last gasp that sent the save signal, if any."""
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                return float(json.load(fh)["last_save"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def allowed(self) -> bool:
+        """Whether a gasp now may send the save signal."""
+        last = self.last()
+        return self.min_interval <= 0 or last is None or self.clock() - last >= self.min_interval
+
+    def try_save(self) -> bool:
+        """Decide for a gasp happening now; records it when the save is allowed."""
+        if not self.allowed():
+            return False
+        tmp = f"{self.path}.tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"last_save": self.clock()}, fh)
+        os.replace(tmp, self.path)
+        return True
+
+
+def write_graceful_exit(path: str, value: int) -> None:
+    """Atomically write ``{"GracefulExit": value}`` (temp file + rename), as MindSpore polls it."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump({"GracefulExit": value}, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+@dataclass
+class RecordedRank:
+    """A rank recorded in the run dir's state file."""
+
+    rank: int
+    pid: int
+    create_time: Optional[float]
+
+
+def verified_ranks(records: List[RecordedRank]) -> List["object"]:
+    """psutil processes for the records that are still the very processes the launcher started.
+
+    A pid is trusted only if a process with that pid exists and its create time equals the recorded
+    one, so a recycled pid is never signalled.
+    """
+    import psutil
+
+    procs = []
+    for rec in records:
+        if rec.create_time is None:
+            continue
+        try:
+            proc = psutil.Process(rec.pid)
+            if abs(proc.create_time() - rec.create_time) < 0.01:
+                procs.append((rec, proc))
+        except psutil.Error:
+            continue
+    return procs
+
+
+def fallback_gasp(records: List[RecordedRank], signum: int, timeout: float) -> List[dict]:
+    """prestop when the supervisor is gone: signal each verified rank once, wait, kill its group."""
+    import psutil
+
+    procs = verified_ranks(records)
+    for _rec, proc in procs:
+        try:
+            proc.send_signal(signum)
+        except psutil.Error:
+            pass
+    gone, alive = psutil.wait_procs([p for _, p in procs], timeout=timeout)
+    outcomes = []
+    for rec, proc in procs:
+        killed = proc in alive
+        if killed:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: pgid == pid
+            except OSError:
+                pass
+        code = getattr(proc, "returncode", None)
+        outcomes.append({"rank": rec.rank, "label": f"rank {rec.rank}", "killed_after_timeout": killed,
+                         "exit_code": None if killed else code, "signal": None, "returncode": code})
+    psutil.wait_procs([p for p in alive], timeout=5)
+    return outcomes
