@@ -115,17 +115,47 @@ def fallback_gasp(records: List[RecordedRank], signum: int, timeout: float) -> L
             proc.send_signal(signum)
         except psutil.Error:
             pass
-    gone, alive = psutil.wait_procs([p for _, p in procs], timeout=timeout)
+    alive = wait_exits([p.pid for _, p in procs], timeout)
     outcomes = []
     for rec, proc in procs:
-        killed = proc in alive
+        killed = proc.pid in alive
         if killed:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)  # its own session: pgid == pid
             except OSError:
                 pass
-        code = getattr(proc, "returncode", None)
+        # Not our children: their exit codes went to whoever reaps them now.
         outcomes.append({"rank": rec.rank, "label": f"rank {rec.rank}", "killed_after_timeout": killed,
-                         "exit_code": None if killed else code, "signal": None, "returncode": code})
-    psutil.wait_procs([p for p in alive], timeout=5)
+                         "exit_code": None, "signal": None, "returncode": None})
+    wait_exits(sorted(alive), 5.0)
     return outcomes
+
+
+def wait_exits(pids: List[int], timeout: float) -> List[int]:
+    """Wait until the processes (not our children) exit; returns those still running at the timeout.
+
+    Uses pidfds, which become readable when the process terminates (zombie or reaped), so the wait
+    ends the moment the last one exits.
+    """
+    import select
+
+    fds = {}
+    for pid in pids:
+        try:
+            fds[os.pidfd_open(pid)] = pid
+        except ProcessLookupError:
+            continue
+    deadline = time.monotonic() + timeout
+    try:
+        while fds:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready, _, _ = select.select(list(fds), [], [], remaining)
+            for fd in ready:
+                os.close(fd)
+                fds.pop(fd)
+        return sorted(fds.values())
+    finally:
+        for fd in fds:
+            os.close(fd)

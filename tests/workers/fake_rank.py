@@ -6,6 +6,8 @@ on that file instead of sleeping blindly. Behaviour options:
   --fail-signal SIG               ... or kills itself with SIG instead
   --ignore-term                   ignore SIGTERM (to test escalation to SIGKILL)
   --term-delay S                  on SIGTERM, write a "term" record, sleep S, then exit 143
+  --ckpt-dir D                    ... and during those S seconds write D/rank_<r>.ckpt atomically
+  --poll-exit                     exit 0 when $LAUNCHER_GRACEFUL_EXIT_FILE holds {"GracefulExit": 1}
   --child                         spawn a grandchild (same session) that writes its pid and sleeps
   --orphan                        double-fork a short-lived grandchild (tests reaping by the launcher)
   --run S                         run S seconds (default: until signalled)
@@ -13,6 +15,7 @@ on that file instead of sleeping blindly. Behaviour options:
 """
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +32,28 @@ def _append(path, text):
             os.close(fd)
 
 
+def _save(path, seconds):
+    """Write a checkpoint slowly (``seconds``), atomically: temp file, fsync, rename."""
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as fh:
+        for _ in range(10):
+            fh.write(b"x" * 100000)
+            time.sleep(seconds / 10)
+        fh.write(b"END")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _exit_requested():
+    path = os.environ.get("LAUNCHER_GRACEFUL_EXIT_FILE")
+    try:
+        with open(path) as fh:
+            return json.load(fh).get("GracefulExit") == 1
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ready-file")
@@ -38,6 +63,8 @@ def main():
     p.add_argument("--fail-signal")
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--term-delay", type=float)
+    p.add_argument("--ckpt-dir")
+    p.add_argument("--poll-exit", action="store_true")
     p.add_argument("--child", action="store_true")
     p.add_argument("--orphan", action="store_true")
     p.add_argument("--run", type=float)
@@ -47,10 +74,16 @@ def main():
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("LAUNCHER_ATTEMPT", "0")))
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    children = []
     if a.term_delay is not None:
         def on_term(signum, frame):
-            _append(a.ready_file + ".term" if a.ready_file else None, f"{rank} {attempt} {os.getpid()} {time.time()}\n")
-            time.sleep(a.term_delay)
+            received = time.time()
+            if a.ckpt_dir:
+                _save(os.path.join(a.ckpt_dir, f"rank_{rank}.ckpt"), a.term_delay)
+            else:
+                time.sleep(a.term_delay)
+            child_alive = all(c.poll() is None for c in children)
+            _append(a.ready_file + ".term", f"{rank} {attempt} {os.getpid()} {received} {int(child_alive)}\n")
             os._exit(143)
         signal.signal(signal.SIGTERM, on_term)
     for i in range(a.print_lines):
@@ -58,13 +91,15 @@ def main():
     print(f"rank {rank} attempt {attempt} pid {os.getpid()} up", flush=True)
     if a.child:
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        children.append(child)
         _append(a.ready_file + ".child" if a.ready_file else None, f"{rank} {child.pid}\n")
     if a.orphan and os.fork() == 0:
         if os.fork() == 0:
             time.sleep(0.2)
             os._exit(0)
         os._exit(0)
-    _append(a.ready_file, f"{rank} {attempt} {os.getpid()} {time.time()}\n")
+    allowed = os.environ.get("LAUNCHER_GASP_SAVE_ALLOWED", "-")
+    _append(a.ready_file, f"{rank} {attempt} {os.getpid()} {time.time()} {allowed}\n")
     if rank == a.fail_rank and str(attempt) in a.fail_attempts.split(","):
         time.sleep(0.05)
         print(f"rank {rank} failing now", flush=True)
@@ -73,6 +108,9 @@ def main():
         sys.exit(a.exit_code)
     deadline = None if a.run is None else time.monotonic() + a.run
     while deadline is None or time.monotonic() < deadline:
+        if a.poll_exit and _exit_requested():
+            _append(a.ready_file + ".exit", f"{rank} {attempt} {time.time()}\n")
+            sys.exit(0)
         time.sleep(0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic())))
 
 
