@@ -72,6 +72,8 @@ class RankTable:
         source: Path the table was read from, or None for a generated table.
         revision: Content of the sibling ``version`` file (operator timestamp), if any; it
             increases each time the cluster rewrites the table.
+        master_host: Rendezvous master address when the launcher built the table itself
+            (``--master-addr``); otherwise the master is the server hosting global rank 0.
         master_port: Port for the rendezvous master when the launcher built the table itself.
     """
 
@@ -80,6 +82,7 @@ class RankTable:
     status: str = "completed"
     source: Optional[str] = None
     revision: Optional[str] = None
+    master_host: Optional[str] = None
     master_port: Optional[int] = None
     extra: Dict[str, str] = field(default_factory=dict, compare=False)
 
@@ -96,6 +99,8 @@ class RankTable:
     @property
     def master_addr(self) -> str:
         """Address of the server hosting global rank 0 (what the legacy scripts used)."""
+        if self.master_host:
+            return self.master_host
         for server in self.servers:
             if 0 in server.ranks:
                 return server.container_ip or server.server_id

@@ -1,0 +1,155 @@
+"""Waiting for the cluster to finish the rank table: retries, progress lines, and a real timeout."""
+
+import json
+import logging
+import threading
+import time
+
+import pytest
+
+from launcher.errors import LauncherError, UsageError
+from launcher.ranktable import RankTableError, generate_rank_table, wait_for_rank_table
+
+COMPLETE = json.dumps(generate_rank_table([("10.0.0.1", 2), ("10.0.0.2", 2)]))
+INITIALIZING = json.dumps({"status": "initializing"})
+FAST = {"poll_interval": 0.01, "progress_interval": 0.05}
+
+
+@pytest.fixture
+def progress():
+    """Progress lines of the wait logger (its own handler: the CLI may stop propagation)."""
+    records = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = records.append
+    logger = logging.getLogger("launcher.ranktable.wait")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def _operator(path, steps):
+    """Play the Ascend Operator: each step is (delay, bytes); the file is rewritten in place."""
+    def run():
+        for delay, content in steps:
+            time.sleep(delay)
+            with open(path, "r+b" if path.exists() else "wb") as fh:  # truncate + write, no rename
+                fh.truncate(0)
+                fh.write(content)
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_ready_table_returns_at_once(tmp_path):
+    path = tmp_path / "hccl.json"
+    path.write_text(COMPLETE)
+    (tmp_path / "version").write_text("42")
+    table = wait_for_rank_table(path, timeout=5, **FAST)
+    assert (table.world_size, table.revision, table.source) == (4, "42", str(path))
+
+
+def test_waits_through_missing_initializing_and_half_written(tmp_path, progress):
+    path = tmp_path / "hccl.json"
+    half = COMPLETE.encode()[: len(COMPLETE) // 2]
+    thread = _operator(path, [(0.05, INITIALIZING.encode()), (0.05, b""), (0.05, half),
+                              (0.05, b'{"status": "\xe5'), (0.05, COMPLETE.encode())])
+    start = time.monotonic()
+    table = wait_for_rank_table(path, timeout=10, **FAST)
+    thread.join()
+    assert table.world_size == 4
+    assert time.monotonic() - start < 5
+    lines = [r.getMessage() for r in progress]
+    assert lines[0] == f"waiting for rank table {path}: file not found (0 s of 10 s)"
+    assert lines[-1].startswith(f"rank table {path} is ready after")
+
+
+def test_timeout_is_detected(tmp_path, progress):
+    """Legacy defect 2: the scripts' wait loop never noticed its own timeout."""
+    path = tmp_path / "hccl.json"
+    path.write_text(INITIALIZING)
+    start = time.monotonic()
+    with pytest.raises(LauncherError) as info:
+        wait_for_rank_table(path, timeout=0.3, poll_interval=0.02, progress_interval=0.1)
+    elapsed = time.monotonic() - start
+    assert not isinstance(info.value, UsageError) and info.value.exit_code == 1
+    assert info.value.message == f'rank table {path} not ready after 0.3 s: last saw status "initializing"'
+    assert 0.3 <= elapsed < 2.0
+    # ~15 attempts, but progress lines are rate-limited to one per 0.1 s.
+    assert 1 <= len(progress) <= 4
+    assert all('status "initializing"' in r.getMessage() for r in progress)
+
+
+def test_timeout_on_missing_file_says_so(tmp_path):
+    with pytest.raises(LauncherError, match="last saw file not found"):
+        wait_for_rank_table(tmp_path / "hccl.json", timeout=0.1, **FAST)
+
+
+@pytest.mark.parametrize("content, seen", [
+    (COMPLETE[:10].encode(), r"incomplete JSON \(line 1 column \d+: .*\)"),
+    (b"", "empty file"),
+    (b'{"status": "\xe5', "incomplete UTF-8 text"),  # cut inside a multi-byte character
+    (INITIALIZING.encode(), 'status "initializing"'),
+])
+def test_partial_states_are_retried_until_the_timeout(tmp_path, content, seen):
+    path = tmp_path / "hccl.json"
+    path.write_bytes(content)
+    with pytest.raises(LauncherError, match=f"not ready after 0.05 s: last saw {seen}$") as info:
+        wait_for_rank_table(path, timeout=0.05, **FAST)
+    assert not isinstance(info.value, UsageError)
+
+
+def test_zero_timeout_is_one_attempt(tmp_path, progress):
+    with pytest.raises(LauncherError, match="not ready after 0 s: last saw file not found"):
+        wait_for_rank_table(tmp_path / "hccl.json", timeout=0, **FAST)
+    assert progress == []  # no sleep, so no progress line
+
+
+def test_unreadable_path_is_retried(tmp_path):
+    with pytest.raises(LauncherError, match="last saw cannot read file"):
+        wait_for_rank_table(tmp_path, timeout=0.05, **FAST)  # a directory
+
+
+def test_invalid_completed_table_fails_at_once(tmp_path):
+    data = json.loads(COMPLETE)
+    data["server_list"][1]["device"][0]["rank_id"] = "0"
+    path = tmp_path / "hccl.json"
+    path.write_text(json.dumps(data))
+    start = time.monotonic()
+    with pytest.raises(RankTableError) as info:
+        wait_for_rank_table(path, timeout=10, **FAST)
+    assert time.monotonic() - start < 5
+    assert any("duplicate rank_id 0" in p for p in info.value.problems)
+
+
+@pytest.mark.parametrize("kwargs", [{"timeout": -1}, {"poll_interval": 0}, {"progress_interval": -1}])
+def test_bad_arguments(tmp_path, kwargs):
+    with pytest.raises(UsageError):
+        wait_for_rank_table(tmp_path / "hccl.json", **kwargs)
+
+
+def test_stop_signal_ends_the_wait_at_once(tmp_path):
+    """SIGTERM while waiting for the operator: the launcher stops now, not at the timeout."""
+    import os
+    import signal as signal_mod
+    import threading
+    import time as time_mod
+
+    from launcher import signals
+    from launcher.errors import LauncherError
+
+    signals.install()
+    try:
+        path = tmp_path / "hccl.json"
+        path.write_text('{"status": "initializing"}')
+        threading.Timer(0.3, os.kill, (os.getpid(), signal_mod.SIGTERM)).start()
+        started = time_mod.monotonic()
+        with pytest.raises(LauncherError) as exc:
+            wait_for_rank_table(path, timeout=30, poll_interval=5)
+        assert exc.value.exit_code == 143
+        assert time_mod.monotonic() - started < 3
+        assert signals.pop_pending() == signal_mod.SIGTERM
+    finally:
+        signals.uninstall()
