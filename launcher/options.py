@@ -113,9 +113,13 @@ def _schema_problems(data: Any) -> list:
 
     validator = jsonschema.Draft7Validator(load_schema("launcher.schema.json"))
     problems = []
+    known = validator.schema["properties"]
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
-        problems.append(f"{path}: {error.message}")
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            problems.extend(f"{path}.{key}: unknown option" for key in sorted(error.instance) if key not in known)
+        else:
+            problems.append(f"{path}: {error.message}")
     return problems
 
 

@@ -87,9 +87,14 @@ class RunDir:
         """Atomically replace ``name`` with ``data`` as JSON (temp file + rename)."""
         path = self.file(name)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, default=str)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(data, fh, default=str)
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
     def read_json(self, name: str) -> Optional[Any]:
         """Parsed content of ``name``, or None when missing or unreadable."""

@@ -29,6 +29,7 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                      run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
                                                                        os.path.join(run_dir, "group_info")),
                      base_env=environ)
+    parse_rank_filter(opts.console_ranks)  # a bad value fails before anything starts, dry run too
     if opts.dry_run:
         print_dry_run(ctx, worker_specs(ctx, opts.command, 0), opts.json_output)
         return 0
@@ -73,8 +74,11 @@ def parse_rank_filter(text: str) -> Optional[List[int]]:
     ranks: List[int] = []
     try:
         for part in filter(None, (p.strip() for p in text.split(","))):
-            low, _, high = part.partition("-")
-            ranks.extend(range(int(low), int(high or low) + 1))
+            low, dash, high = part.partition("-")
+            first, last = int(low), int(high if dash else low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            ranks.extend(range(first, last + 1))
     except ValueError:
         raise UsageError(f"--console-ranks {text!r}: expected all, none, or a list like 0,3,5-7") from None
     return ranks

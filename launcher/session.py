@@ -100,7 +100,8 @@ class Session:
                   envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if self.gasp_gate.allowed() else "0"}
         if self.ctx.framework == "mindspore":
             common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
-        per_rank = {d.rank_id: common for d in self.ctx.topology.server.devices}
+        per_rank = {d.rank_id: {**common, envnames.TORCHELASTIC_ERROR_FILE: self._error_file(d.rank_id, attempt)}
+                    for d in self.ctx.topology.server.devices}
         return worker_specs(self.ctx, self.opts.command, attempt, per_rank)
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
@@ -115,6 +116,10 @@ class Session:
             ranks.append({"rank": rank, "pid": pid, "pgid": pid, "create_time": created})
         self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
                                                    "ranks": ranks, "updated": time.time()})
+
+    def _error_file(self, rank: int, attempt: int) -> str:
+        """Where torch's ``@record`` writes a rank's exception (torchrun's TORCHELASTIC_ERROR_FILE)."""
+        return os.path.join(self.log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
 
     def _log_path(self, spec: WorkerSpec, attempt: int) -> str:
         name = "scheduler.log" if spec.role == ROLE_SCHEDULER else f"rank_{spec.rank}.log"

@@ -81,3 +81,18 @@ def interruptible_sleep(seconds: float) -> None:
         return
     select.select([fd], [], [], max(0.0, seconds))
     drain_wakeup()
+
+
+def uninstall() -> None:
+    """Restore default handlers and drop the wakeup pipe (for embedding and tests)."""
+    global _wakeup_read_fd
+    if _wakeup_read_fd is None:
+        return
+    for signum in STOP_SIGNALS + (signal.SIGCHLD,):
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
+    write_fd = signal.set_wakeup_fd(-1)
+    for fd in (_wakeup_read_fd, write_fd):
+        if fd >= 0:
+            os.close(fd)
+    _wakeup_read_fd = None
+    _pending.clear()

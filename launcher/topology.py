@@ -103,9 +103,11 @@ def _local_shape(opts: RunOptions, framework: str, environ: Mapping[str, str]):
             "no ranks to start: give --rank-table FILE, set RANK_TABLE_FILE, or use --nproc-per-node N",
             [f"(or set {', '.join(names)} as the Ascend Operator does)"])
     world, local, node_rank = (_env_int(environ, n, required=True) for n in names)
+    if world < 1:
+        raise UsageError(f"{names[0]}={world} must be positive")
     if local < 1 or world % local:
         raise UsageError(f"{names[0]}={world} is not a multiple of {names[1]}={local}")
-    if node_rank >= world // local:
+    if not 0 <= node_rank < world // local:
         raise UsageError(f"{names[2]}={node_rank} is out of range for {world // local} nodes")
     return local, world // local, node_rank, f"environment ({', '.join(names)})"
 
@@ -138,8 +140,15 @@ def locate_server(table: RankTable, server_id: Optional[str], environ: Mapping[s
     Raises:
         UsageError: zero or several servers match; the message names the candidates.
     """
-    for label, value in (("--server-id", server_id), (envnames.XDL_IP, environ.get(envnames.XDL_IP)),
-                         (envnames.POD_IP, environ.get(envnames.POD_IP))):
+    if server_id:
+        return _exactly_one(table, [server_id], "--server-id")
+    node_ip, pod_ip = environ.get(envnames.XDL_IP), environ.get(envnames.POD_IP)
+    if node_ip and pod_ip and len(table.find_servers([node_ip])) > 1:
+        # Several pods of the job on one node share its address: the pod address tells them apart.
+        matches = [s for s in table.find_servers([node_ip]) if pod_ip in s.addresses]
+        if len(matches) == 1:
+            return matches[0]
+    for label, value in ((envnames.XDL_IP, node_ip), (envnames.POD_IP, pod_ip)):
         if value:
             return _exactly_one(table, [value], label)
     return _exactly_one(table, host_addresses(), "this host's addresses")
@@ -154,7 +163,7 @@ def _exactly_one(table: RankTable, addresses: Sequence[str], label: str) -> Serv
     if not matches:
         raise UsageError(f"this server ({label}: {shown}) is not in the rank table",
                          [f"servers in the table: {known}", "pass --server-id ADDR to choose one"])
-    names = ", ".join(s.server_id for s in matches)
+    names = "; ".join("/".join(s.addresses) for s in matches)
     raise UsageError(f"{label} ({shown}) matches several servers in the rank table: {names}",
                      ["pass --server-id ADDR with one exact address"])
 

@@ -23,7 +23,8 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
     return click.option(*decls, **kwargs)
 
 
-@click.command(context_settings={"ignore_unknown_options": False, "show_default": True})
+# Options after the command belong to the command: `launcher run --x 1 python t.py --y 2`.
+@click.command(context_settings={"allow_interspersed_args": False, "show_default": True})
 @click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config, envvar="LAUNCHER_CONFIG", show_envvar=True,
               help="YAML file holding any run option (keys as option names).")

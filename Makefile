@@ -1,0 +1,43 @@
+# Two commands do all the set-up on a fresh machine (see README "Quick start"):
+#   make example   - create .venv, install the launcher + PyTorch CPU, run the 4-rank fault demo
+#   make test      - create .venv, install everything the suite needs, run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch==2.13.0 resolves to the local CPU wheel on these machines; pinning it first keeps pip
+# from ever pulling the CUDA build through a looser requirement.
+TORCH := torch==2.13.0
+MINDSPORE := mindspore==2.10.0
+RUNS := runs/example
+
+.PHONY: example test bench venv clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.base: $(BIN)/python setup.cfg pyproject.toml
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.base
+	$(BIN)/python -m pip install -q -e '.[test]' $(TORCH) $(MINDSPORE)
+	touch $@
+
+venv: $(VENV)/.base
+
+example: $(VENV)/.base
+	rm -rf $(RUNS)
+	$(BIN)/launcher run --nproc-per-node 4 --max-restarts 3 \
+		--run-dir $(RUNS)/run --log-dir $(RUNS)/logs -- \
+		$(BIN)/python examples/pytorch/train.py --ckpt-dir $(RUNS)/ckpt \
+		--steps 200 --ckpt-every 20 --fail-at-step 70 --fail-rank 2 --fail-mode kill
+
+test: $(VENV)/.test
+	$(BIN)/python -m pytest -q
+
+bench: $(VENV)/.test
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) runs

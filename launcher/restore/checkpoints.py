@@ -1,0 +1,317 @@
+"""Find the complete checkpoints under ``<checkpoint_dir>/rank_<r>/``.
+
+A file is a checkpoint when its name fully matches a pattern with a named group ``step`` (and
+optionally ``epoch``; a ``breakpoint`` group that matched makes it a breakpoint checkpoint). The
+defaults recognise MindSpore's ``{prefix}-{epoch}_{step}.ckpt`` and
+``{prefix}-{epoch}_{step}_breakpoint.ckpt`` and the PyTorch example's ``ckpt-{epoch}_{step}.pt`` and
+``ckpt-{epoch}_{step}_breakpoint.pt``. MindSpore's ``OnRequestExit`` file ``{name}_train.ckpt`` is
+recognised but never chosen: its name carries no step, so nothing proves it is newer than, or
+consistent with, any other checkpoint.
+
+A checkpoint counts only when it is provably finished, as far as the file system can tell:
+
+* temporary names (``*.tmp``, ``*.part``, dot files) are writes in progress; the PyTorch example
+  writes ``<name>.tmp`` and renames it, so a final name is complete by construction;
+* empty files are not checkpoints;
+* a pattern may name a completion marker (a file in the same directory written after the checkpoint,
+  e.g. ``{name}.done``); without it the checkpoint does not count;
+* every candidate is stat-ed twice, ``settle_seconds`` apart (one sleep for the whole scan); a file
+  whose size or modification time changed is still being written. This catches writers on other
+  nodes of a shared file system that the local launcher cannot see.
+
+"Newest" is decided by ``(epoch, step)`` parsed from the name, never by modification time. Epoch
+comes first because MindSpore's step is the step within the epoch.
+"""
+
+import logging
+import os
+import re
+import string
+import time
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple
+
+from launcher.errors import UsageError
+
+logger = logging.getLogger(__name__)
+
+KIND_PERIODIC = "periodic"
+KIND_BREAKPOINT = "breakpoint"
+KIND_EXIT = "exit"
+DEFAULT_SETTLE_SECONDS = 0.05
+TEMP_SUFFIXES = (".tmp", ".part")
+SIDE_FILE_SUFFIXES = (".meta", ".mindir")  # MindSpore's graph meta and exported model, not state
+_RANK_DIR = re.compile(r"rank_(0|[1-9]\d*)")
+_UNEXPECTED = "unexpected names ignored"
+_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class CheckpointPattern:
+    """How checkpoint files are named.
+
+    Attributes:
+        regex: matched against the whole file name.
+        marker: completion-marker file name template (``str.format`` with ``name`` = the checkpoint's
+            file name and the regex's named groups), or None when the file alone proves completion.
+        kind: a fixed kind (``exit``), or None to derive periodic/breakpoint from the match.
+    """
+
+    regex: Pattern[str]
+    marker: Optional[str] = None
+    kind: Optional[str] = None
+
+
+DEFAULT_PATTERNS = (
+    CheckpointPattern(re.compile(
+        r"(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)(?P<breakpoint>_breakpoint)?\.ckpt")),
+    CheckpointPattern(re.compile(
+        r"ckpt-(?P<epoch>\d+)_(?P<step>\d+)(?P<breakpoint>_breakpoint)?\.pt")),
+    CheckpointPattern(re.compile(r"(?P<name>.+)_train\.ckpt"), kind=KIND_EXIT),
+)
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """One complete checkpoint file of one rank."""
+
+    rank: int
+    path: str
+    kind: str
+    epoch: Optional[int]
+    step: int
+    size: int
+
+    @property
+    def key(self) -> Tuple[int, int]:
+        """Order of recency: ``(epoch, step)``, a missing epoch counting as 0."""
+        return (self.epoch or 0, self.step)
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """Complete checkpoints per rank (index = rank) and what was ignored, and why."""
+
+    checkpoints: Tuple[Tuple[Checkpoint, ...], ...]
+    warnings: Tuple[str, ...] = ()
+
+
+def compile_patterns(pattern: Optional[str],
+                     marker: Optional[str] = None) -> Tuple[CheckpointPattern, ...]:
+    """The patterns to scan with: the user's single regex, or the defaults.
+
+    Args:
+        pattern: a regex with a named group ``step`` (and optionally ``epoch``, ``breakpoint``).
+        marker: completion-marker template, e.g. ``{name}.done``; with the defaults it applies to all.
+
+    Raises:
+        UsageError: the regex does not compile, lacks a ``step`` group, or the marker template names
+            a field the regex does not define or points outside the rank directory.
+    """
+    if pattern is None:
+        patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS
+    else:
+        try:
+            regex = re.compile(pattern)
+        except re.error as exc:
+            raise UsageError(f"--checkpoint-pattern {pattern!r} is not a valid regex: {exc}") from exc
+        if "step" not in regex.groupindex:
+            raise UsageError(f"--checkpoint-pattern {pattern!r} has no named group (?P<step>...)")
+        patterns = (CheckpointPattern(regex),)
+    if marker is None:
+        return tuple(patterns)
+    if "/" in marker or marker.startswith("."):
+        raise UsageError(f"--checkpoint-marker {marker!r} must be a plain name in the rank directory")
+    fields = {field for _, field, _, _ in string.Formatter().parse(marker) if field}
+    for item in patterns:
+        unknown = fields - set(item.regex.groupindex) - {"name"}
+        if unknown and item.kind is None:
+            raise UsageError(f"--checkpoint-marker {marker!r} uses {sorted(unknown)}, which the "
+                             f"pattern {item.regex.pattern!r} does not define")
+    return tuple(CheckpointPattern(p.regex, marker, p.kind) for p in patterns)
+
+
+class _Notes:
+    """Ignored names by reason, reported as one warning line per reason."""
+
+    def __init__(self) -> None:
+        self.by_reason: Dict[str, List[str]] = {}
+
+    def add(self, reason: str, name: str) -> None:
+        self.by_reason.setdefault(reason, []).append(name)
+
+    def lines(self) -> Tuple[str, ...]:
+        out = []
+        for reason in sorted(self.by_reason):
+            names = sorted(self.by_reason[reason])
+            shown = ", ".join(names[:_EXAMPLES])
+            more = f" and {len(names) - _EXAMPLES} more" if len(names) > _EXAMPLES else ""
+            out.append(f"checkpoints: {len(names)} {reason}: {shown}{more}")
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    checkpoint: Checkpoint
+    stamp: Tuple[int, int]  # (size, mtime_ns) at the first look
+
+
+def _stamp(path: str) -> Optional[Tuple[int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
+
+
+def _classify(name: str, patterns: Sequence[CheckpointPattern], names: FrozenSet[str]
+              ) -> Tuple[str, Optional[Tuple[str, Optional[int], int, Optional[str]]]]:
+    """Classify one file name of a rank directory.
+
+    Returns:
+        ``("", (kind, epoch, step, marker))`` for a checkpoint, else ``(reason, None)``: the reason it
+        is ignored (``_UNEXPECTED`` when no pattern matched, ``""`` for known side files).
+    """
+    if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
+        return "temporary files (writes in progress or abandoned) ignored", None
+    if name.endswith(SIDE_FILE_SUFFIXES):
+        return "", None
+    for pattern in patterns:
+        match = pattern.regex.fullmatch(name)
+        if not match:
+            continue
+        if pattern.kind == KIND_EXIT:
+            return "graceful-exit checkpoints not used (their names carry no step)", None
+        groups = match.groupdict()
+        marker = pattern.marker.format(name=name, **groups) if pattern.marker else None
+        if marker is not None and marker not in names:
+            return "checkpoints without their completion marker ignored", None
+        kind = KIND_BREAKPOINT if groups.get("breakpoint") else KIND_PERIODIC
+        epoch = int(groups["epoch"]) if groups.get("epoch") else None
+        return "", (kind, epoch, int(groups["step"]), marker)
+    return _UNEXPECTED, None
+
+
+def _scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
+               notes: _Notes) -> List[_Candidate]:
+    """Candidate checkpoints in one rank directory (first look; not yet settled)."""
+    try:
+        with os.scandir(rank_dir) as it:
+            entries = sorted((entry.name, entry.is_file()) for entry in it)
+    except OSError as exc:
+        notes.add("rank directories unreadable", f"rank_{rank} ({exc.strerror})")
+        return []
+    names = frozenset(name for name, _ in entries)
+    claimed_markers = set()
+    unexpected = []
+    found: List[_Candidate] = []
+    for name, is_file in entries:
+        reason, parsed = _classify(name, patterns, names) if is_file else (_UNEXPECTED, None)
+        if parsed is None:
+            if reason == _UNEXPECTED:
+                unexpected.append(name)
+            elif reason:
+                notes.add(reason, f"rank_{rank}/{name}")
+            continue
+        kind, epoch, step, marker = parsed
+        if marker:
+            claimed_markers.add(marker)
+        path = os.path.join(rank_dir, name)
+        stamp = _stamp(path)
+        if stamp is None:  # deleted since the listing (keep_checkpoint_max rotation)
+            continue
+        if stamp[0] == 0:
+            notes.add("empty files ignored", f"rank_{rank}/{name}")
+            continue
+        found.append(_Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp))
+    for name in unexpected:
+        if name not in claimed_markers:
+            notes.add(_UNEXPECTED, f"rank_{rank}/{name}")
+    return found
+
+
+def _settle(candidates: List[_Candidate], settle_seconds: float, notes: _Notes) -> List[Checkpoint]:
+    """Drop the candidates whose size or mtime changes within ``settle_seconds`` (still written)."""
+    if settle_seconds > 0 and candidates:
+        time.sleep(settle_seconds)
+    settled = []
+    for candidate in candidates:
+        checkpoint = candidate.checkpoint
+        if settle_seconds > 0 and _stamp(checkpoint.path) != candidate.stamp:
+            notes.add("files still being written ignored",
+                      f"rank_{checkpoint.rank}/{os.path.basename(checkpoint.path)}")
+            continue
+        settled.append(checkpoint)
+    return settled
+
+
+def _drop_ambiguous(checkpoints: List[Checkpoint], notes: _Notes) -> List[Checkpoint]:
+    """Remove every checkpoint sharing its rank, kind and (epoch, step) with another one.
+
+    Two files for one step (e.g. MindSpore's ``prefix_1-`` files from a rerun) cannot both be the
+    state at that step, and nothing in the names says which is.
+    """
+    counts: Dict[Tuple[int, str, Tuple[int, int]], int] = {}
+    for ckpt in checkpoints:
+        ident = (ckpt.rank, ckpt.kind, ckpt.key)
+        counts[ident] = counts.get(ident, 0) + 1
+    kept = []
+    for ckpt in checkpoints:
+        if counts[(ckpt.rank, ckpt.kind, ckpt.key)] > 1:
+            notes.add("files naming the same step as another file of their rank ignored",
+                      f"rank_{ckpt.rank}/{os.path.basename(ckpt.path)}")
+        else:
+            kept.append(ckpt)
+    return kept
+
+
+def _rank_dirs(checkpoint_dir: str, world_size: int, notes: _Notes) -> Dict[int, str]:
+    """``rank -> directory`` for the ``rank_<r>`` entries of the checkpoint directory."""
+    with os.scandir(checkpoint_dir) as it:
+        entries = sorted((entry.name, entry.is_dir()) for entry in it)
+    dirs = {}
+    for name, is_dir in entries:
+        match = _RANK_DIR.fullmatch(name)
+        if not (match and is_dir):
+            notes.add(_UNEXPECTED, name)
+        elif int(match.group(1)) >= world_size:
+            notes.add(f"rank directories beyond world size {world_size} ignored", name)
+        else:
+            dirs[int(match.group(1))] = os.path.join(checkpoint_dir, name)
+    return dirs
+
+
+def scan_checkpoints(checkpoint_dir: str, world_size: int,
+                     patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
+                     settle_seconds: float = DEFAULT_SETTLE_SECONDS) -> ScanResult:
+    """The complete checkpoints of every rank. Never raises for file-system problems.
+
+    Args:
+        checkpoint_dir: the directory holding ``rank_<r>/``. A missing directory means no checkpoints.
+        world_size: number of ranks; other ``rank_<r>`` directories are ignored with a warning.
+        patterns: from :func:`compile_patterns`.
+        settle_seconds: the interval between the two looks at each file; 0 skips the second look.
+
+    Returns:
+        Per rank, its complete checkpoints sorted by kind, (epoch, step) and path.
+    """
+    notes = _Notes()
+    per_rank: List[List[Checkpoint]] = [[] for _ in range(world_size)]
+    try:
+        dirs = _rank_dirs(checkpoint_dir, world_size, notes)
+    except FileNotFoundError:
+        # Normal for a job's first start; said anyway, since it is also what a mistyped path does.
+        return ScanResult(tuple(() for _ in range(world_size)),
+                          (f"checkpoints: {checkpoint_dir} does not exist (yet)",))
+    except OSError as exc:
+        return ScanResult(tuple(() for _ in range(world_size)),
+                          (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))
+    candidates: List[_Candidate] = []
+    for rank in sorted(dirs):
+        candidates.extend(_scan_rank(rank, dirs[rank], patterns, notes))
+    for ckpt in _drop_ambiguous(_settle(candidates, settle_seconds, notes), notes):
+        per_rank[ckpt.rank].append(ckpt)
+    ordered = tuple(tuple(sorted(items, key=lambda c: (c.kind, c.key, c.path))) for items in per_rank)
+    logger.debug("scanned %d rank directories under %s: %d complete checkpoints", len(dirs),
+                 checkpoint_dir, sum(len(items) for items in ordered))
+    return ScanResult(ordered, notes.lines())

@@ -1,0 +1,268 @@
+"""Compute the restore plan: which checkpoint every rank resumes from.
+
+1. Breakpoint restore. For each replica group, ``usable = group - fault ranks``. The newest
+   ``(epoch, step)`` at which every group has a usable rank with a complete breakpoint checkpoint is
+   chosen; each group's source is its lowest usable rank that has one; the usable ranks' breakpoint
+   files at that step must have one size per group (replicas are byte-identical). When the fault
+   reports could not be fully read, breakpoint restore is off: an unnamed faulty rank could be chosen.
+2. Periodic restore (``RESTORE_RANKS=-1``): the newest ``(epoch, step)`` at which every group has a
+   complete periodic checkpoint on some rank. A rank loads its own file, except that a faulty rank
+   prefers a healthy replica's and a rank without one borrows a replica's (healthy ones first), which
+   requires the group's files at that step to have one size.
+3. Breakpoint wins unless it is older than the periodic choice (stale dying-gasp files from an earlier
+   failure must not roll training back).
+4. Otherwise nothing to resume from.
+
+Every choice depends only on sorted data, never on listing order or modification times.
+"""
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+
+from launcher import envnames
+from launcher.errors import UsageError
+from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, KIND_BREAKPOINT, KIND_PERIODIC,
+                                          Checkpoint, ScanResult, compile_patterns, scan_checkpoints)
+from launcher.restore.faults import FaultReport, collect_faults
+from launcher.restore.groups import ReplicaGroups, resolve_groups
+from launcher.restore.plan import KIND_NONE, RestorePlan
+
+logger = logging.getLogger(__name__)
+
+Key = Tuple[int, int]
+Group = Tuple[int, ...]
+Index = List[Dict[Key, Checkpoint]]
+_EXAMPLES = 3
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """Everything the plan is computed from. Paths may be None to skip that source.
+
+    Attributes:
+        world_size: number of ranks.
+        fault_npus_path: the cluster's ``fault-npus`` file (missing file: no faults).
+        reset_json_path: the cluster's ``reset.json`` file (missing file: no faults).
+        extra_fault_ranks: ranks the user declares faulty.
+        previous_failed_ranks: ranks that failed in the previous attempt.
+        group_info_root: directory of ``device<r>/group_info.pb`` files.
+        groups_file: JSON/YAML replica groups file.
+        dp: data-parallel size of a ``dp x tp x pp`` layout (see ``groups.py`` for the rank order).
+        tp: tensor-parallel size.
+        pp: pipeline-parallel size.
+        checkpoint_dir: directory holding ``rank_<r>/``; None means nothing to resume from.
+        checkpoint_pattern: file-name regex with ``(?P<step>)``; None for the defaults.
+        checkpoint_marker: completion-marker template, e.g. ``{name}.done``; None for none.
+        settle_seconds: interval of the "still being written" check; 0 disables it.
+    """
+
+    world_size: int
+    fault_npus_path: Optional[str] = None
+    reset_json_path: Optional[str] = None
+    extra_fault_ranks: Tuple[int, ...] = ()
+    previous_failed_ranks: Tuple[int, ...] = ()
+    group_info_root: Optional[str] = None
+    groups_file: Optional[str] = None
+    dp: Optional[int] = None
+    tp: Optional[int] = None
+    pp: Optional[int] = None
+    checkpoint_dir: Optional[str] = None
+    checkpoint_pattern: Optional[str] = None
+    checkpoint_marker: Optional[str] = None
+    settle_seconds: float = DEFAULT_SETTLE_SECONDS
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """A candidate outcome: per rank (index = rank) the checkpoint it loads."""
+
+    kind: str
+    key: Key
+    picks: Tuple[Checkpoint, ...]
+
+
+def compute_plan(inputs: PlanInputs) -> RestorePlan:
+    """Read every input and compute the plan. Bad file contents only add warnings.
+
+    Raises:
+        UsageError: the options themselves are wrong (world size < 1, two group sources, a layout that
+            does not match the world size, ``--fault-ranks`` out of range, a bad pattern).
+    """
+    if inputs.world_size < 1:
+        raise UsageError(f"world size must be at least 1, not {inputs.world_size}")
+    patterns = compile_patterns(inputs.checkpoint_pattern, inputs.checkpoint_marker)
+    groups = resolve_groups(inputs.world_size, inputs.group_info_root, inputs.groups_file,
+                            inputs.dp, inputs.tp, inputs.pp)
+    faults = collect_faults(inputs.world_size, inputs.fault_npus_path, inputs.reset_json_path,
+                            inputs.extra_fault_ranks, inputs.previous_failed_ranks)
+    scan = None
+    if inputs.checkpoint_dir is not None:
+        scan = scan_checkpoints(inputs.checkpoint_dir, inputs.world_size, patterns,
+                                inputs.settle_seconds)
+    plan = build_plan(inputs.world_size, groups, faults, scan)
+    logger.debug("restore plan: %s (%s)", plan.kind, plan.reason)
+    return plan
+
+
+def build_plan(world_size: int, groups: ReplicaGroups, faults: FaultReport,
+               scan: Optional[ScanResult]) -> RestorePlan:
+    """The plan from already-read inputs (pure: no I/O).
+
+    Args:
+        world_size: number of ranks.
+        groups: a partition of ``range(world_size)``.
+        faults: the merged fault ranks.
+        scan: complete checkpoints per rank, or None when no checkpoint directory was given.
+    """
+    warnings = list(groups.warnings) + list(faults.warnings)
+    base = dict(world_size=world_size, groups=groups.groups, groups_source=groups.source,
+                fault_ranks=tuple(sorted(faults.ranks)), fault_origins=faults.origins)
+    if scan is None:
+        return RestorePlan(kind=KIND_NONE, reason="no checkpoint directory given", epoch=None,
+                           step=None, sources=(), files=(), warnings=tuple(warnings), **base)
+    warnings.extend(scan.warnings)
+    breakpoint_index, periodic_index = _index(scan)
+    breakpoint_choice, reason = _breakpoint(groups.groups, faults, breakpoint_index, warnings)
+    periodic = _periodic(groups.groups, faults.ranks, periodic_index, warnings)
+    choice = breakpoint_choice
+    if periodic and (not choice or periodic.key > choice.key):
+        if choice:
+            warnings.append(f"breakpoint checkpoints at {_at(choice.key)} are older than the "
+                            f"periodic ones at {_at(periodic.key)}; resuming from the periodic ones")
+            reason = "stale breakpoint checkpoints"
+        choice = periodic
+    if choice is None:
+        return RestorePlan(kind=KIND_NONE, reason=f"{reason}; no step has a complete periodic "
+                           "checkpoint for every replica group", epoch=None, step=None,
+                           sources=(), files=(), warnings=tuple(warnings), **base)
+    if choice.kind == KIND_PERIODIC:
+        reason = f"{reason}; periodic checkpoints at {_at(choice.key)} cover every replica group"
+    files = tuple(sorted({(pick.rank, pick.path) for pick in choice.picks}))
+    plan = RestorePlan(kind=choice.kind, reason=reason, epoch=choice.picks[0].epoch,
+                       step=choice.key[1], sources=tuple(p.rank for p in choice.picks),
+                       files=files, warnings=tuple(warnings), **base)
+    if not plan.full_env_maps:
+        plan = replace(plan, warnings=plan.warnings + (
+            f"{envnames.RESTORE_RANKS}/{envnames.RESTORE_RANKS_MAP} for the whole world exceed the "
+            "environment's per-variable limit; each rank gets only its own group's entry",))
+    return plan
+
+
+def _at(key: Key) -> str:
+    return f"epoch {key[0]} step {key[1]}"
+
+
+def _groups_text(groups: Sequence[Group]) -> str:
+    shown = ", ".join("{" + ",".join(map(str, g)) + "}" for g in groups[:_EXAMPLES])
+    return shown + (f" and {len(groups) - _EXAMPLES} more" if len(groups) > _EXAMPLES else "")
+
+
+def _index(scan: ScanResult) -> Tuple[Index, Index]:
+    """Per rank, ``(epoch, step) -> checkpoint``: breakpoint and periodic (keys are unique per kind)."""
+    breakpoints: Index = []
+    periodics: Index = []
+    for items in scan.checkpoints:
+        per_kind: Dict[str, Dict[Key, Checkpoint]] = {KIND_BREAKPOINT: {}, KIND_PERIODIC: {}}
+        for ckpt in items:
+            per_kind[ckpt.kind][ckpt.key] = ckpt
+        breakpoints.append(per_kind[KIND_BREAKPOINT])
+        periodics.append(per_kind[KIND_PERIODIC])
+    return breakpoints, periodics
+
+
+def _common_keys(members: Sequence[Sequence[int]], index: Index) -> List[Key]:
+    """Keys, newest first, that at least one rank of every member list has."""
+    common: Optional[set] = None
+    for ranks in members:
+        keys = set().union(*(index[r].keys() for r in ranks))
+        common = keys if common is None else common & keys
+        if not common:
+            return []
+    return sorted(common or (), reverse=True)
+
+
+def _missing_groups(members: Sequence[Sequence[int]], groups: Sequence[Group], index: Index,
+                    key: Key) -> List[Group]:
+    return [g for g, ranks in zip(groups, members) if not any(key in index[r] for r in ranks)]
+
+
+def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
+                warnings: List[str]) -> Tuple[Optional[_Choice], str]:
+    """The breakpoint choice, or None and the reason there is none."""
+    newest = max((key for per_rank in index for key in per_rank), default=None)
+    if newest is None:
+        return None, "no breakpoint checkpoints"
+    if not faults.trusted:
+        warnings.append("breakpoint restore disabled: the fault reports could not be fully read, "
+                        "so a faulty rank might be chosen as a source")
+        return None, "fault reports unreadable"
+    usable = [tuple(r for r in g if r not in faults.ranks) for g in groups]
+    for key in _common_keys(usable, index):
+        picks: List[Optional[Checkpoint]] = [None] * len(index)
+        for group, ranks in zip(groups, usable):
+            having = [index[r][key] for r in ranks if key in index[r]]
+            if len({c.size for c in having}) > 1:
+                warnings.append(f"breakpoint checkpoints at {_at(key)} differ in size within replica "
+                                f"group {_groups_text([group])}: " + ", ".join(
+                                    f"rank {c.rank}: {c.size} B" for c in having))
+                break
+            for rank in group:
+                picks[rank] = having[0]
+        else:
+            return _Choice(KIND_BREAKPOINT, key, tuple(picks)), (
+                f"breakpoint checkpoints at {_at(key)} on a healthy rank of every replica group")
+    lacking = _missing_groups(usable, groups, index, newest)
+    if lacking:
+        warnings.append(f"no breakpoint restore: at the newest breakpoint step ({_at(newest)}) "
+                        f"replica groups {_groups_text(lacking)} have no healthy rank with a "
+                        "breakpoint checkpoint, and no older step is complete")
+    return None, "breakpoint checkpoints incomplete"
+
+
+def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index,
+              warnings: List[str]) -> Optional[_Choice]:
+    """The newest periodic choice, or None."""
+    newest = max((key for per_rank in index for key in per_rank), default=None)
+    for key in _common_keys(groups, index):
+        picks: List[Optional[Checkpoint]] = [None] * len(index)
+        for group in groups:
+            chosen = _pick_periodic(group, faults, index, key)
+            if chosen is None:
+                warnings.append(f"periodic checkpoints at {_at(key)} differ in size within replica "
+                                f"group {_groups_text([group])} and some rank has no own file")
+                break
+            for rank, checkpoint in zip(group, chosen):
+                picks[rank] = checkpoint
+        else:
+            lacking = _missing_groups(groups, groups, index, newest) if key != newest else []
+            if lacking:
+                warnings.append(f"the newest periodic checkpoints ({_at(newest)}) are missing for "
+                                f"replica groups {_groups_text(lacking)}; using {_at(key)}")
+            return _Choice(KIND_PERIODIC, key, tuple(picks))
+    return None
+
+
+def _pick_periodic(group: Group, faults: FrozenSet[int], index: Index,
+                   key: Key) -> Optional[Tuple[Checkpoint, ...]]:
+    """Per rank of ``group``, the periodic checkpoint at ``key`` it loads; None if unprovable.
+
+    A healthy rank loads its own file, else the lowest healthy replica's, else the lowest faulty
+    replica's. A faulty rank prefers the lowest healthy replica's file to its own.
+    """
+    having = [r for r in group if key in index[r]]
+    if len({index[r][key].size for r in having}) > 1:
+        # The replicas disagree, so none may stand in for another: each rank needs its own file.
+        if len(having) < len(group):
+            return None
+        return tuple(index[r][key] for r in group)
+    has_own = set(having)
+    healthy = next((r for r in having if r not in faults), None)
+    fallback = having[0] if healthy is None else healthy
+    picks = []
+    for rank in group:
+        if rank in has_own and (rank not in faults or healthy is None):
+            picks.append(index[rank][key])
+        else:
+            picks.append(index[fallback][key])
+    return tuple(picks)

@@ -1,0 +1,310 @@
+"""Unit tests for ``launcher.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output, lazy imports."""
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launcher import __version__
+from launcher.cli import main
+
+_CLEARED = {"RANK_TABLE_FILE", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
+            "MASTER_PORT", "XDL_IP", "POD_IP", "framework", "MINDX_TASK_ID", "OMP_NUM_THREADS", "XDG_RUNTIME_DIR"}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for name in list(os.environ):
+        if name in _CLEARED or name.startswith(("LAUNCHER_", "MS_", "TORCHELASTIC_")):
+            monkeypatch.delenv(name)
+    missing = str(tmp_path / "no-such-dir" / "hccl.json")
+    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", missing)
+    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", missing)
+    monkeypatch.setenv("LAUNCHER_RUN_DIR", str(tmp_path / "run"))
+
+
+@pytest.fixture(autouse=True)
+def restore_launcher_logger():
+    logger = logging.getLogger("launcher")
+    saved = (logger.handlers[:], logger.level, logger.propagate)
+    yield
+    logger.handlers[:], logger.level, logger.propagate = saved
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def dry_json(capsys, *args):
+    code, out, err = run_cli(capsys, "run", "--dry-run", "--json", *args)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def write_table(path, servers):
+    """A 1.0 hccl.json: servers = [(server_id, container_ip, [(device_id, rank_id), ...]), ...]."""
+    doc = {"status": "completed", "version": "1.0", "server_count": str(len(servers)), "server_list": [
+        {"server_id": sid, "container_ip": cip,
+         "device": [{"device_id": str(d), "device_ip": f"192.168.100.{r + 1}", "rank_id": str(r)} for d, r in devs]}
+        for sid, cip, devs in servers]}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+TWO_BY_TWO = [("10.0.0.1", "172.16.0.5", [(0, 0), (1, 1)]), ("10.0.0.11", "172.16.0.6", [(2, 2), (3, 3)])]
+
+
+# --------------------------------------------------------------------------- exit codes and messages
+
+def test_missing_command_exit_2(capsys):
+    code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1")
+    assert code == 2
+    assert "Missing argument" in err and "COMMAND" in err
+    assert out == ""
+
+
+def test_missing_command_after_double_dash_exit_2(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--")
+    assert code == 2
+    assert "Missing argument" in err
+
+
+def test_command_not_found_exit_2(capsys):
+    code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--", "no-such-program-xyz", "a")
+    assert code == 2
+    assert out == ""
+    assert err.splitlines() == ["launcher: command not found: no-such-program-xyz", "  (searched $PATH)"]
+
+
+def test_command_path_not_executable_exit_2(capsys, tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    for program in (str(script), str(tmp_path / "missing.sh"), str(tmp_path)):
+        code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--", program)
+        assert code == 2
+        assert f"launcher: command not found or not executable: {program}" in err
+
+
+def test_command_found_through_path(capsys, tmp_path, monkeypatch):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    tool = bindir / "my-trainer"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", str(bindir))
+    doc = dry_json(capsys, "--nproc-per-node", "1", "--", "my-trainer", "--epochs", "1")
+    assert doc["ranks"][0]["argv"] == ["my-trainer", "--epochs", "1"]
+
+
+def test_unknown_framework_option_exit_2(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--framework", "caffe", "--nproc-per-node", "1", "--", "true")
+    assert code == 2
+    assert "caffe" in err and "--framework" in err
+
+
+def test_unknown_framework_from_mindx_env_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("framework", "caffe")
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--", "true")
+    assert code == 2
+    assert err.splitlines() == ["launcher: unknown framework 'caffe'",
+                                "  expected one of pytorch, mindspore, tensorflow"]
+
+
+def test_framework_option_is_case_insensitive(capsys):
+    assert dry_json(capsys, "--framework", "MindSpore", "--nproc-per-node", "1", "--", "true")["framework"] == \
+        "mindspore"
+
+
+@pytest.mark.parametrize("args", [["--nproc-per-node", "0"], ["--master-port", "70000"], ["--nnodes", "0"],
+                                  ["--max-restarts", "-1"], ["--stop-timeout", "x"], ["--no-such-option"]])
+def test_invalid_option_values_exit_2(capsys, args):
+    code, out, err = run_cli(capsys, "run", "--dry-run", *args, "--", "true")
+    assert code == 2
+    assert out == "" and err.strip()
+
+
+def test_no_source_of_ranks_exit_2(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--", "true")
+    assert code == 2
+    assert err.startswith("launcher: no ranks to start")
+
+
+def test_node_rank_out_of_range_exit_2(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2",
+                           "--", "true")
+    assert code == 2
+    assert "--node-rank 2 must be below --nnodes 2" in err
+
+
+def test_unknown_subcommand_exit_2(capsys):
+    code, _, err = run_cli(capsys, "frobnicate")
+    assert code == 2
+    assert "frobnicate" in err
+
+
+def test_version(capsys):
+    code, out, _ = run_cli(capsys, "--version")
+    assert code == 0
+    assert __version__ in out
+
+
+def test_options_after_the_command_belong_to_the_command(capsys):
+    doc = dry_json(capsys, "--nproc-per-node", "1", "true", "train.py", "--max-restarts", "3")
+    assert doc["ranks"][0]["argv"] == ["true", "train.py", "--max-restarts", "3"]
+    assert doc["ranks"][0]["env"]["TORCHELASTIC_MAX_RESTARTS"] == "0"
+
+
+def test_arguments_after_double_dash_belong_to_the_command(capsys):
+    doc = dry_json(capsys, "--nproc-per-node", "1", "--", "true", "train.py", "--max-restarts", "3", "--", "-x")
+    assert doc["ranks"][0]["argv"] == ["true", "train.py", "--max-restarts", "3", "--", "-x"]
+    assert doc["ranks"][0]["env"]["TORCHELASTIC_MAX_RESTARTS"] == "0"
+
+
+# --------------------------------------------------------------------------- dry-run output
+
+def test_dry_run_json_shape(capsys, tmp_path):
+    doc = dry_json(capsys, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--max-restarts", "4",
+                   "--run-id", "r1", "--master-addr", "10.0.0.9", "--", "true", "a b")
+    assert set(doc) == {"framework", "source", "rank_table_file", "world_size", "server", "master_addr",
+                        "master_port", "run_dir", "ranks"}
+    assert doc["framework"] == "pytorch"
+    assert doc["source"] == "--nproc-per-node"
+    assert doc["rank_table_file"] is None
+    assert doc["world_size"] == 4
+    assert doc["server"] == {"index": 1, "server_id": "node1", "addresses": ["node1"]}
+    assert (doc["master_addr"], doc["master_port"]) == ("10.0.0.9", 29500)
+    assert doc["run_dir"] == str(tmp_path / "run")
+    ranks = doc["ranks"]
+    assert [set(r) for r in ranks] == [{"rank", "local_rank", "device_id", "role", "env", "argv"}] * 2
+    assert [(r["rank"], r["local_rank"], r["device_id"], r["role"]) for r in ranks] == [
+        (2, 0, 0, "worker"), (3, 1, 1, "worker")]
+    assert [r["argv"] for r in ranks] == [["true", "a b"]] * 2
+    for r in ranks:
+        assert all(isinstance(k, str) and isinstance(v, str) for k, v in r["env"].items())
+        assert r["env"]["RANK"] == str(r["rank"])
+        assert r["env"]["LOCAL_RANK"] == str(r["local_rank"])
+        assert r["env"]["TORCHELASTIC_MAX_RESTARTS"] == "4"
+        assert r["env"]["TORCHELASTIC_RESTART_COUNT"] == "0"
+        assert r["env"]["TORCHELASTIC_RUN_ID"] == "r1"
+        assert r["env"]["MASTER_ADDR"] == "10.0.0.9"
+    assert not (tmp_path / "run").exists()  # a dry run creates nothing
+
+
+def test_dry_run_mindspore_scheduler_listed_first(capsys):
+    doc = dry_json(capsys, "--framework", "mindspore", "--nproc-per-node", "2", "--", "true")
+    assert [(r["role"], r["rank"], r["local_rank"], r["device_id"]) for r in doc["ranks"]] == [
+        ("scheduler", -1, -1, -1), ("worker", 0, 0, 0), ("worker", 1, 1, 1)]
+    assert doc["ranks"][0]["env"]["MS_ROLE"] == "MS_SCHED"
+    assert doc["master_port"] == 8118
+
+
+def test_dry_run_text_output(capsys):
+    code, out, _ = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "2", "--run-id", "t1", "--", "true", "x")
+    assert code == 0
+    assert out.startswith("framework pytorch; ranks from --nproc-per-node; world size 2\n")
+    assert "this server: #0 node0; master 127.0.0.1:29500" in out
+    assert "worker rank=1 local_rank=1 device=1" in out
+    assert "  argv: true x" in out
+    assert "  TORCHELASTIC_RUN_ID=t1" in out
+    with pytest.raises(ValueError):
+        json.loads(out)
+
+
+def test_dry_run_with_rank_table_option_and_xdl_ip(capsys, tmp_path, monkeypatch):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("XDL_IP", "10.0.0.1")  # must not match 10.0.0.11
+    doc = dry_json(capsys, "--rank-table", table, "--rank-table-timeout", "0", "--", "true")
+    assert doc["rank_table_file"] == table
+    assert doc["server"]["index"] == 0
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1]
+    assert doc["master_addr"] == "172.16.0.5"
+    for r in doc["ranks"]:
+        assert r["env"]["RANK_TABLE_FILE"] == table
+        assert r["env"]["HCCL_IF_IP"] == "10.0.0.1"
+        assert r["env"]["WORLD_SIZE"] == "4"
+
+
+def test_dry_run_with_rank_table_file_env_and_pod_ip(capsys, tmp_path, monkeypatch):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("RANK_TABLE_FILE", table)
+    monkeypatch.setenv("POD_IP", "172.16.0.6")
+    doc = dry_json(capsys, "--rank-table-timeout", "0", "--", "true")
+    assert doc["rank_table_file"] == table
+    assert [r["rank"] for r in doc["ranks"]] == [2, 3]
+    assert [r["env"]["GROUP_RANK"] for r in doc["ranks"]] == ["1", "1"]
+
+
+def test_dry_run_with_default_rank_table_path(capsys, tmp_path, monkeypatch):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", table)
+    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", table)
+    doc = dry_json(capsys, "--server-id", "10.0.0.11", "--rank-table-timeout", "0", "--", "true")
+    assert doc["rank_table_file"] == table
+    assert doc["server"]["server_id"] == "10.0.0.11"
+    # --nproc-per-node ignores the default table
+    doc = dry_json(capsys, "--nproc-per-node", "1", "--", "true")
+    assert doc["rank_table_file"] is None
+
+
+def test_dry_run_this_server_not_in_table_exit_2(capsys, tmp_path, monkeypatch):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("XDL_IP", "10.0.0.2")
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--rank-table", table, "--rank-table-timeout", "0",
+                           "--", "true")
+    assert code == 2
+    assert "XDL_IP: 10.0.0.2" in err and "not in the rank table" in err
+
+
+def test_dry_run_operator_env(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("MASTER_ADDR", "pt-master-0")
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    doc = dry_json(capsys, "--", "true")
+    assert [r["env"]["RANK"] for r in doc["ranks"]] == ["2", "3"]
+    assert {r["env"]["MASTER_ADDR"] for r in doc["ranks"]} == {"pt-master-0"}
+    assert {r["env"]["MASTER_PORT"] for r in doc["ranks"]} == {"23456"}
+
+
+def test_main_returns_int_and_never_raises_for_usage_errors(capsys):
+    for argv in (["run"], ["run", "--dry-run", "--", "true"], ["run", "--bogus"]):
+        assert main(argv) == 2
+    capsys.readouterr()
+
+
+# --------------------------------------------------------------------------- help and lazy imports
+
+def test_help_lists_commands(capsys):
+    code, out, _ = run_cli(capsys, "--help")
+    assert code == 0
+    for name in ("run", "prestop", "exit", "plan", "ranktable"):
+        assert name in out
+
+
+def test_run_help_shows_env_vars(capsys):
+    code, out, _ = run_cli(capsys, "run", "--help")
+    assert code == 0
+    assert "--nproc-per-node" in out and "LAUNCHER_MAX_RESTARTS" in out and "LAUNCHER_CONFIG" in out
+
+
+_PROBE = ("import sys, io, contextlib\n"
+          "from launcher.cli import main\n"
+          "with contextlib.redirect_stdout(io.StringIO()):\n"
+          "    code = main({argv!r})\n"
+          "print(code, sorted(m for m in ('jsonschema', 'yaml', 'google.protobuf', 'launcher.session',"
+          " 'launcher.procgroup', 'hypothesis') if m in sys.modules))\n")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
+def test_help_does_not_import_heavy_modules(argv):
+    proc = subprocess.run([sys.executable, "-c", _PROBE.format(argv=argv)], capture_output=True, text=True,
+                          timeout=30, env={k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "0 []"

@@ -1,0 +1,354 @@
+"""Unit tests for ``launcher.topology``: where the ranks come from and which server is this one."""
+
+import pytest
+
+from launcher import topology
+from launcher.errors import UsageError
+from launcher.options import RunOptions
+from launcher.ranktable.model import Device, RankTable, ServerEntry
+from launcher.topology import Topology, locate_server, rank_table_path, resolve
+
+
+_REAL_HOST_ADDRESSES = topology.host_addresses
+
+
+def opts(**kwargs) -> RunOptions:
+    return RunOptions(command=("true",), **kwargs)
+
+
+@pytest.fixture
+def default_table(tmp_path, monkeypatch):
+    """Point the MindCluster default rank-table path at a tmp file (not created yet)."""
+    path = tmp_path / "default" / "hccl.json"
+    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", str(path))
+    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", str(path))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def no_host_lookup(monkeypatch):
+    """Tests never look at the real host's interfaces unless they say so."""
+    def fail():
+        raise AssertionError("host_addresses() must not be consulted here")
+    monkeypatch.setattr(topology, "host_addresses", fail)
+
+
+def table3() -> RankTable:
+    """Three servers whose addresses are prefixes of each other (10.0.0.1 / 10.0.0.11)."""
+    return RankTable(servers=(
+        ServerEntry("10.0.0.1", (Device(0, 0), Device(1, 1)), host_ip="10.0.0.1", container_ip="172.16.0.1"),
+        ServerEntry("10.0.0.11", (Device(2, 0), Device(3, 1)), host_ip="192.168.0.11", container_ip="172.16.0.11"),
+        ServerEntry("10.0.0.2", (Device(4, 0), Device(5, 1)), container_ip="172.16.0.2"),
+    ), source="/cfg/hccl.json")
+
+
+def message(exc_info) -> str:
+    return "\n".join(exc_info.value.lines())
+
+
+# --------------------------------------------------------------------------- rank_table_path
+
+def test_rank_table_option_wins_over_env_and_default(default_table):
+    default_table.parent.mkdir()
+    default_table.write_text("{}")
+    env = {"RANK_TABLE_FILE": "/env/hccl.json"}
+    assert rank_table_path(opts(rank_table="/opt/hccl.json"), env) == "/opt/hccl.json"
+
+
+def test_rank_table_option_wins_even_with_nproc_per_node(default_table):
+    assert rank_table_path(opts(rank_table="/opt/hccl.json", nproc_per_node=2), {}) == "/opt/hccl.json"
+
+
+def test_env_wins_over_default(default_table):
+    default_table.parent.mkdir()
+    default_table.write_text("{}")
+    assert rank_table_path(opts(), {"RANK_TABLE_FILE": "/env/hccl.json"}) == "/env/hccl.json"
+
+
+def test_default_path_used_only_when_it_exists(default_table):
+    assert rank_table_path(opts(), {}) is None
+    default_table.parent.mkdir()
+    default_table.write_text("{}")
+    assert rank_table_path(opts(), {}) == str(default_table)
+    assert rank_table_path(opts(), {"RANK_TABLE_FILE": ""}) == str(default_table)  # empty = unset
+
+
+def test_nproc_per_node_disables_env_and_default_lookup(default_table):
+    default_table.parent.mkdir()
+    default_table.write_text("{}")
+    assert rank_table_path(opts(nproc_per_node=2), {"RANK_TABLE_FILE": "/env/hccl.json"}) is None
+    assert rank_table_path(opts(nproc_per_node=2), {}) is None
+
+
+# --------------------------------------------------------------------------- resolve: --nproc-per-node
+
+@pytest.mark.parametrize("framework, port, dynamic", [("pytorch", 29500, False), ("mindspore", 8118, True),
+                                                      ("tensorflow", 29500, False)])
+def test_nproc_per_node_single_local_node_by_default(framework, port, dynamic):
+    topo = resolve(opts(nproc_per_node=4), framework, {})
+    assert isinstance(topo, Topology)
+    assert topo.table.world_size == 4
+    assert topo.table.server_count == 1
+    assert topo.server_index == 0
+    assert topo.server.ranks == (0, 1, 2, 3)
+    assert [d.device_id for d in topo.server.devices] == [0, 1, 2, 3]
+    assert topo.table.master_addr == "127.0.0.1"
+    assert topo.master_port == port
+    assert topo.table_file is None
+    assert topo.dynamic_cluster is dynamic
+    assert topo.hosts_rank0 is True
+    assert topo.source == "--nproc-per-node"
+
+
+def test_nproc_per_node_with_nnodes_and_node_rank():
+    topo = resolve(opts(nproc_per_node=4, nnodes=3, node_rank=2, master_addr="10.1.0.1", master_port=1234),
+                   "pytorch", {})
+    assert topo.table.world_size == 12
+    assert topo.table.server_count == 3
+    assert topo.server_index == 2
+    assert topo.server.ranks == (8, 9, 10, 11)
+    assert topo.hosts_rank0 is False
+    assert (topo.table.master_addr, topo.master_port) == ("10.1.0.1", 1234)
+
+
+@pytest.mark.parametrize("node_rank, nnodes", [(1, 1), (3, 2), (5, 5)])
+def test_node_rank_not_below_nnodes_is_a_usage_error(node_rank, nnodes):
+    with pytest.raises(UsageError) as exc:
+        resolve(opts(nproc_per_node=2, nnodes=nnodes, node_rank=node_rank), "pytorch", {})
+    assert "--node-rank" in message(exc) and "--nnodes" in message(exc)
+    assert exc.value.exit_code == 2
+
+
+def test_nproc_per_node_ignores_operator_env_shape_but_uses_its_master():
+    env = {"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8", "RANK": "1", "MASTER_ADDR": "10.3.3.3",
+           "MASTER_PORT": "4444"}
+    topo = resolve(opts(nproc_per_node=2), "pytorch", env)
+    assert topo.table.world_size == 2
+    assert topo.server_index == 0
+    assert (topo.table.master_addr, topo.master_port) == ("10.3.3.3", 4444)
+
+
+def test_options_beat_env_master():
+    env = {"MASTER_ADDR": "10.3.3.3", "MASTER_PORT": "4444"}
+    topo = resolve(opts(nproc_per_node=1, master_addr="10.4.4.4", master_port=5555), "pytorch", env)
+    assert (topo.table.master_addr, topo.master_port) == ("10.4.4.4", 5555)
+
+
+def test_mindspore_master_from_ms_sched_host_not_master_addr():
+    env = {"MASTER_ADDR": "10.3.3.3", "MASTER_PORT": "4444", "MS_SCHED_HOST": "10.5.5.5", "MS_SCHED_PORT": "9999"}
+    topo = resolve(opts(nproc_per_node=1), "mindspore", env)
+    assert (topo.table.master_addr, topo.master_port) == ("10.5.5.5", 9999)
+    pt = resolve(opts(nproc_per_node=1), "pytorch", env)
+    assert (pt.table.master_addr, pt.master_port) == ("10.3.3.3", 4444)
+
+
+# --------------------------------------------------------------------------- resolve: operator env
+
+def test_pytorch_operator_env_rank_is_the_node_index():
+    env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "1", "MASTER_ADDR": "job-master-0",
+           "MASTER_PORT": "23456"}
+    topo = resolve(opts(), "pytorch", env)
+    assert topo.table.world_size == 8
+    assert topo.table.server_count == 2
+    assert topo.server_index == 1
+    assert topo.server.ranks == (4, 5, 6, 7)
+    assert (topo.table.master_addr, topo.master_port) == ("job-master-0", 23456)
+    assert topo.dynamic_cluster is False
+    assert topo.table_file is None
+    assert "WORLD_SIZE" in topo.source
+
+
+def test_tensorflow_uses_the_pytorch_operator_names():
+    topo = resolve(opts(), "tensorflow", {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "RANK": "0"})
+    assert (topo.table.world_size, topo.server_index, topo.master_port) == (2, 0, 29500)
+
+
+def test_mindspore_operator_env():
+    env = {"MS_WORKER_NUM": "6", "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "2", "MS_SCHED_HOST": "10.0.9.9",
+           "MS_SCHED_PORT": "9123", "MS_ROLE": "MS_WORKER", "MS_SERVER_NUM": "0"}
+    topo = resolve(opts(), "mindspore", env)
+    assert topo.table.world_size == 6
+    assert topo.server_index == 2
+    assert topo.server.ranks == (4, 5)
+    assert topo.dynamic_cluster is True
+    assert topo.hosts_rank0 is False
+    assert (topo.table.master_addr, topo.master_port) == ("10.0.9.9", 9123)
+    assert "MS_WORKER_NUM" in topo.source
+
+
+def test_mindspore_does_not_read_the_pytorch_names():
+    with pytest.raises(UsageError) as exc:
+        resolve(opts(), "mindspore", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "0"})
+    assert "MS_WORKER_NUM" in message(exc)
+
+
+@pytest.mark.parametrize("framework, env, names", [
+    ("pytorch", {"WORLD_SIZE": "abc", "LOCAL_WORLD_SIZE": "4", "RANK": "0"}, ["WORLD_SIZE", "'abc'"]),
+    ("pytorch", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "four", "RANK": "0"}, ["LOCAL_WORLD_SIZE"]),
+    ("pytorch", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "1.0"}, ["RANK="]),
+    ("pytorch", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "3", "RANK": "0"}, ["WORLD_SIZE=8", "LOCAL_WORLD_SIZE=3"]),
+    ("pytorch", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "0", "RANK": "0"}, ["LOCAL_WORLD_SIZE=0"]),
+    ("pytorch", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "2"}, ["RANK=2"]),
+    ("pytorch", {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "0", "MASTER_PORT": "http"},
+     ["MASTER_PORT"]),
+    ("mindspore", {"MS_WORKER_NUM": "x", "MS_LOCAL_WORKER": "1", "MS_NODE_RANK": "0"}, ["MS_WORKER_NUM"]),
+    ("mindspore", {"MS_WORKER_NUM": "4", "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "2"}, ["MS_NODE_RANK=2"]),
+    ("mindspore", {"MS_WORKER_NUM": "4", "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SCHED_PORT": "p"},
+     ["MS_SCHED_PORT"]),
+])
+def test_bad_operator_values_name_the_variable(framework, env, names):
+    with pytest.raises(UsageError) as exc:
+        resolve(opts(), framework, env)
+    for name in names:
+        assert name in message(exc)
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "-1"}, "RANK=-1"),
+    ({"WORLD_SIZE": "-4", "LOCAL_WORLD_SIZE": "2", "RANK": "0"}, "WORLD_SIZE=-4"),
+])
+def test_negative_operator_values_name_the_variable(env, name):
+    with pytest.raises(UsageError) as exc:
+        resolve(opts(), "pytorch", env)
+    assert name in message(exc)
+
+
+@pytest.mark.parametrize("env", [{}, {"WORLD_SIZE": "8"}, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"},
+                                 {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": ""}])
+def test_no_source_of_ranks_is_a_usage_error(env):
+    with pytest.raises(UsageError) as exc:
+        resolve(opts(), "pytorch", env)
+    text = message(exc)
+    assert "no ranks to start" in text
+    assert "--nproc-per-node" in text and "--rank-table" in text and "RANK_TABLE_FILE" in text
+    assert exc.value.exit_code == 2
+
+
+# --------------------------------------------------------------------------- resolve: with a table
+
+def test_resolve_with_a_loaded_table():
+    table = table3()
+    topo = resolve(opts(), "pytorch", {"XDL_IP": "10.0.0.11"}, table)
+    assert topo.server is table.servers[1]
+    assert topo.server_index == 1
+    assert topo.table_file == "/cfg/hccl.json"
+    assert topo.source == "rank table /cfg/hccl.json"
+    assert topo.dynamic_cluster is False
+    assert topo.master_port == 29500
+
+
+def test_resolve_with_table_is_never_a_dynamic_cluster_for_mindspore():
+    topo = resolve(opts(), "mindspore", {"XDL_IP": "10.0.0.1"}, table3())
+    assert topo.dynamic_cluster is False
+    assert topo.master_port == 8118
+    assert topo.hosts_rank0 is True
+
+
+def test_resolve_with_table_port_precedence():
+    env = {"XDL_IP": "10.0.0.1", "MASTER_PORT": "30001"}
+    assert resolve(opts(), "pytorch", env, table3()).master_port == 30001
+    assert resolve(opts(master_port=30002), "pytorch", env, table3()).master_port == 30002
+
+
+# --------------------------------------------------------------------------- locate_server
+
+def test_server_id_option_beats_xdl_ip_and_pod_ip():
+    table = table3()
+    env = {"XDL_IP": "10.0.0.1", "POD_IP": "172.16.0.2"}
+    assert locate_server(table, "10.0.0.11", env) is table.servers[1]
+
+
+def test_xdl_ip_beats_pod_ip():
+    table = table3()
+    assert locate_server(table, None, {"XDL_IP": "10.0.0.2", "POD_IP": "172.16.0.1"}) is table.servers[2]
+
+
+def test_pod_ip_matches_container_ip():
+    table = table3()
+    assert locate_server(table, None, {"POD_IP": "172.16.0.11"}) is table.servers[1]
+
+
+def test_host_ip_is_matched_too():
+    table = table3()
+    assert locate_server(table, "192.168.0.11", {}) is table.servers[1]
+
+
+def test_host_addresses_are_the_last_resort(monkeypatch):
+    table = table3()
+    monkeypatch.setattr(topology, "host_addresses", lambda: ["127.0.0.1", "::1", "172.16.0.2"])
+    assert locate_server(table, None, {"XDL_IP": "", "POD_IP": ""}) is table.servers[2]
+
+
+@pytest.mark.parametrize("xdl_ip, index", [("10.0.0.1", 0), ("10.0.0.11", 1), ("10.0.0.2", 2)])
+def test_exact_matching_prefixes_do_not_match(xdl_ip, index):
+    # legacy defect 1: an unanchored grep made 10.0.0.1 also match 10.0.0.11
+    table = table3()
+    assert locate_server(table, None, {"XDL_IP": xdl_ip}) is table.servers[index]
+
+
+@pytest.mark.parametrize("value", ["10.0.0", "10.0.0.", "0.0.1", "10.0.0.1 ", "10.0.0.111", "172.16.0"])
+def test_no_match_is_a_usage_error_naming_the_candidates(value):
+    with pytest.raises(UsageError) as exc:
+        locate_server(table3(), None, {"XDL_IP": value})
+    text = message(exc)
+    assert "XDL_IP" in text and value in text
+    assert "10.0.0.1/172.16.0.1" in text
+    assert "10.0.0.11/192.168.0.11/172.16.0.11" in text
+    assert "10.0.0.2/172.16.0.2" in text
+    assert "--server-id" in text
+    assert exc.value.exit_code == 2
+
+
+def test_no_match_from_host_addresses(monkeypatch):
+    monkeypatch.setattr(topology, "host_addresses", lambda: ["127.0.0.1", "10.9.9.9"])
+    with pytest.raises(UsageError) as exc:
+        locate_server(table3(), None, {})
+    assert "this host's addresses" in message(exc)
+    assert "10.9.9.9" in message(exc)
+
+
+def test_several_matches_is_a_usage_error_naming_them(monkeypatch):
+    monkeypatch.setattr(topology, "host_addresses", lambda: ["10.0.0.1", "172.16.0.2"])
+    with pytest.raises(UsageError) as exc:
+        locate_server(table3(), None, {})
+    text = message(exc)
+    assert "several servers" in text
+    assert "10.0.0.1/172.16.0.1; 10.0.0.2/172.16.0.2" in text
+    assert "10.0.0.11" not in text
+
+
+def test_several_matches_on_one_node_name_the_pod_addresses():
+    table = RankTable(servers=(
+        ServerEntry("10.0.0.1", (Device(0, 0), Device(1, 1)), container_ip="172.16.0.5"),
+        ServerEntry("10.0.0.1", (Device(2, 2), Device(3, 3)), container_ip="172.16.0.6"),
+    ))
+    with pytest.raises(UsageError) as exc:
+        locate_server(table, None, {"XDL_IP": "10.0.0.1"})
+    assert "172.16.0.5" in message(exc) and "172.16.0.6" in message(exc)
+
+
+def test_pods_on_one_node_are_told_apart_by_server_id_option():
+    table = RankTable(servers=(
+        ServerEntry("10.0.0.1", (Device(0, 0),), container_ip="172.16.0.5"),
+        ServerEntry("10.0.0.1", (Device(1, 1),), container_ip="172.16.0.6"),
+    ))
+    assert locate_server(table, "172.16.0.6", {"XDL_IP": "10.0.0.1"}) is table.servers[1]
+
+
+def test_host_addresses_returns_unique_strings_without_scope_ids():
+    result = _REAL_HOST_ADDRESSES()  # the real function; the autouse fixture only replaced the module attribute
+    assert isinstance(result, list)
+    assert len(result) == len(set(result))
+    assert all(isinstance(a, str) and "%" not in a for a in result)
+
+
+def test_xdl_ip_shared_by_two_pods_is_narrowed_by_pod_ip():
+    """Two pods of the job on one node: XDL_IP matches both, POD_IP picks this one."""
+    from launcher.ranktable.model import Device, RankTable, ServerEntry
+
+    table = RankTable(servers=(
+        ServerEntry("10.0.0.1", (Device(0, 0), Device(1, 1)), container_ip="172.16.0.5"),
+        ServerEntry("10.0.0.1", (Device(2, 0), Device(3, 1)), container_ip="172.16.0.6"),
+    ))
+    server = locate_server(table, None, {"XDL_IP": "10.0.0.1", "POD_IP": "172.16.0.6"})
+    assert server.ranks == (2, 3)
