@@ -15,6 +15,8 @@ from launcher.errors import UsageError
 FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
 DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
 DEFAULT_RANK_TABLE = "/user/serverid/devindex/config/hccl.json"
+DEFAULT_FAULT_NPUS = "/user/restore/fault/config/fault-npus"
+DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,15 @@ class RunOptions:
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
     group_info_root: Optional[str] = None
+    checkpoint_dir: Optional[str] = None
+    checkpoint_pattern: Optional[str] = None
+    fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
+    reset_json: Optional[str] = DEFAULT_RESET_JSON
+    fault_ranks: Optional[str] = None
+    groups_file: Optional[str] = None
+    dp: Optional[int] = None
+    tp: Optional[int] = None
+    pp: Optional[int] = None
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)
@@ -72,6 +83,23 @@ class RunOptions:
             return int(name) if name.isdigit() else int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
         except (AttributeError, ValueError):
             raise UsageError(f"--gasp-signal {self.gasp_signal!r} is not a signal name") from None
+
+
+def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple[int, ...]:
+    """``"3,5"`` -> ``(3, 5)``; empty or None -> ``()``.
+
+    Raises:
+        UsageError: not a comma-separated list of non-negative integers.
+    """
+    if not text:
+        return ()
+    try:
+        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated rank ids like 3,5") from None
+    if any(r < 0 for r in ranks):
+        raise UsageError(f"{option} {text!r}: rank ids are non-negative")
+    return ranks
 
 
 def env_var_for(option_name: str) -> str:

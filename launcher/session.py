@@ -24,6 +24,30 @@ from launcher.supervisor import RestartPolicy, RunResult, Supervisor
 
 log = logging.getLogger(__name__)
 
+PLAN_FILE = "restore_plan.json"
+
+
+def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[int] = ()):
+    """The restore planner's inputs for this job (shared by ``run`` and ``plan``)."""
+    from launcher.options import parse_rank_list
+    from launcher.restore import PlanInputs
+
+    # Ranks that never write group_info.pb (PyTorch) must not make the planner warn about it.
+    group_info_root = ctx.group_info_root if _has_group_info(ctx.group_info_root) else None
+    return PlanInputs(world_size=ctx.topology.table.world_size, fault_npus_path=opts.fault_npus or None,
+                      reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
+                      previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
+                      groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
+                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern)
+
+
+def _has_group_info(root: str) -> bool:
+    try:
+        with os.scandir(root) as entries:
+            return any(os.path.exists(os.path.join(e.path, "group_info.pb")) for e in entries if e.is_dir())
+    except OSError:
+        return False
+
 
 class Session:
     """Context manager owning the resources of one ``launcher run``.
@@ -96,11 +120,13 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             log.info("restart %d of %d", attempt, self.opts.max_restarts)
+        plan_env = self._restore_plan(attempt, failed_before)
         common = {envnames.LAUNCHER_GRACEFUL_EXIT_FILE: self.graceful_exit_file,
                   envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if self.gasp_gate.allowed() else "0"}
         if self.ctx.framework == "mindspore":
             common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
-        per_rank = {d.rank_id: {**common, envnames.TORCHELASTIC_ERROR_FILE: self._error_file(d.rank_id, attempt)}
+        per_rank = {d.rank_id: {**common, envnames.TORCHELASTIC_ERROR_FILE: self._error_file(d.rank_id, attempt),
+                                **plan_env(d.rank_id)}
                     for d in self.ctx.topology.server.devices}
         return worker_specs(self.ctx, self.opts.command, attempt, per_rank)
 
@@ -116,6 +142,22 @@ class Session:
             ranks.append({"rank": rank, "pid": pid, "pgid": pid, "create_time": created})
         self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
                                                    "ranks": ranks, "updated": time.time()})
+
+    def _restore_plan(self, attempt: int, failed_before: Sequence[int]):
+        """Compute the restore plan for this (re)start; returns ``rank -> its variables``."""
+        if not self.opts.checkpoint_dir:
+            return lambda rank: {}
+        from launcher.restore import compute_plan
+
+        plan = compute_plan(restore_inputs(self.opts, self.ctx, failed_before))
+        self.run_dir.write_json(PLAN_FILE, plan.to_json())
+        self._emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
+                   restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
+                   warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
+        log.info("restore plan: %s", plan.reason)
+        for warning in plan.warnings:
+            log.warning("restore plan: %s", warning)
+        return plan.env_for
 
     def _error_file(self, rank: int, attempt: int) -> str:
         """Where torch's ``@record`` writes a rank's exception (torchrun's TORCHELASTIC_ERROR_FILE)."""

@@ -4,7 +4,8 @@ from typing import Any, Callable, Optional
 
 import click
 
-from launcher.options import FRAMEWORKS, RunOptions, env_var_for, load_config
+from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, RunOptions, env_var_for,
+                              load_config)
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
@@ -67,6 +68,17 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else generated).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),
       help="Root of <root>/device<RANK_ID>/group_info.pb (default <run-dir>/group_info).")
+@_opt("--checkpoint-dir", type=click.Path(file_okay=False),
+      help="Checkpoints as <dir>/rank_<r>/...: compute a restore plan before every (re)start and "
+           "hand each rank RESTORE_RANKS, RESTORE_RANKS_MAP and LAUNCHER_RESUME_*.")
+@_opt("--checkpoint-pattern", help="Checkpoint file-name regex with (?P<step>...) (and (?P<epoch>...)).")
+@_opt("--fault-npus", default=DEFAULT_FAULT_NPUS, help="The cluster's fault-npus file (faulty ranks).")
+@_opt("--reset-json", default=DEFAULT_RESET_JSON, help="MindCluster's reset.json (rank statuses).")
+@_opt("--fault-ranks", help="Ranks to treat as faulty in the restore plan, e.g. 3,5.")
+@_opt("--groups-file", type=click.Path(dir_okay=False), help="Replica groups (JSON/YAML) for the restore plan.")
+@_opt("--dp", type=click.IntRange(min=1), help="Data-parallel size: replica groups from a dp x tp x pp layout.")
+@_opt("--tp", type=click.IntRange(min=1), help="Tensor-parallel size (with --dp).")
+@_opt("--pp", type=click.IntRange(min=1), help="Pipeline-parallel size (with --dp).")
 @_opt("--dry-run", is_flag=True, help="Resolve and print everything without spawning.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
