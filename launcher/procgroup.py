@@ -9,6 +9,8 @@ milliseconds, and nothing polls.
 
 import abc
 import collections
+import heapq
+import itertools
 import logging
 import os
 import selectors
@@ -111,6 +113,10 @@ class LocalProcessGroup(ProcessGroup):
         self._outputs: Dict[int, RankOutput] = {}
         self._pgids: Dict[int, int] = {}
         self.log_paths: Dict[int, str] = {}
+        self._timers: List[tuple] = []  # heap of (due, seq, callback)
+        self._timer_seq = itertools.count()
+        self._cancelled: set = set()
+        self._watched: Dict[int, Callable[[ExitInfo], None]] = {}
         guard_mod.prepare()
 
     # -- spawning -------------------------------------------------------------------------------
@@ -162,12 +168,36 @@ class LocalProcessGroup(ProcessGroup):
     def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._queue:
-            remaining = None if deadline is None else deadline - time.monotonic()
+            now = time.monotonic()
+            remaining = None if deadline is None else deadline - now
             if remaining is not None and remaining <= 0:
                 return None
+            if self._timers:
+                until_timer = max(0.0, self._timers[0][0] - now)
+                remaining = until_timer if remaining is None else min(remaining, until_timer)
             for key, _mask in self._selector.select(remaining):
                 self._dispatch(key)
+            self._run_timers()
         return self._queue.popleft()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> int:
+        """Run ``callback`` from the event loop after ``delay`` seconds; returns a handle."""
+        handle = next(self._timer_seq)
+        heapq.heappush(self._timers, (time.monotonic() + delay, handle, callback))
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        """Cancel a ``call_later`` handle (no effect once it ran)."""
+        self._cancelled.add(handle)
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _due, handle, callback = heapq.heappop(self._timers)
+            if handle in self._cancelled:
+                self._cancelled.discard(handle)
+                continue
+            callback()
 
     def _dispatch(self, key: selectors.SelectorKey) -> None:
         handler = key.data
@@ -198,14 +228,21 @@ class LocalProcessGroup(ProcessGroup):
                 return
             if pid == 0:
                 return
+            code = os.waitstatus_to_exitcode(status)
+            watcher = self._watched.pop(pid, None)
+            if watcher is not None:
+                watcher(ExitInfo(code, time.time()))
             rank = self._pid_rank.pop(pid, None)
             if rank is None:
                 continue
-            code = os.waitstatus_to_exitcode(status)
             proc = self._procs.get(rank)
             if proc is not None and proc.pid == pid:
                 proc.returncode = code  # reaped here; keep Popen from waiting on it again
             self._queue.append(RankExited(rank, ExitInfo(code, time.time())))
+
+    def watch_pid(self, pid: int, callback: Callable[[ExitInfo], None]) -> None:
+        """Call ``callback`` when child ``pid`` (not a rank: e.g. a sidecar) is reaped."""
+        self._watched[pid] = callback
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Watch ``fd`` in the event loop; ``callback`` runs when it is readable."""
