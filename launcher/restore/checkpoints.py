@@ -106,7 +106,7 @@ def compile_patterns(pattern: Optional[str],
 
     Raises:
         UsageError: the regex does not compile, lacks a ``step`` group, or the marker template names
-            a field the regex does not define or points outside the rank directory.
+            a field the regex does not define, formats a field, or points outside the rank directory.
     """
     if pattern is None:
         patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS
@@ -122,7 +122,11 @@ def compile_patterns(pattern: Optional[str],
         return tuple(patterns)
     if "/" in marker or marker.startswith("."):
         raise UsageError(f"--checkpoint-marker {marker!r} must be a plain name in the rank directory")
-    fields = {field for _, field, _, _ in string.Formatter().parse(marker) if field}
+    parsed = [item for item in string.Formatter().parse(marker) if item[1] is not None]
+    if any(spec or conversion for _, _, spec, conversion in parsed):
+        # Every field is substituted as the matched text; a spec like {step:08d} would fail later.
+        raise UsageError(f"--checkpoint-marker {marker!r}: fields take no format spec or conversion")
+    fields = {field for _, field, _, _ in parsed}
     for item in patterns:
         unknown = fields - set(item.regex.groupindex) - {"name"}
         if unknown and item.kind is None:

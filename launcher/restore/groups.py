@@ -20,18 +20,13 @@ inconsistently or name ranks outside the world make the whole source untrustwort
 becomes its own group. Both cases add a warning.
 """
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-import jsonschema
-import yaml
-
 from launcher.errors import UsageError
 from launcher.resources import load_schema
-from launcher.restore.groupinfo import parse_restore_rank_list
 
 logger = logging.getLogger(__name__)
 
@@ -141,6 +136,10 @@ def groups_from_layout(world_size: int, dp: Optional[int], tp: Optional[int],
 
 def read_groups_file(path: str, world_size: int) -> ReplicaGroups:
     """Replica groups from a JSON or YAML file; falls back to singletons with a warning."""
+    # Imported here so that a run without a groups file never loads yaml and jsonschema.
+    import jsonschema
+    import yaml
+
     what = f"groups file {path}"
     try:
         with open(path, encoding="utf-8") as fh:
@@ -160,6 +159,9 @@ def read_group_info_root(root: str, world_size: int) -> ReplicaGroups:
     files put it in, or becomes its own group. A list that leaves out its own rank means the files
     are not what this module understands, so all of them are ignored.
     """
+    # Imported here so that a run without group_info.pb files never loads protobuf.
+    from launcher.restore.groupinfo import parse_restore_rank_list
+
     what = f"group_info.pb files under {root}"
     lists: List[Group] = []
     missing: List[int] = []

@@ -132,7 +132,7 @@ class RestorePlan:
             "epoch": self.epoch,
             "step": self.step,
             "restore_ranks": self._env_values[0],
-            "restore_ranks_map": self.restore_ranks_map,
+            "restore_ranks_map": dict(self.restore_ranks_map),
             "fault_ranks": list(self.fault_ranks),
             "fault_origins": {str(rank): list(origin) for rank, origin in self.fault_origins},
             "groups_source": self.groups_source,

@@ -132,6 +132,10 @@ def test_custom_pattern_and_marker_fields(tmp_path):
     (r"ckpt-(?P<epoch>\d+)\.pt", None, "no named group"),
     (r"ckpt-(?P<step>\d+)\.pt", "{epoch}.done", "does not define"),
     (None, "../x", "plain name"),
+    (None, "{step:08d}.ok", "no format spec"),
+    (None, "{name!r}.ok", "no format spec"),
+    (None, "{0}.ok", "does not define"),
+    (None, "{}.ok", "does not define"),
 ])
 def test_bad_pattern_options(pattern, marker, error):
     with pytest.raises(UsageError, match=error):

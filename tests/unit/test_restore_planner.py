@@ -260,11 +260,15 @@ def test_plan_properties(scenario, seed):
     else:
         assert all(plan.env_for(r) == {} for r in range(world))
     if plan.kind != "none":
+        group_of = {r: g for g in groups for r in g}
         for rank in range(world):
             env = plan.env_for(rank)
+            source = plan.sources[rank]
+            assert source in group_of[rank]  # only a replica may stand in
             assert env[envnames.LAUNCHER_RESUME_STEP] == str(plan.step)
-            assert f"rank_{env[envnames.LAUNCHER_RESUME_SOURCE_RANK]}/" in \
-                env[envnames.LAUNCHER_RESUME_CHECKPOINT]
+            suffix = "_breakpoint.pt" if plan.kind == KIND_BREAKPOINT else ".pt"
+            assert env[envnames.LAUNCHER_RESUME_CHECKPOINT] == \
+                f"/ckpt/rank_{source}/ckpt-0_{plan.step}{suffix}"
     shuffled_groups, shuffled_faults, shuffled_files = shuffled_inputs(world, groups, fault_set,
                                                                        files, seed)
     again = plan_for(world, shuffled_groups, shuffled_files, shuffled_faults)
