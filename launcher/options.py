@@ -54,6 +54,7 @@ class RunOptions:
     dp: Optional[int] = None
     tp: Optional[int] = None
     pp: Optional[int] = None
+    recover_strategy: Optional[str] = None
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)

@@ -90,6 +90,10 @@ class ProcessGroup(abc.ABC):
     def pids(self) -> Dict[int, int]:
         """Rank -> pid of its main process, for ranks still running."""
 
+    @abc.abstractmethod
+    def respawn(self, spec: WorkerSpec, attempt: int) -> None:
+        """Replace one rank of the running attempt: its old process group is gone first."""
+
 
 class LocalProcessGroup(ProcessGroup):
     """Processes on this machine.
@@ -300,6 +304,21 @@ class LocalProcessGroup(ProcessGroup):
 
     def pids(self) -> Dict[int, int]:
         return {rank: p.pid for rank, p in self._procs.items() if p.returncode is None}
+
+    def respawn(self, spec: WorkerSpec, attempt: int) -> None:
+        old = self._pgids.get(spec.rank)
+        if old is not None:
+            self.kill_groups([spec.rank])
+            deadline = time.monotonic() + 5.0
+            while _group_exists(old) and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.002)
+            if self._guard is not None and not _group_exists(old):
+                self._guard.forget(old)
+        try:
+            self._spawn(spec, attempt, dict(os.environ))
+        except OSError as exc:
+            raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 
     def pgid(self, rank: int) -> Optional[int]:
         """Process-group id of ``rank`` in the current attempt."""

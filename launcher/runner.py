@@ -12,6 +12,7 @@ from launcher import envnames, topology
 from launcher.errors import UsageError
 from launcher.options import RunOptions, default_run_dir
 from launcher.rankenv import EnvContext, WorkerSpec, worker_specs
+from launcher.recovery import resolve_strategy
 from launcher.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,8 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                      run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
                                                                        os.path.join(run_dir, "group_info")),
                      base_env=environ)
-    parse_rank_filter(opts.console_ranks)  # a bad value fails before anything starts, dry run too
+    parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
+    resolve_strategy(opts.recover_strategy, environ)
     if opts.dry_run:
         print_dry_run(ctx, worker_specs(ctx, opts.command, 0), opts.json_output)
         return 0

@@ -18,6 +18,7 @@ from launcher.errors import UsageError
 from launcher.events import EventLog
 from launcher.options import RunOptions
 from launcher.procgroup import LocalProcessGroup
+from launcher.recovery import resolve_strategy
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec, worker_specs
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
 from launcher.supervisor import RestartPolicy, RunResult, Supervisor
@@ -107,15 +108,22 @@ class Session:
                    log_dir=self.log_session)
         log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
                  topo.source, self.log_session)
+        strategy = resolve_strategy(self.opts.recover_strategy, self.ctx.base_env)
+        log.info("recovery strategy: %s", strategy.describe())
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
-                               self.gasp_gate.try_save)
+                               self.gasp_gate.try_save, strategy, self._in_place_supported())
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1))
         result = supervisor.run()
         self._report(result)
         return result.exit_code
+
+    def _in_place_supported(self) -> bool:
+        """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
+        switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator."""
+        return self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:

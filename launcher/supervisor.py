@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.procgroup import ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
 from launcher.rankenv import WorkerSpec
+from launcher.recovery import RETRY, RecoveryStrategy
 from launcher.states import ExitInfo, Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ class RestartPolicy:
         gasp_signal: Signal sent to each rank's main process for the dying gasp.
         gasp_allowed: ``() -> bool``: False within ``--gasp-min-interval`` of the previous gasp,
             when the ranks are stopped without the save signal.
+        strategy: The recovery strategy (``retry`` by default).
+        in_place_supported: Whether the framework lets a restarted rank re-join a running group.
     """
 
     max_restarts: int = 0
@@ -43,6 +46,8 @@ class RestartPolicy:
     grace_period: float = 25.0
     gasp_signal: int = signal.SIGTERM
     gasp_allowed: Callable[[], bool] = lambda: True
+    strategy: RecoveryStrategy = RecoveryStrategy(frozenset({RETRY}), "default")
+    in_place_supported: bool = False
 
 
 @dataclass(frozen=True)
@@ -122,29 +127,38 @@ class Supervisor:
         self.log_path = log_path or (lambda rank: None)
         self.request_exit = request_exit or (lambda: None)
         self.failures: List[Failure] = []
+        self.restarts = 0  # group and in-place restarts, both counted against --max-restarts
         self._signal: Optional[int] = None      # first stop signal received
         self._final: Optional[str] = None       # "signal" | "gasp" | "graceful-exit": no more restarts
         self._waiters: List[ControlRequest] = []  # prestop / exit clients answered when the job ends
 
     def run(self) -> RunResult:
         """Run attempts until the job ends; returns how it ended."""
-        number, failed_ranks, attempts = 0, (), 0
+        failed_ranks, attempts = (), 0
         while self._final is None:
-            attempt = self._run_attempt(number, failed_ranks)
-            attempts = number + 1
+            attempt = self._run_attempt(self.restarts, failed_ranks)
+            attempts += 1
             if self._final is not None:
                 break
             if attempt.failure is None:
                 return self._finish(RunResult(0, "succeeded", attempts, tuple(self.failures)))
-            if number >= self.policy.max_restarts:
-                self.emit("restart_budget_spent", attempts=attempts, max_restarts=self.policy.max_restarts)
+            if self.policy.strategy.exit_on_failure:
+                self.emit("exit_for_reschedule", strategy=self.policy.strategy.describe(),
+                          exit_code=attempt.failure.info.exit_code)
+                log.warning("recovery strategy %s: exiting for rescheduling", self.policy.strategy.describe())
                 return self._finish(RunResult(attempt.failure.info.exit_code, "failed", attempts,
                                               tuple(self.failures)))
-            self.emit("restart", attempt=number + 1, after_rank=attempt.failure.rank,
-                      backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - number - 1)
+            if self.restarts >= self.policy.max_restarts:
+                self.emit("restart_budget_spent", attempts=attempts, restarts=self.restarts,
+                          max_restarts=self.policy.max_restarts)
+                return self._finish(RunResult(attempt.failure.info.exit_code, "failed", attempts,
+                                              tuple(self.failures)))
+            self.restarts += 1
+            self.emit("restart", attempt=self.restarts, after_rank=attempt.failure.rank, scope="group",
+                      backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
             if self.policy.backoff:
                 self._wait_quietly(self.policy.backoff)
-            number, failed_ranks = number + 1, tuple(attempt.failed_ranks)
+            failed_ranks = tuple(attempt.failed_ranks)
         return self._finish(self._final_result(attempts, attempt))
 
     def _final_result(self, attempts: int, attempt: "_Attempt") -> RunResult:
@@ -210,11 +224,39 @@ class Supervisor:
             worker.transition(WorkerState.SUCCEEDED)
             return
         worker.transition(WorkerState.FAILED)
+        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank))
+        self.failures.append(failure)
+        if self._restart_in_place(attempt, worker, failure):
+            return
         attempt.failed_ranks.append(worker.rank)
-        attempt.failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank))
-        self.failures.append(attempt.failure)
+        attempt.failure = failure
         log.warning("%s failed (%s); stopping the other local ranks", worker.label, event.info.describe())
-        self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"{worker.label} failed")
+        if self.policy.strategy.dump:
+            self._gasp(attempt, f"{worker.label} failed", final=False)
+        else:
+            self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"{worker.label} failed")
+
+    def _restart_in_place(self, attempt: _Attempt, worker: Worker, failure: Failure) -> bool:
+        """recover-in-place: respawn only ``worker``'s rank while the others keep running."""
+        if not self.policy.strategy.in_place or self._final is not None:
+            return False
+        if not self.policy.in_place_supported:
+            log.info("recover-in-place: the framework cannot re-join a running group; restarting the group")
+            return False
+        if self.restarts >= self.policy.max_restarts:
+            return False
+        self.restarts += 1
+        spec = next(s for s in self.specs_for(self.restarts, [worker.rank]) if s.rank == worker.rank)
+        self.emit("restart", attempt=self.restarts, after_rank=worker.rank, scope="rank",
+                  restarts_left=self.policy.max_restarts - self.restarts)
+        log.warning("%s failed (%s); restarting it in place (restart %d of %d)", worker.label,
+                    failure.info.describe(), self.restarts, self.policy.max_restarts)
+        self.group.respawn(spec, self.restarts)
+        fresh = Worker(spec.rank, spec.label, on_change=self._changed(self.restarts))
+        fresh.transition(WorkerState.RUNNING)
+        attempt.workers[spec.rank] = fresh
+        self.emit("rank_spawned", attempt=self.restarts, rank=spec.rank, pid=self.group.pids().get(spec.rank))
+        return True
 
     def _on_signal(self, signum: int) -> None:
         self.emit("signal_received", signal=signal.Signals(signum).name)
@@ -245,9 +287,14 @@ class Supervisor:
         else:
             request.reply({"ok": False, "error": f"unknown request {request.command!r}"}, final=True)
 
-    def _gasp(self, attempt: _Attempt, source: str) -> None:
-        """The dying gasp: one save signal to each rank's main process, wait, SIGKILL what is left."""
-        self._final = "gasp"
+    def _gasp(self, attempt: _Attempt, source: str, final: bool = True) -> None:
+        """The dying gasp: one save signal to each rank's main process, wait, SIGKILL what is left.
+
+        ``final=False`` is the ``dump`` strategy after a rank failure: the healthy ranks save, and the
+        restart policy decides what comes next.
+        """
+        if final:
+            self._final = "gasp"
         save = self.policy.gasp_allowed()
         signum = self.policy.gasp_signal if save else signal.SIGKILL
         self.emit("gasp", source=source, save=save, signal=signal.Signals(signum).name,

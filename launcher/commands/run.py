@@ -79,6 +79,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--dp", type=click.IntRange(min=1), help="Data-parallel size: replica groups from a dp x tp x pp layout.")
 @_opt("--tp", type=click.IntRange(min=1), help="Tensor-parallel size (with --dp).")
 @_opt("--pp", type=click.IntRange(min=1), help="Pipeline-parallel size (with --dp).")
+@_opt("--recover-strategy",
+      help="Comma-separated: retry, recover, recover-in-place, dump, exit, elastic-training (default: "
+           "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
 @_opt("--dry-run", is_flag=True, help="Resolve and print everything without spawning.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

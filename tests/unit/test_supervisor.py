@@ -7,6 +7,7 @@ import pytest
 
 from launcher.procgroup import ControlRequest, ProcessGroup, RankExited, SignalReceived
 from launcher.rankenv import WorkerSpec
+from launcher.recovery import resolve_strategy
 from launcher.states import ExitInfo
 from launcher.supervisor import RestartPolicy, Supervisor
 
@@ -51,6 +52,10 @@ class ScriptedGroup(ProcessGroup):
     def pids(self):
         return dict(self.alive)
 
+    def respawn(self, spec, attempt):
+        self.alive[spec.rank] = 5000 + spec.rank
+        self.calls.append(("respawn", spec.rank, attempt))
+
 
 def exited(rank: int, code: int) -> RankExited:
     return RankExited(rank, ExitInfo(code, 0.0))
@@ -64,7 +69,9 @@ def specs_for(n: int):
     return build
 
 
-def supervise(scripts, n=2, **policy):
+def supervise(scripts, n=2, strategy=None, **policy):
+    if strategy is not None:
+        policy["strategy"] = resolve_strategy(strategy, {})
     group = ScriptedGroup(scripts)
     events: List[tuple] = []
     sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)))
@@ -156,3 +163,44 @@ def test_control_requests_are_answered_not_dropped():
 def test_exit_code_mapping(code, expected):
     result, _, _, _ = supervise([[exited(0, code), exited(1, -15)]], n=2)
     assert result.exit_code == expected
+
+
+def test_exit_strategy_stops_at_once_despite_budget():
+    result, group, events, _ = supervise([[exited(1, 4), exited(0, -15)], []], strategy="exit", max_restarts=5)
+    assert (result.reason, result.exit_code) == ("failed", 4)
+    assert [c[0] for c in group.calls].count("start") == 1
+    assert any(name == "exit_for_reschedule" for name, _ in events)
+
+
+def test_dump_gasps_the_healthy_ranks_then_retries():
+    scripts = [[exited(1, 1), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, events, _ = supervise(scripts, strategy="retry,dump", max_restarts=1, grace_period=7)
+    assert result.reason == "succeeded" and result.attempts == 2
+    gasp = [kw for name, kw in events if name == "gasp"]
+    assert gasp and gasp[0]["source"] == "rank 1 failed" and gasp[0]["timeout"] == 7
+    assert ("signal", (0,), signal.SIGTERM) in group.calls
+
+
+def test_recover_dumps_then_exits_for_rescheduling():
+    result, _, events, _ = supervise([[exited(0, 9), exited(1, -15)]], strategy="recover", max_restarts=3)
+    names = [name for name, _ in events]
+    assert result.exit_code == 9 and names.index("gasp") < names.index("exit_for_reschedule")
+
+
+def test_recover_in_place_respawns_only_the_failed_rank():
+    scripts = [[exited(1, 1), exited(1, 0), exited(0, 0)]]
+    group = ScriptedGroup(scripts)
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, strategy=resolve_strategy("recover-in-place", {}),
+                                                        in_place_supported=True), lambda name, **kw: None)
+    result = sup.run()
+    assert result.exit_code == 0 and result.attempts == 1
+    assert ("respawn", 1, 1) in group.calls
+    assert not any(c[0] == "signal" for c in group.calls)  # rank 0 kept running
+    assert sup.restarts == 1
+
+
+def test_recover_in_place_falls_back_to_the_group_when_unsupported():
+    scripts = [[exited(1, 1), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, _, _ = supervise(scripts, strategy="recover-in-place", max_restarts=1)
+    assert not any(c[0] == "respawn" for c in group.calls)
+    assert result.attempts == 2 and result.exit_code == 0
