@@ -1,0 +1,1 @@
+"""Test helpers shared by unit and integration tests (fake cluster file systems, ...)."""
