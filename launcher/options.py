@@ -55,6 +55,8 @@ class RunOptions:
     tp: Optional[int] = None
     pp: Optional[int] = None
     recover_strategy: Optional[str] = None
+    taskd: str = "auto"
+    taskd_port: int = 9601
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)

@@ -60,7 +60,14 @@ class ControlRequest:
     reply: Callable[..., None]
 
 
-Event = Union[RankExited, SignalReceived, ControlRequest]
+@dataclass(frozen=True)
+class ClusterUpdate:
+    """The cluster asked something of this node (a ``launcher.resetjson.ResetChange``)."""
+
+    change: Any
+
+
+Event = Union[RankExited, SignalReceived, ControlRequest, ClusterUpdate]
 
 
 class ProcessGroup(abc.ABC):
@@ -192,7 +199,8 @@ class LocalProcessGroup(ProcessGroup):
 
     def cancel(self, handle: int) -> None:
         """Cancel a ``call_later`` handle (no effect once it ran)."""
-        self._cancelled.add(handle)
+        if any(entry[1] == handle for entry in self._timers):
+            self._cancelled.add(handle)
 
     def _run_timers(self) -> None:
         now = time.monotonic()

@@ -3,8 +3,11 @@
 Everything set up here is torn down in ``__exit__``, whatever happened in between.
 """
 
+import dataclasses
 import logging
 import os
+import signal
+import subprocess
 import sys
 import time
 from typing import Dict, Optional, Sequence
@@ -17,11 +20,13 @@ from launcher.control import ControlServer
 from launcher.errors import UsageError
 from launcher.events import EventLog
 from launcher.options import RunOptions
-from launcher.procgroup import LocalProcessGroup
+from launcher.options import DEFAULT_RESET_JSON
+from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec, worker_specs
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
-from launcher.supervisor import RestartPolicy, RunResult, Supervisor
+from launcher.policy import RestartPolicy, RunResult
+from launcher.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +74,11 @@ class Session:
         self.guard: Optional[guard_mod.OrphanGuard] = None
         self.group: Optional[LocalProcessGroup] = None
         self.control: Optional[ControlServer] = None
+        self.follower = None  # reset.json follower, when the cluster provides the file
+        self.taskd_env: Dict[str, str] = {}
+        self.sidecar: Optional[subprocess.Popen] = None
+        self.taskd_env: Dict[str, str] = {}
+        self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
 
@@ -84,6 +94,8 @@ class Session:
         self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
+        self._follow_reset_json()
+        self._prepare_taskd()
         for device in self.ctx.topology.server.devices:  # kept across restarts: ranks write here
             os.makedirs(os.path.join(self.ctx.group_info_root, f"device{device.rank_id}"), exist_ok=True)
         return self
@@ -113,12 +125,117 @@ class Session:
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
                                self.gasp_gate.try_save, strategy, self._in_place_supported())
+        self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1))
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold)
         result = supervisor.run()
         self._report(result)
         return result.exit_code
+
+    def _prepare_taskd(self) -> None:
+        """``--taskd``: every rank preloads libtaskd.so; a missing package or library is an error."""
+        from launcher import taskd
+
+        if taskd.taskd_enabled(self.opts.taskd, self.ctx.base_env):
+            self.taskd_env = taskd.rank_env(self.ctx.base_env, taskd.libtaskd_path())
+
+    def _start_taskd_manager(self) -> None:
+        """The TaskD manager sidecar, before the ranks, on the server hosting global rank 0 only."""
+        if not self.taskd_env or not self.ctx.topology.hosts_rank0:
+            return
+        from launcher import taskd
+
+        taskd.check_port_free(self.opts.taskd_port)
+        topo = self.ctx.topology
+        config = taskd.manager_config(self.ctx.base_env.get(envnames.MINDX_TASK_ID) or self.ctx.run_id,
+                                      topo.table.server_count, len(topo.server.devices))
+        argv = taskd.sidecar_argv(config, self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id,
+                                  pod_ip=self.ctx.base_env.get(envnames.POD_IP) or topo.table.master_addr)
+        log_path = os.path.join(self.log_session, "taskd_manager.log")
+        with open(log_path, "ab") as out:
+            self.sidecar = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True, close_fds=True)
+        self.guard.watch(self.sidecar.pid)
+        self.group.watch_pid(self.sidecar.pid, self._sidecar_exited)
+        self._emit("taskd_sidecar_started", pid=self.sidecar.pid, config=config, log=log_path)
+        log.info("TaskD manager started (pid %d, log %s)", self.sidecar.pid, log_path)
+
+    def _sidecar_exited(self, info) -> None:
+        self.sidecar.returncode = info.returncode
+        self._emit("taskd_sidecar_exited", returncode=info.returncode)
+        if info.returncode != 0:
+            # Reported, never fatal: training goes on without process-level recovery.
+            log.warning("the TaskD manager sidecar exited (%s); training continues without it", info.describe())
+
+    def _stop_taskd_manager(self) -> None:
+        """After the ranks: SIGTERM the sidecar's group, SIGKILL it after 5 s."""
+        if self.sidecar is None or self.sidecar.returncode is not None:
+            return
+        os.killpg(self.sidecar.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while self.sidecar.returncode is None and time.monotonic() < deadline:
+            self.group.wait_event(0.05)
+        if self.sidecar.returncode is None:
+            os.killpg(self.sidecar.pid, signal.SIGKILL)
+            self.group.wait_event(1.0)
+        self.guard.forget(self.sidecar.pid)
+
+    def _follow_reset_json(self) -> None:
+        """Watch MindCluster's reset.json when this container has it (or asked for it explicitly)."""
+        path = self.opts.reset_json
+        if not path or (path == DEFAULT_RESET_JSON and not os.path.isdir(os.path.dirname(path))):
+            return
+        from launcher.filewatch import PathWatcher
+        from launcher.resetjson import ResetFollower, changes
+
+        group = self.group
+
+        def watcher(watched: str, on_change):
+            return PathWatcher(watched, on_change, group.add_reader, group.remove_reader, group.call_later,
+                               group.cancel)
+
+        def on_update(new, old) -> None:
+            group.post(ClusterUpdate(changes(old, new, self.ctx.topology.server.ranks)))
+
+        self.follower = ResetFollower(path, watcher, on_update)
+        log.info("following %s", path)
+
+    def _hold(self) -> Optional[str]:
+        """Why reset.json forbids (re)starting the ranks now, or None."""
+        state = self.follower.current if self.follower is not None else None
+        if state is None:
+            return None
+        if state.fault_flushing:
+            return "reset.json: FaultFlushing"
+        faulty = sorted(r for r in self.ctx.topology.server.ranks if state.status_of(r) == "fault")
+        return f"reset.json: local rank(s) {faulty} in fault" if faulty else None
+
+    def _refresh_rank_table(self) -> None:
+        """Before a restart: re-read the rank table if the cluster rewrote it (its version changed)."""
+        topo = self.ctx.topology
+        if not topo.table_file:
+            return
+        try:
+            with open(os.path.join(os.path.dirname(topo.table_file), "version"), encoding="utf-8") as fh:
+                revision = fh.read().strip()
+        except OSError:
+            return
+        if revision == (topo.table.revision or ""):
+            return
+        from launcher import topology
+        from launcher.ranktable.wait import wait_for_rank_table
+
+        table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+        new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
+        self._emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
+                   old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
+                   world_size=table.world_size)
+        log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
+                    table.revision, list(topo.server.ranks), list(new.server.ranks))
+        self.ctx = dataclasses.replace(self.ctx, topology=new)
+        for rank in new.server.ranks:
+            os.makedirs(os.path.join(self.ctx.group_info_root, f"device{rank}"), exist_ok=True)
 
     def _in_place_supported(self) -> bool:
         """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
@@ -127,9 +244,9 @@ class Session:
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
-            log.info("restart %d of %d", attempt, self.opts.max_restarts)
+            self._refresh_rank_table()
         plan_env = self._restore_plan(attempt, failed_before)
-        common = {envnames.LAUNCHER_GRACEFUL_EXIT_FILE: self.graceful_exit_file,
+        common = {**self.taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: self.graceful_exit_file,
                   envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if self.gasp_gate.allowed() else "0"}
         if self.ctx.framework == "mindspore":
             common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
@@ -194,6 +311,10 @@ class Session:
         sys.stdout.flush()
 
     def __exit__(self, *exc_info: object) -> None:
+        if self.group is not None and self.guard is not None:
+            self._stop_taskd_manager()
+        if self.follower is not None:
+            self.follower.close()
         if self.control is not None:
             self.control.close()
         if self.group is not None:

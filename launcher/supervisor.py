@@ -10,81 +10,14 @@ import logging
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence
 
-from launcher.procgroup import ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
+from launcher.procgroup import ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
+from launcher.policy import KILL_SETTLE_SECONDS, Failure, RestartPolicy, RunResult
 from launcher.rankenv import WorkerSpec
-from launcher.recovery import RETRY, RecoveryStrategy
-from launcher.states import ExitInfo, Worker, WorkerState
+from launcher.states import Worker, WorkerState
 
 log = logging.getLogger(__name__)
-
-#: After SIGKILL, how long to wait for the kernel to report the exits before giving up on them.
-KILL_SETTLE_SECONDS = 5.0
-
-
-@dataclass(frozen=True)
-class RestartPolicy:
-    """The restart budget and the stop timeouts.
-
-    Attributes:
-        max_restarts: Restarts allowed after the first attempt.
-        backoff: Seconds between a failed attempt and the next.
-        stop_timeout: SIGTERM -> SIGKILL delay when stopping the group after a failure.
-        grace_period: Signal -> SIGKILL delay when the launcher is asked to stop: the dying-gasp
-            timeout (prestop, SIGTERM) and the SIGINT grace.
-        gasp_signal: Signal sent to each rank's main process for the dying gasp.
-        gasp_allowed: ``() -> bool``: False within ``--gasp-min-interval`` of the previous gasp,
-            when the ranks are stopped without the save signal.
-        strategy: The recovery strategy (``retry`` by default).
-        in_place_supported: Whether the framework lets a restarted rank re-join a running group.
-    """
-
-    max_restarts: int = 0
-    backoff: float = 0.0
-    stop_timeout: float = 10.0
-    grace_period: float = 25.0
-    gasp_signal: int = signal.SIGTERM
-    gasp_allowed: Callable[[], bool] = lambda: True
-    strategy: RecoveryStrategy = RecoveryStrategy(frozenset({RETRY}), "default")
-    in_place_supported: bool = False
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A rank that failed on its own (not one the launcher stopped)."""
-
-    attempt: int
-    rank: int
-    label: str
-    info: ExitInfo
-    log_path: Optional[str] = None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """How the run ended.
-
-    Attributes:
-        exit_code: The launcher's exit status.
-        reason: ``succeeded``, ``failed`` (budget spent), ``signal``, ``gasp`` (dying gasp on
-            prestop or SIGTERM) or ``graceful-exit`` (``launcher exit``).
-        attempts: Attempts started.
-        failures: Every rank failure, in order (first of each attempt).
-        signum: The stop signal, for ``reason == "signal"``.
-    """
-
-    exit_code: int
-    reason: str
-    attempts: int
-    failures: Tuple[Failure, ...] = ()
-    signum: Optional[int] = None
-
-    @property
-    def root_cause(self) -> Optional[Failure]:
-        """The first failure of the last failed attempt."""
-        return self.failures[-1] if self.failures else None
-
 
 Emit = Callable[..., object]
 
@@ -99,6 +32,7 @@ class _Attempt:
     failure: Optional[Failure] = None
     failed_ranks: List[int] = field(default_factory=list)
     killed: List[int] = field(default_factory=list)
+    cluster_stop: Optional[str] = None  # "fault" or "retry": the cluster stopped this attempt
 
 
 class Supervisor:
@@ -112,13 +46,15 @@ class Supervisor:
         on_spawned: Called with ``(attempt, {rank: pid})`` after each start (state file).
         log_path: ``rank -> log file`` of the current attempt, for failure reports.
         request_exit: Writes the graceful-exit request the ranks poll (``launcher exit``).
+        hold: ``() -> reason or None``: why the cluster forbids (re)starting ranks right now.
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
                  policy: RestartPolicy, emit: Emit,
                  on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
-                 request_exit: Optional[Callable[[], None]] = None):
+                 request_exit: Optional[Callable[[], None]] = None,
+                 hold: Optional[Callable[[], Optional[str]]] = None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -126,8 +62,11 @@ class Supervisor:
         self.on_spawned = on_spawned or (lambda attempt, pids: None)
         self.log_path = log_path or (lambda rank: None)
         self.request_exit = request_exit or (lambda: None)
+        self.hold = hold or (lambda: None)
         self.failures: List[Failure] = []
-        self.restarts = 0  # group and in-place restarts, both counted against --max-restarts
+        self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
+        self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
+        self._awaiting_recovery = False  # stopped for a fault: restart when the cluster says so
         self._signal: Optional[int] = None      # first stop signal received
         self._final: Optional[str] = None       # "signal" | "gasp" | "graceful-exit": no more restarts
         self._waiters: List[ControlRequest] = []  # prestop / exit clients answered when the job ends
@@ -136,10 +75,17 @@ class Supervisor:
         """Run attempts until the job ends; returns how it ended."""
         failed_ranks, attempts = (), 0
         while self._final is None:
-            attempt = self._run_attempt(self.restarts, failed_ranks)
+            if not self._wait_for_cluster():
+                break
+            attempt = self._run_attempt(self.attempt_no, failed_ranks)
             attempts += 1
             if self._final is not None:
                 break
+            if attempt.cluster_stop is not None:
+                self.attempt_no += 1
+                self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
+                failed_ranks = tuple(attempt.failed_ranks)
+                continue
             if attempt.failure is None:
                 return self._finish(RunResult(0, "succeeded", attempts, tuple(self.failures)))
             if self.policy.strategy.exit_on_failure:
@@ -154,16 +100,19 @@ class Supervisor:
                 return self._finish(RunResult(attempt.failure.info.exit_code, "failed", attempts,
                                               tuple(self.failures)))
             self.restarts += 1
-            self.emit("restart", attempt=self.restarts, after_rank=attempt.failure.rank, scope="group",
+            self.attempt_no += 1
+            self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
                       backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
             if self.policy.backoff:
                 self._wait_quietly(self.policy.backoff)
             failed_ranks = tuple(attempt.failed_ranks)
-        return self._finish(self._final_result(attempts, attempt))
+        return self._finish(self._final_result(attempts, attempt if attempts else None))
 
-    def _final_result(self, attempts: int, attempt: "_Attempt") -> RunResult:
+    def _final_result(self, attempts: int, attempt: Optional["_Attempt"]) -> RunResult:
+        if self._final == "cluster-timeout":
+            return RunResult(1, "cluster-timeout", attempts, tuple(self.failures))
         if self._final == "graceful-exit":
-            code = attempt.failure.info.exit_code if attempt.failure else 0
+            code = attempt.failure.info.exit_code if attempt and attempt.failure else 0
             return RunResult(code, "graceful-exit", attempts, tuple(self.failures))
         signum = self._signal or signal.SIGTERM
         return RunResult(128 + signum, self._final, attempts, tuple(self.failures), signum)
@@ -211,6 +160,61 @@ class Supervisor:
                 self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
         elif isinstance(event, ControlRequest):
             self._on_request(attempt, event)
+        elif isinstance(event, ClusterUpdate):
+            self._on_cluster(attempt, event.change)
+
+    def _on_cluster(self, attempt: Optional[_Attempt], change) -> None:
+        """reset.json: graceful exit, local faults, a retry: stop this attempt for the cluster."""
+        self.emit("cluster_update", newly_faulty_local=sorted(change.newly_faulty_local),
+                  recovered_all=change.recovered_all, retry_bumped=change.retry_bumped,
+                  graceful_exit=change.graceful_exit_requested, hold=change.hold)
+        if change.graceful_exit_requested and self._final is None:
+            self._final = "graceful-exit"
+            self.request_exit()
+            log.info("reset.json asks for a graceful exit: ranks stop at their next step boundary")
+            return
+        if change.restart:
+            self._awaiting_recovery = False
+        reason = "fault" if change.newly_faulty_local else "retry" if change.retry_bumped else None
+        if reason is None or attempt is None or all(w.done for w in attempt.workers.values()):
+            return
+        attempt.cluster_stop = reason
+        self._awaiting_recovery = reason == "fault"
+        what = (f"rank(s) {sorted(change.newly_faulty_local)} reported faulty" if reason == "fault"
+                else "RetryTime increased")
+        log.warning("reset.json: %s; stopping the local ranks until the cluster says to restart", what)
+        self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"reset.json: {what}")
+
+    def _hold_reason(self) -> Optional[str]:
+        if self._awaiting_recovery:
+            return "reset.json: waiting until every rank is recovered or RetryTime increases"
+        return self.hold()
+
+    def _wait_for_cluster(self) -> bool:
+        """Before a (re)start: wait while the cluster forbids it; False when the run must end."""
+        reason = self._hold_reason()
+        if reason is None:
+            return True
+        self.emit("cluster_hold", reason=reason, timeout=self.policy.hold_timeout)
+        log.info("waiting before starting the ranks: %s (up to %.0f s)", reason, self.policy.hold_timeout)
+        deadline = time.monotonic() + self.policy.hold_timeout
+        while reason is not None and self._final is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.error("the cluster did not allow a restart within %.0f s: %s", self.policy.hold_timeout, reason)
+                self._final = "cluster-timeout"
+                return False
+            event = self.group.wait_event(remaining)
+            if isinstance(event, SignalReceived):
+                self._on_signal(event.signum)
+                self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
+            elif isinstance(event, ControlRequest):
+                self._on_request(None, event)
+            elif isinstance(event, ClusterUpdate):
+                self._on_cluster(None, event.change)
+            reason = self._hold_reason()
+        self.emit("cluster_hold_end", waited_for=reason is None)
+        return self._final is None
 
     def _on_exit(self, attempt: _Attempt, event: RankExited) -> None:
         worker = attempt.workers.get(event.rank)
@@ -246,16 +250,17 @@ class Supervisor:
         if self.restarts >= self.policy.max_restarts:
             return False
         self.restarts += 1
-        spec = next(s for s in self.specs_for(self.restarts, [worker.rank]) if s.rank == worker.rank)
-        self.emit("restart", attempt=self.restarts, after_rank=worker.rank, scope="rank",
+        self.attempt_no += 1
+        spec = next(s for s in self.specs_for(self.attempt_no, [worker.rank]) if s.rank == worker.rank)
+        self.emit("restart", attempt=self.attempt_no, after_rank=worker.rank, scope="rank",
                   restarts_left=self.policy.max_restarts - self.restarts)
         log.warning("%s failed (%s); restarting it in place (restart %d of %d)", worker.label,
                     failure.info.describe(), self.restarts, self.policy.max_restarts)
-        self.group.respawn(spec, self.restarts)
-        fresh = Worker(spec.rank, spec.label, on_change=self._changed(self.restarts))
+        self.group.respawn(spec, self.attempt_no)
+        fresh = Worker(spec.rank, spec.label, on_change=self._changed(self.attempt_no))
         fresh.transition(WorkerState.RUNNING)
         attempt.workers[spec.rank] = fresh
-        self.emit("rank_spawned", attempt=self.restarts, rank=spec.rank, pid=self.group.pids().get(spec.rank))
+        self.emit("rank_spawned", attempt=self.attempt_no, rank=spec.rank, pid=self.group.pids().get(spec.rank))
         return True
 
     def _on_signal(self, signum: int) -> None:
@@ -354,6 +359,8 @@ class Supervisor:
                     deadline = time.monotonic()
             elif isinstance(event, ControlRequest):
                 self._on_request(None, event)
+            elif isinstance(event, ClusterUpdate):
+                self._on_cluster(None, event.change)
 
     def _kill(self, attempt: _Attempt, workers: List[Worker]) -> None:
         ranks = [w.rank for w in workers]
@@ -378,6 +385,8 @@ class Supervisor:
                 self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
             elif isinstance(event, ControlRequest):
                 self._on_request(None, event)
+            elif isinstance(event, ClusterUpdate):
+                self._on_cluster(None, event.change)
 
     def _changed(self, number: int) -> Callable[[Worker, WorkerState], None]:
         def on_change(worker: Worker, old: WorkerState) -> None:

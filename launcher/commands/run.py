@@ -82,6 +82,11 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--recover-strategy",
       help="Comma-separated: retry, recover, recover-in-place, dump, exit, elastic-training (default: "
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
+@_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
+      help="MindCluster TaskD manager on the node hosting rank 0, libtaskd.so preloaded in every rank "
+           "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")
+@_opt("--taskd-port", type=click.IntRange(1, 65535), default=9601,
+      help="The TaskD manager's port, checked free before it starts.")
 @_opt("--dry-run", is_flag=True, help="Resolve and print everything without spawning.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

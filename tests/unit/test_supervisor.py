@@ -9,7 +9,8 @@ from launcher.procgroup import ControlRequest, ProcessGroup, RankExited, SignalR
 from launcher.rankenv import WorkerSpec
 from launcher.recovery import resolve_strategy
 from launcher.states import ExitInfo
-from launcher.supervisor import RestartPolicy, Supervisor
+from launcher.policy import RestartPolicy
+from launcher.supervisor import Supervisor
 
 
 class ScriptedGroup(ProcessGroup):

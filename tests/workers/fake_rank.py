@@ -45,6 +45,27 @@ def _save(path, seconds):
     os.replace(tmp, path)
 
 
+def _wait_for_peers(path, attempt, timeout=20.0):
+    """Fail only once every local rank of this attempt is up (and wrote its --child line)."""
+    peers = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("MS_LOCAL_WORKER", "1")))
+    deadline = time.monotonic() + timeout
+    while path and time.monotonic() < deadline:
+        try:
+            with open(path) as fh:
+                up = [line.split() for line in fh]
+        except OSError:
+            up = []
+        ready = {line[0] for line in up if len(line) > 1 and line[1] == str(attempt)}
+        if len(ready) >= peers and (not os.path.exists(path + ".child") or _count(path + ".child") >= peers):
+            return
+        time.sleep(0.01)
+
+
+def _count(path):
+    with open(path) as fh:
+        return sum(1 for _ in fh)
+
+
 def _exit_requested():
     path = os.environ.get("LAUNCHER_GRACEFUL_EXIT_FILE")
     try:
@@ -101,7 +122,7 @@ def main():
     allowed = os.environ.get("LAUNCHER_GASP_SAVE_ALLOWED", "-")
     _append(a.ready_file, f"{rank} {attempt} {os.getpid()} {time.time()} {allowed}\n")
     if rank == a.fail_rank and str(attempt) in a.fail_attempts.split(","):
-        time.sleep(0.05)
+        _wait_for_peers(a.ready_file, attempt)
         print(f"rank {rank} failing now", flush=True)
         if a.fail_signal:
             os.kill(os.getpid(), getattr(signal, a.fail_signal))
