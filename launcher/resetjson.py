@@ -19,7 +19,24 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, FrozenSet, Iterable, List, Optional, Set, Tuple, Union
 
-from launcher.restore.faults import DEFAULT_RESET_JSON_PATH, FAULT_STATUSES, HEALTHY_STATUSES, _int_rank
+from launcher.options import DEFAULT_RESET_JSON as DEFAULT_RESET_JSON_PATH
+
+#: Statuses that make a rank faulty (not a restore source, stopped when local) / healthy.
+FAULT_STATUSES = frozenset({"unrecovered", "fault", "failed"})
+HEALTHY_STATUSES = frozenset({"recovered"})
+
+
+def int_rank(value: Any) -> int:
+    """A rank id from a JSON number or a decimal string; ValueError otherwise."""
+    if isinstance(value, bool):
+        raise ValueError(f"rank id {value!r} is not an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise ValueError(f"rank id {value!r} is not an integer")
+
+
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +159,7 @@ def _rank_entry(index: int, entry: Any) -> Tuple[int, str, str]:
     if "RankId" not in entry:
         raise ValueError(f"{where} has no RankId")
     try:
-        rank = _int_rank(entry["RankId"])
+        rank = int_rank(entry["RankId"])
     except ValueError as exc:
         raise ValueError(f"{where}.RankId: {exc}") from None
     if rank < 0:

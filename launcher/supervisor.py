@@ -204,14 +204,7 @@ class Supervisor:
                 log.error("the cluster did not allow a restart within %.0f s: %s", self.policy.hold_timeout, reason)
                 self._final = "cluster-timeout"
                 return False
-            event = self.group.wait_event(remaining)
-            if isinstance(event, SignalReceived):
-                self._on_signal(event.signum)
-                self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
-            elif isinstance(event, ControlRequest):
-                self._on_request(None, event)
-            elif isinstance(event, ClusterUpdate):
-                self._on_cluster(None, event.change)
+            self._idle_event(self.group.wait_event(remaining))
             reason = self._hold_reason()
         self.emit("cluster_hold_end", waited_for=reason is None)
         return self._final is None
@@ -379,14 +372,17 @@ class Supervisor:
         """Wait ``seconds`` (restart backoff), honouring stop signals and requests meanwhile."""
         deadline = time.monotonic() + seconds
         while self._final is None and time.monotonic() < deadline:
-            event = self.group.wait_event(deadline - time.monotonic())
-            if isinstance(event, SignalReceived):
-                self._on_signal(event.signum)
-                self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
-            elif isinstance(event, ControlRequest):
-                self._on_request(None, event)
-            elif isinstance(event, ClusterUpdate):
-                self._on_cluster(None, event.change)
+            self._idle_event(self.group.wait_event(deadline - time.monotonic()))
+
+    def _idle_event(self, event: Optional[Event]) -> None:
+        """An event while no ranks run (backoff, cluster hold): a stop signal ends the run."""
+        if isinstance(event, SignalReceived):
+            self._on_signal(event.signum)
+            self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
+        elif isinstance(event, ControlRequest):
+            self._on_request(None, event)
+        elif isinstance(event, ClusterUpdate):
+            self._on_cluster(None, event.change)
 
     def _changed(self, number: int) -> Callable[[Worker, WorkerState], None]:
         def on_change(worker: Worker, old: WorkerState) -> None:

@@ -22,13 +22,13 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from launcher.errors import UsageError
+from launcher.options import DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON
+from launcher.resetjson import FAULT_STATUSES, HEALTHY_STATUSES, int_rank, parse_reset
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_FAULT_NPUS_PATH = "/user/restore/fault/config/fault-npus"
-DEFAULT_RESET_JSON_PATH = "/user/restore/reset/config/reset.json"
-FAULT_STATUSES = frozenset({"unrecovered", "fault", "failed"})
-HEALTHY_STATUSES = frozenset({"recovered"})
+DEFAULT_FAULT_NPUS_PATH = DEFAULT_FAULT_NPUS
+DEFAULT_RESET_JSON_PATH = DEFAULT_RESET_JSON
 
 SOURCE_FAULT_NPUS = "fault-npus"
 SOURCE_RESET_JSON = "reset.json"
@@ -53,17 +53,6 @@ class FaultReport:
     trusted: bool
 
 
-def _int_rank(value: Any) -> int:
-    """A rank id from a JSON number or a decimal string; ValueError otherwise."""
-    if isinstance(value, bool):
-        raise ValueError(f"rank id {value!r} is not an integer")
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.strip().isdigit():
-        return int(value)
-    raise ValueError(f"rank id {value!r} is not an integer")
-
-
 def parse_fault_npus(payload: Any) -> List[int]:
     """Fault rank ids from a parsed ``fault-npus`` payload of any generation.
 
@@ -84,36 +73,27 @@ def parse_fault_npus(payload: Any) -> List[int]:
         return []
     if not isinstance(ids, list):
         raise ValueError("the fault rank list is not a JSON array")
-    return [_int_rank(value) for value in ids]
+    return [int_rank(value) for value in ids]
 
 
 def parse_reset_json(payload: Any) -> Tuple[List[int], List[str]]:
-    """Fault rank ids from a parsed ``reset.json``.
+    """Fault rank ids from a parsed ``reset.json`` (parsed by ``launcher.resetjson``, the one reader).
 
     Returns:
-        The ranks whose status marks them faulty, and notes about entries with an unknown status
-        (treated as faulty: a rank of unknown health is not a safe restore source).
+        The ranks whose status marks them faulty, plus those with an unknown status (a rank of
+        unknown health is not a safe restore source), and notes about the latter.
 
     Raises:
         ValueError: the payload's shape is wrong or a rank id is not an integer.
     """
-    if not isinstance(payload, dict):
-        raise ValueError("expected a JSON object")
-    entries = payload.get("RankList") or []
-    if not isinstance(entries, list):
-        raise ValueError("RankList is not a JSON array")
-    ranks: List[int] = []
-    notes: List[str] = []
-    for entry in entries:
-        if not isinstance(entry, dict) or "RankId" not in entry:
-            raise ValueError(f"RankList entry {entry!r} has no RankId")
-        rank = _int_rank(entry["RankId"])
-        status = str(entry.get("Status", "")).lower()
+    state = parse_reset(payload)
+    ranks, notes = [], []
+    for rank, status in state.statuses:
         if status in FAULT_STATUSES:
             ranks.append(rank)
         elif status not in HEALTHY_STATUSES:
             ranks.append(rank)
-            notes.append(f"rank {rank} has unknown status {entry.get('Status')!r}; treated as faulty")
+            notes.append(f"rank {rank} has unknown status {status!r}; treated as faulty")
     return ranks, notes
 
 

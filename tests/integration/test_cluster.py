@@ -9,9 +9,7 @@ import json
 import os
 import signal
 import socket
-import sys
 import time
-from pathlib import Path
 
 import pytest
 

@@ -1,8 +1,6 @@
 """Each recovery strategy with real processes: retry, exit, dump, recover, recover-in-place."""
 
-import os
 
-import pytest
 
 
 def kinds(events, name):

@@ -1,7 +1,6 @@
 """Unit tests for ``launcher.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output, lazy imports."""
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -11,27 +10,11 @@ import pytest
 from launcher import __version__
 from launcher.cli import main
 
-_CLEARED = {"RANK_TABLE_FILE", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
-            "MASTER_PORT", "XDL_IP", "POD_IP", "framework", "MINDX_TASK_ID", "OMP_NUM_THREADS", "XDG_RUNTIME_DIR"}
-
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    for name in list(os.environ):
-        if name in _CLEARED or name.startswith(("LAUNCHER_", "MS_", "TORCHELASTIC_")):
-            monkeypatch.delenv(name)
-    missing = str(tmp_path / "no-such-dir" / "hccl.json")
-    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", missing)
-    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", missing)
+def _isolated(clean_env, restore_launcher_logger, monkeypatch, tmp_path):
+    """A clean environment (conftest.py) and a private run dir."""
     monkeypatch.setenv("LAUNCHER_RUN_DIR", str(tmp_path / "run"))
-
-
-@pytest.fixture(autouse=True)
-def restore_launcher_logger():
-    logger = logging.getLogger("launcher")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
 
 
 def run_cli(capsys, *argv):

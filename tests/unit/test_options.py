@@ -5,7 +5,6 @@ default < config file < ``LAUNCHER_*`` environment < command line.
 """
 
 import json
-import logging
 import os
 
 import pytest
@@ -18,28 +17,10 @@ from launcher.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, defau
                               load_config)
 from launcher.runner import parse_rank_filter
 
-_CLEARED = {"RANK_TABLE_FILE", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR",
-            "MASTER_PORT", "XDL_IP", "POD_IP", "framework", "MINDX_TASK_ID", "OMP_NUM_THREADS", "XDG_RUNTIME_DIR"}
-
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch, tmp_path):
-    """No launcher/operator variables from the machine, and no MindCluster default rank table."""
-    for name in list(os.environ):
-        if name in _CLEARED or name.startswith(("LAUNCHER_", "MS_", "TORCHELASTIC_")):
-            monkeypatch.delenv(name)
-    missing = str(tmp_path / "no-such-dir" / "hccl.json")
-    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", missing)
-    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", missing)
-
-
-@pytest.fixture(autouse=True)
-def restore_launcher_logger():
-    """``cli.main`` reconfigures the ``launcher`` logger; put it back for the other tests."""
-    logger = logging.getLogger("launcher")
-    saved = (logger.handlers[:], logger.level, logger.propagate)
-    yield
-    logger.handlers[:], logger.level, logger.propagate = saved
+def _isolated(clean_env, restore_launcher_logger):
+    """Every test runs with a clean environment (fixtures in conftest.py)."""
 
 
 def dry_run(capsys, *args):
@@ -47,6 +28,7 @@ def dry_run(capsys, *args):
     code = main(["run", "--dry-run", "--json", *args])
     out, err = capsys.readouterr()
     return code, (json.loads(out) if code == 0 else None), err
+
 
 
 def write_config(tmp_path, text, name="launcher.yaml"):

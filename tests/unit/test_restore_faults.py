@@ -47,7 +47,7 @@ def test_reset_json_statuses():
     ], "UpdateTime": 1, "RetryTime": 0, "FaultFlushing": False, "GracefulExit": 0}
     ranks, notes = parse_reset_json(payload)
     assert sorted(ranks) == [1, 3, 4, 5]
-    assert notes == ["rank 5 has unknown status 'Puzzled'; treated as faulty"]
+    assert notes == ["rank 5 has unknown status 'puzzled'; treated as faulty"]
 
 
 def test_merge_records_every_origin(tmp_path):
