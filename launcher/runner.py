@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional, Sequence
 from launcher import envnames, topology
 from launcher.errors import UsageError
 from launcher.options import RunOptions, default_run_dir
-from launcher.rankenv import EnvContext, WorkerSpec, worker_specs
+from launcher.rankenv import EnvContext, WorkerSpec
 from launcher.recovery import resolve_strategy
 from launcher.topology import Topology
 
@@ -33,12 +33,23 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
     if opts.dry_run:
-        print_dry_run(ctx, worker_specs(ctx, opts.command, 0), opts.json_output)
+        print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0
     from launcher.session import Session  # the spawning machinery is not needed for --dry-run
 
     with Session(opts, ctx) as session:
         return session.run()
+
+
+def preview_first_attempt(opts: RunOptions, ctx: EnvContext):
+    """The first attempt's specs and restore plan, exactly as ``run`` would build them, no side effects."""
+    from launcher.attempt import attempt_specs, taskd_rank_env
+    from launcher.gasp import GASP_STATE, GaspGate
+
+    gate = GaspGate(os.path.join(ctx.run_dir, GASP_STATE), opts.gasp_min_interval)
+    log_session = os.path.join(os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs")), "<session>")
+    return attempt_specs(opts, ctx, 0, (), log_session=log_session, gasp_allowed=gate.allowed(),
+                         taskd_env=taskd_rank_env(opts, ctx))
 
 
 def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
@@ -91,7 +102,7 @@ def session_name() -> str:
     return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
-def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], as_json: bool) -> None:
+def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], plan: object, as_json: bool) -> None:
     """Print what ``run`` would start, without starting it."""
     topo = ctx.topology
     doc = {
@@ -104,6 +115,7 @@ def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], as_json: bool) -
         "master_addr": topo.table.master_addr,
         "master_port": topo.master_port,
         "run_dir": ctx.run_dir,
+        "restore_plan": plan.to_json() if plan is not None else None,
         "ranks": [{"rank": s.rank, "local_rank": s.local_rank, "device_id": s.device_id, "role": s.role,
                    "env": dict(s.env), "argv": list(s.argv)} for s in specs],
     }
@@ -113,6 +125,8 @@ def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], as_json: bool) -
     print(f"framework {ctx.framework}; ranks from {topo.source}; world size {topo.table.world_size}")
     print(f"this server: #{topo.server_index} {'/'.join(topo.server.addresses)}; "
           f"master {topo.table.master_addr}:{topo.master_port}")
+    if plan is not None:
+        print(plan.format_table())
     for rank in doc["ranks"]:
         print(f"\n{rank['role']} rank={rank['rank']} local_rank={rank['local_rank']} device={rank['device_id']}")
         print("  argv: " + " ".join(rank["argv"]))

@@ -23,36 +23,13 @@ from launcher.options import RunOptions
 from launcher.options import DEFAULT_RESET_JSON
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
-from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec, worker_specs
+from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
+from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
 from launcher.policy import RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-
-PLAN_FILE = "restore_plan.json"
-
-
-def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[int] = ()):
-    """The restore planner's inputs for this job (shared by ``run`` and ``plan``)."""
-    from launcher.options import parse_rank_list
-    from launcher.restore import PlanInputs
-
-    # Ranks that never write group_info.pb (PyTorch) must not make the planner warn about it.
-    group_info_root = ctx.group_info_root if _has_group_info(ctx.group_info_root) else None
-    return PlanInputs(world_size=ctx.topology.table.world_size, fault_npus_path=opts.fault_npus or None,
-                      reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
-                      previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
-                      groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
-                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern)
-
-
-def _has_group_info(root: str) -> bool:
-    try:
-        with os.scandir(root) as entries:
-            return any(os.path.exists(os.path.join(e.path, "group_info.pb")) for e in entries if e.is_dir())
-    except OSError:
-        return False
 
 
 class Session:
@@ -95,7 +72,7 @@ class Session:
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
-        self._prepare_taskd()
+        self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         for device in self.ctx.topology.server.devices:  # kept across restarts: ranks write here
             os.makedirs(os.path.join(self.ctx.group_info_root, f"device{device.rank_id}"), exist_ok=True)
         return self
@@ -132,13 +109,6 @@ class Session:
         result = supervisor.run()
         self._report(result)
         return result.exit_code
-
-    def _prepare_taskd(self) -> None:
-        """``--taskd``: every rank preloads libtaskd.so; a missing package or library is an error."""
-        from launcher import taskd
-
-        if taskd.taskd_enabled(self.opts.taskd, self.ctx.base_env):
-            self.taskd_env = taskd.rank_env(self.ctx.base_env, taskd.libtaskd_path())
 
     def _start_taskd_manager(self) -> None:
         """The TaskD manager sidecar, before the ranks, on the server hosting global rank 0 only."""
@@ -245,15 +215,11 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             self._refresh_rank_table()
-        plan_env = self._restore_plan(attempt, failed_before)
-        common = {**self.taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: self.graceful_exit_file,
-                  envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if self.gasp_gate.allowed() else "0"}
-        if self.ctx.framework == "mindspore":
-            common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
-        per_rank = {d.rank_id: {**common, envnames.TORCHELASTIC_ERROR_FILE: self._error_file(d.rank_id, attempt),
-                                **plan_env(d.rank_id)}
-                    for d in self.ctx.topology.server.devices}
-        return worker_specs(self.ctx, self.opts.command, attempt, per_rank)
+        specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
+                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
+        if plan is not None:
+            self._record_plan(attempt, plan)
+        return specs
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         import psutil  # after the ranks are running: not on the path to the first rank
@@ -268,13 +234,8 @@ class Session:
         self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
                                                    "ranks": ranks, "updated": time.time()})
 
-    def _restore_plan(self, attempt: int, failed_before: Sequence[int]):
-        """Compute the restore plan for this (re)start; returns ``rank -> its variables``."""
-        if not self.opts.checkpoint_dir:
-            return lambda rank: {}
-        from launcher.restore import compute_plan
-
-        plan = compute_plan(restore_inputs(self.opts, self.ctx, failed_before))
+    def _record_plan(self, attempt: int, plan) -> None:
+        """The restore plan of this (re)start, in the run dir and events.jsonl."""
         self.run_dir.write_json(PLAN_FILE, plan.to_json())
         self._emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                    restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
@@ -282,11 +243,6 @@ class Session:
         log.info("restore plan: %s", plan.reason)
         for warning in plan.warnings:
             log.warning("restore plan: %s", warning)
-        return plan.env_for
-
-    def _error_file(self, rank: int, attempt: int) -> str:
-        """Where torch's ``@record`` writes a rank's exception (torchrun's TORCHELASTIC_ERROR_FILE)."""
-        return os.path.join(self.log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
 
     def _log_path(self, spec: WorkerSpec, attempt: int) -> str:
         name = "scheduler.log" if spec.role == ROLE_SCHEDULER else f"rank_{spec.rank}.log"

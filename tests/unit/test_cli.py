@@ -155,7 +155,8 @@ def test_dry_run_json_shape(capsys, tmp_path):
     doc = dry_json(capsys, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--max-restarts", "4",
                    "--run-id", "r1", "--master-addr", "10.0.0.9", "--", "true", "a b")
     assert set(doc) == {"framework", "source", "rank_table_file", "world_size", "server", "master_addr",
-                        "master_port", "run_dir", "ranks"}
+                        "master_port", "run_dir", "restore_plan", "ranks"}
+    assert doc["restore_plan"] is None  # no --checkpoint-dir
     assert doc["framework"] == "pytorch"
     assert doc["source"] == "--nproc-per-node"
     assert doc["rank_table_file"] is None
@@ -173,6 +174,10 @@ def test_dry_run_json_shape(capsys, tmp_path):
         assert r["env"]["RANK"] == str(r["rank"])
         assert r["env"]["LOCAL_RANK"] == str(r["local_rank"])
         assert r["env"]["TORCHELASTIC_MAX_RESTARTS"] == "4"
+        # the per-attempt variables a real start adds are in the dry run too
+        assert r["env"]["LAUNCHER_GRACEFUL_EXIT_FILE"] == str(tmp_path / "run" / "graceful_exit.json")
+        assert r["env"]["LAUNCHER_GASP_SAVE_ALLOWED"] == "1"
+        assert r["env"]["TORCHELASTIC_ERROR_FILE"].endswith(f"attempt_0/rank_{r['rank']}_error.json")
         assert r["env"]["TORCHELASTIC_RESTART_COUNT"] == "0"
         assert r["env"]["TORCHELASTIC_RUN_ID"] == "r1"
         assert r["env"]["MASTER_ADDR"] == "10.0.0.9"
