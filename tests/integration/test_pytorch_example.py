@@ -7,6 +7,7 @@ Four ranks on CPU with gloo; the step counts are small to keep the module well u
 """
 
 import hashlib
+import json
 import os
 import re
 import signal
@@ -112,6 +113,13 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
         assert resumed, f"rank {rank} did not resume:\n{text}"
         # Nothing lost: the resume point is the breakpoint of the step the fault struck at.
         assert resumed[0][1] == "20" and resumed[0][0].endswith("_breakpoint.pt"), resumed
+    # ... and it is the launcher's choice, read from its variables: the plan of attempt 1.
+    plan = json.loads((tmp_path / "run" / "restore_plan.json").read_text())
+    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    planned = [e for e in events if e["event"] == "restore_plan" and e["attempt"] == 1]
+    assert planned and planned[0]["step"] == 20 and planned[0]["fault_ranks"] == [2]
+    chosen = {RESUMED.findall(text)[0][0] for text in attempts[1].values()}
+    assert chosen == set(plan["checkpoints"].values()) and len(chosen) == 1  # one replica's file
 
 
 def wait_for_progress(tmp: Path, pattern: str, proc: subprocess.Popen, timeout: float = 60):
