@@ -183,7 +183,8 @@ def test_crashed_rank_restarts_and_resumes_bit_identical(tmp_path, launches, ref
     """Rank 1 raises after step 7: the launcher stops rank 0 (stuck in the all-reduce), plans the
     restore from the checkpoints, restarts both, and the run ends bit-identical to the reference."""
     ckpt = tmp_path / "ckpt"
-    launch = launches(tmp_path, ckpt, ["--max-restarts", "1", "--stop-timeout", "2", "--checkpoint-dir", str(ckpt)],
+    launch = launches(tmp_path, ckpt,
+                      ["--max-restarts", "1", "--stop-timeout", "2", "--checkpoint-dir", str(ckpt)],
                       ["--fail-at-step", "7", "--fail-rank", "1", "--fail-mode", "raise"])
     assert launch.wait() == 0, launch.explain()
     assert launch.attempts() == [0, 1]
@@ -211,7 +212,7 @@ def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, lau
     breakpoint per rank of that step, exit 143. A second launch with --checkpoint-dir resumes from
     rank 0's breakpoint (one replica group, --dp 2) and ends bit-identical to the reference."""
     ckpt = tmp_path / "ckpt"
-    launch = launches(tmp_path / "first", ckpt, [], ["--step-time", "0.3"])
+    launch = launches(tmp_path / "first", ckpt, [], ["--step-time", "0.5"])
     launch.wait_for_files("ms-1_5.ckpt")
     result = launcher_command("prestop", launch.run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
