@@ -37,7 +37,9 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
         plan = compute_plan(restore_inputs(opts, ctx, failed_before))
     common = {**taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
               envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if gasp_allowed else "0"}
-    if ctx.framework == "mindspore":
+    if ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
+        # An explicit operator value wins: on CPU the flag adds an int32 all-reduce to stock
+        # TrainOneStepCell that the CPU kernel rejects (examples/mindspore/README.md).
         common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
     per_rank = {}
     for device in ctx.topology.server.devices:

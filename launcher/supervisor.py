@@ -329,9 +329,16 @@ class Supervisor:
         ranks = [w.rank for w in stopping]
         self.emit("stop_group", attempt=attempt.number, signal=signal.Signals(signum).name, ranks=ranks,
                   reason=reason, timeout=timeout)
-        self.group.signal_main(ranks, signum)
+        # Auxiliary processes (the MindSpore scheduler, rank < 0) are signalled only after the
+        # ranks have exited: a scheduler gone first leaves the workers hanging in their teardown.
+        late = [w for w in stopping if w.rank < 0]
+        self.group.signal_main([w.rank for w in stopping if w.rank >= 0] or ranks, signum)
+        late = late if len(late) < len(stopping) else []
         deadline, killed = time.monotonic() + timeout, False
         while any(w.state is WorkerState.STOPPING for w in stopping):
+            if late and all(w.done for w in stopping if w.rank >= 0):
+                self.group.signal_main([w.rank for w in late], signum)
+                late = []
             event = self.group.wait_event(max(0.0, deadline - time.monotonic()))
             if event is None:
                 if killed:  # SIGKILL sent and still not reaped (uninterruptible sleep?)

@@ -428,3 +428,21 @@ def test_dynamic_cluster_node_ids_cover_the_world_exactly_once(nnodes, nproc):
         seen.extend(s.env["MS_NODE_ID"] for s in workers)
     assert schedulers == 1
     assert sorted(seen, key=int) == [str(r) for r in range(nnodes * nproc)]
+
+
+def test_explicit_ms_graceful_exit_value_is_respected(tmp_path):
+    """MS_ENABLE_GRACEFUL_EXIT=1 is the default for MindSpore, but an operator's 0 wins (CPU)."""
+    from launcher.attempt import attempt_specs
+    from launcher.options import RunOptions
+    from launcher.ranktable.generate import build_local_table
+    from launcher.rankenv import EnvContext
+    from launcher.topology import Topology
+
+    table = build_local_table(2)
+    topo = Topology(table, table.servers[0], "test", None, True, 8118)
+    opts = RunOptions(command=("x",))
+    for base, expected in (({}, "1"), ({"MS_ENABLE_GRACEFUL_EXIT": "0"}, None)):
+        ctx = EnvContext("mindspore", topo, "r", 0, str(tmp_path), str(tmp_path / "gi"), base_env=base)
+        specs, _ = attempt_specs(opts, ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={})
+        workers = [s for s in specs if s.rank >= 0]
+        assert {s.env.get("MS_ENABLE_GRACEFUL_EXIT") for s in workers} == {expected}

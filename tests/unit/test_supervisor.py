@@ -205,3 +205,15 @@ def test_recover_in_place_falls_back_to_the_group_when_unsupported():
     result, group, _, _ = supervise(scripts, strategy="recover-in-place", max_restarts=1)
     assert not any(c[0] == "respawn" for c in group.calls)
     assert result.attempts == 2 and result.exit_code == 0
+
+
+def test_scheduler_is_signalled_only_after_the_workers_exited():
+    """MindSpore: a scheduler stopped first leaves the workers hanging in their teardown."""
+    def build(attempt, failed_before):
+        return [WorkerSpec(-1, -1, -1, "scheduler", ("x",), {})] + \
+               [WorkerSpec(r, r, r, "worker", ("x",), {}) for r in range(2)]
+    scripts = [[SignalReceived(signal.SIGTERM), exited(0, -15), exited(1, -15), exited(-1, 0)]]
+    group = ScriptedGroup(scripts)
+    Supervisor(group, build, RestartPolicy(), lambda name, **kw: None).run()
+    signals_sent = [c for c in group.calls if c[0] == "signal"]
+    assert signals_sent == [("signal", (0, 1), signal.SIGTERM), ("signal", (-1,), signal.SIGTERM)]
