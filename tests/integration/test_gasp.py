@@ -41,7 +41,9 @@ def test_kubelet_sequence_prestop_then_sigterm(launcher, tmp_path):
     assert sorted(int(t[0]) for t in terms) == [0, 1, 2]  # the gasp signal reached each rank once
     assert all(t[4] == "1" for t in terms)  # each rank's child was still running while it saved
     last_exit = max(e["ts"] for e in launcher.events() if e["event"] == "rank_exited")
-    assert returned - last_exit < 0.5, returned - last_exit  # prestop returned promptly, no fixed sleep
+    # prestop returned promptly (no fixed sleep; the gasp timeout is 25 s). The bound is loose on
+    # purpose: CI runs this on 2 busy cores; bench/ measures the real figure (milliseconds).
+    assert returned - last_exit < 0.9, returned - last_exit
     assert wait_until(lambda: not any(pid_alive(p) for p in children), 5)
     gasps = [e for e in launcher.events() if e["event"] == "gasp"]
     assert len(gasps) == 1 and gasps[0]["source"] == "prestop"

@@ -20,7 +20,7 @@ def clean_env(monkeypatch, tmp_path):
     monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", missing)
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def restore_launcher_logger():
     """``cli.main`` replaces the launcher logger's handlers; put them back after the test."""
     logger = logging.getLogger("launcher")
