@@ -6,6 +6,7 @@ Order (first that applies): ``--rank-table`` / ``$RANK_TABLE_FILE`` / the MindCl
 ``MS_NODE_RANK`` for MindSpore), which is turned into an equivalent ``--nproc-per-node`` table.
 """
 
+import dataclasses
 import logging
 import os
 import socket
@@ -79,6 +80,8 @@ def resolve(opts: RunOptions, framework: str, environ: Mapping[str, str],
     if table is not None:
         server = locate_server(table, opts.server_id, environ)
         port = opts.master_port or _env_int(environ, envnames.MASTER_PORT) or default_port
+        if opts.master_addr:  # the rank-0 server's table address may not be reachable from here
+            table = dataclasses.replace(table, master_host=opts.master_addr)
         return Topology(table, server, f"rank table {table.source}", table.source, False, port)
     nproc, nnodes, node_rank, source = _local_shape(opts, framework, environ)
     master = opts.master_addr or _env_master(framework, environ) or "127.0.0.1"

@@ -72,8 +72,8 @@ class RankTable:
         source: Path the table was read from, or None for a generated table.
         revision: Content of the sibling ``version`` file (operator timestamp), if any; it
             increases each time the cluster rewrites the table.
-        master_host: Rendezvous master address when the launcher built the table itself
-            (``--master-addr``); otherwise the master is the server hosting global rank 0.
+        master_host: Rendezvous master address from ``--master-addr`` (with a built table or a
+            file); otherwise the master is the server hosting global rank 0.
         master_port: Port for the rendezvous master when the launcher built the table itself.
     """
 

@@ -352,3 +352,17 @@ def test_xdl_ip_shared_by_two_pods_is_narrowed_by_pod_ip():
     ))
     server = locate_server(table, None, {"XDL_IP": "10.0.0.1", "POD_IP": "172.16.0.6"})
     assert server.ranks == (2, 3)
+
+
+def test_master_addr_option_overrides_a_file_table():
+    """--master-addr is honoured with a rank table file too (the rank-0 server's table address
+    may not be reachable, e.g. several launchers on one machine)."""
+    from launcher.options import RunOptions
+    from launcher.ranktable.model import Device, RankTable, ServerEntry
+    from launcher.topology import resolve
+
+    table = RankTable(servers=(ServerEntry("10.0.0.1", (Device(0, 0),)), ServerEntry("10.0.0.2", (Device(1, 0),))),
+                      source="/x/hccl.json")
+    topo = resolve(RunOptions(command=("x",), server_id="10.0.0.2", master_addr="127.0.0.1"), "pytorch", {}, table)
+    assert topo.table.master_addr == "127.0.0.1"
+    assert resolve(RunOptions(command=("x",), server_id="10.0.0.2"), "pytorch", {}, table).table.master_addr == "10.0.0.1"
