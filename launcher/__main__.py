@@ -15,9 +15,23 @@ def main(argv: Optional[List[str]] = None) -> None:
         from launcher import signals
 
         signals.install()
+    if args == ["prestop"]:
+        # What a preStop hook runs: skip click and the CLI so the gasp starts sooner.
+        sys.exit(_fast_prestop())
     from launcher.cli import main as cli_main
 
     sys.exit(cli_main(args))
+
+
+def _fast_prestop() -> int:
+    from launcher.errors import LauncherError
+    from launcher.prestop import prestop
+
+    try:
+        return prestop()
+    except LauncherError as exc:
+        print("\n".join(exc.lines()), file=sys.stderr)
+        return exc.exit_code
 
 
 if __name__ == "__main__":

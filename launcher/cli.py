@@ -91,7 +91,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         result = cli.main(args=argv, prog_name="launcher", standalone_mode=False)
     except LauncherError as exc:
         for line in exc.lines():
-            click.echo(f"launcher: {line}" if not line.startswith("  ") else line, err=True)
+            click.echo(line, err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("launcher: aborted", err=True)

@@ -22,8 +22,8 @@ class LauncherError(Exception):
             self.exit_code = exit_code
 
     def lines(self) -> List[str]:
-        """The message followed by one line per problem."""
-        return [self.message] + [f"  {p}" for p in self.problems]
+        """``launcher: <message>`` followed by one indented line per problem (what users see)."""
+        return [f"launcher: {self.message}"] + [f"  {p}" for p in self.problems]
 
 
 class UsageError(LauncherError):

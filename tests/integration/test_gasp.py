@@ -163,3 +163,16 @@ def test_prestop_without_supervisor_signals_only_verified_ranks(tmp_path):
         if ours.poll() is None:
             ours.kill()
             ours.wait()
+
+
+def test_bare_prestop_is_served_without_click(launcher):
+    """What a preStop hook runs (`launcher prestop`, run dir from the environment) skips the CLI."""
+    launcher.start(["--nproc-per-node", "2"], ["--term-delay", "0.1"])
+    launcher.wait_ready(2)
+    code = ("import sys\nfrom launcher.__main__ import main\ntry:\n    main(['prestop'])\n"
+            "except SystemExit as exc:\n    print('click' in sys.modules, exc.code)\n")
+    env = dict(os.environ, LAUNCHER_RUN_DIR=str(launcher.run_dir))
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert result.stdout.splitlines()[-1] == "False 0", result.stdout + result.stderr
+    assert "rank 0: exited with code 143" in result.stdout
+    assert launcher.wait(20) == 143
