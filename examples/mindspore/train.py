@@ -241,7 +241,9 @@ def load_resume_checkpoint(train_net, path, how, args):
     is one more than the steps the file holds when the exception came before the step ran.
     """
     try:
-        params = ms.load_checkpoint(path)
+        # crc_check: a file saved with a CRC (see CheckpointConfig below) that no longer matches it
+        # raises ValueError; files saved without one load as before.
+        params = ms.load_checkpoint(path, crc_check=True)
     except (OSError, ValueError, RuntimeError, TypeError) as exc:
         fail(EXIT_BAD_RESUME, f"cannot load resume checkpoint {path}: {exc}")
     if "global_step" not in params:
@@ -446,6 +448,7 @@ def main(argv=None):
     rank_dir = os.path.join(args.ckpt_dir, f"rank_{rank}")
     gasp_allowed = os.environ.get(ENV_GASP_SAVE_ALLOWED, "1") != "0"
     config = CheckpointConfig(save_checkpoint_steps=args.save_steps, keep_checkpoint_max=args.keep_max,
+                              crc_check=True,
                               append_info=["epoch_num", "step_num"], exception_save=gasp_allowed)
     checkpoints = ModelCheckpoint(prefix=args.prefix, directory=rank_dir, config=config)
     exit_cb = RankOnRequestExit(rank, args.exit_name, args.ckpt_dir, os.environ.get(ENV_GRACEFUL_EXIT_FILE))

@@ -22,6 +22,7 @@ Exit codes: 0 finished or graceful exit on request; 128+signal after a signal (1
 
 import argparse
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -49,6 +50,7 @@ EXIT_BAD_RESUME = 2
 IN_FEATURES, HIDDEN, OUT_FEATURES = 16, 64, 4
 
 CKPT_NAME = re.compile(r"^ckpt-(\d+)_(\d+)(_breakpoint)?\.pt$")
+DIGEST_SUFFIX = ".sha256"
 CKPT_KEYS = frozenset(("model", "optimizer", "step", "epoch", "seed"))
 
 
@@ -271,14 +273,14 @@ def rank_dir(args, rank):
     return os.path.join(args.ckpt_dir, f"rank_{rank}")
 
 
-def atomic_save(obj, path):
-    """torch.save to <path>.tmp, fsync, rename over <path>, fsync the directory: a reader sees the
+def atomic_write(data, path):
+    """Write bytes to <path>.tmp, fsync, rename over <path>, fsync the directory: a reader sees the
     old file or the complete new one, never a torn one, even across a power loss."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
-        torch.save(obj, f)
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -287,6 +289,34 @@ def atomic_save(obj, path):
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def atomic_save(obj, path):
+    """torch.save `obj` to `path` atomically, after its digest `<path>.sha256` (sha256sum format):
+    whoever finds the checkpoint finds its digest, and a file damaged later (a bit flip, a bad copy)
+    no longer matches it. torch.load checks neither the zip CRC-32 nor anything else."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getvalue()
+    atomic_write(f"{hashlib.sha256(data).hexdigest()}  {os.path.basename(path)}\n".encode(), path + DIGEST_SUFFIX)
+    atomic_write(data, path)
+
+
+def verify_digest(path):
+    """Exit 2 unless `path` matches its `<path>.sha256` (a checkpoint without one is accepted)."""
+    try:
+        with open(path + DIGEST_SUFFIX, encoding="ascii") as f:
+            expected = f.read().split()[0]
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError, IndexError) as exc:
+        fail(EXIT_BAD_RESUME, f"cannot read the digest of {path}: {exc}")
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        fail(EXIT_BAD_RESUME, f"resume checkpoint {path} does not match its digest {path}{DIGEST_SUFFIX}")
 
 
 def save_checkpoint(job, breakpoint):
@@ -302,6 +332,7 @@ def save_checkpoint(job, breakpoint):
 
 def load_checkpoint(job, path, expected_step):
     """Restore model, optimizer and step from `path`; exit 2 if it does not belong to this run."""
+    verify_digest(path)
     try:
         state = torch.load(path, map_location=job.device, weights_only=True)
     except (OSError, RuntimeError, ValueError, EOFError, pickle.UnpicklingError) as exc:

@@ -23,6 +23,7 @@ A checkpoint counts only when it is provably finished, as far as the file system
 comes first because MindSpore's step is the step within the epoch.
 """
 
+import hashlib
 import logging
 import os
 import re
@@ -40,7 +41,8 @@ KIND_BREAKPOINT = "breakpoint"
 KIND_EXIT = "exit"
 DEFAULT_SETTLE_SECONDS = 0.05
 TEMP_SUFFIXES = (".tmp", ".part")
-SIDE_FILE_SUFFIXES = (".meta", ".mindir")  # MindSpore's graph meta and exported model, not state
+DIGEST_SUFFIX = ".sha256"  # <checkpoint>.sha256: "<hex digest>  <file name>", written before the file
+SIDE_FILE_SUFFIXES = (".meta", ".mindir", DIGEST_SUFFIX)  # MindSpore's graph meta and exported model, digests
 _RANK_DIR = re.compile(r"rank_(0|[1-9]\d*)")
 _UNEXPECTED = "unexpected names ignored"
 _EXAMPLES = 5
@@ -158,6 +160,26 @@ class _Notes:
 class _Candidate:
     checkpoint: Checkpoint
     stamp: Tuple[int, int]  # (size, mtime_ns) at the first look
+
+
+def verify_digest(path: str) -> Optional[bool]:
+    """Check ``path`` against its ``<path>.sha256`` sidecar: True if it matches, False if it does not
+    (or the file cannot be read), None when there is no (readable, well-formed) sidecar."""
+    try:
+        with open(path + DIGEST_SUFFIX, encoding="ascii") as fh:
+            expected = fh.read(200).split()[0].lower()
+    except (OSError, UnicodeDecodeError, IndexError):
+        return None
+    if len(expected) != 64 or any(ch not in "0123456789abcdef" for ch in expected):
+        return None
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    except OSError:
+        return False
+    return digest.hexdigest() == expected
 
 
 def _stamp(path: str) -> Optional[Tuple[int, int]]:

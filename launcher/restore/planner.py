@@ -17,13 +17,15 @@ Every choice depends only on sorted data, never on listing order or modification
 """
 
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from launcher import envnames
 from launcher.errors import UsageError
-from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, KIND_BREAKPOINT, KIND_PERIODIC,
-                                          Checkpoint, ScanResult, compile_patterns, scan_checkpoints)
+from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX, KIND_BREAKPOINT,
+                                          KIND_PERIODIC, Checkpoint, ScanResult, compile_patterns,
+                                          scan_checkpoints, verify_digest)
 from launcher.restore.faults import FaultReport, collect_faults
 from launcher.restore.groups import ReplicaGroups, resolve_groups
 from launcher.restore.plan import KIND_NONE, RestorePlan
@@ -101,8 +103,30 @@ def compute_plan(inputs: PlanInputs) -> RestorePlan:
         scan = scan_checkpoints(inputs.checkpoint_dir, inputs.world_size, patterns,
                                 inputs.settle_seconds)
     plan = build_plan(inputs.world_size, groups, faults, scan)
+    # A file that fails its digest sidecar is left out and the plan recomputed; each round removes
+    # at least one file, and only the files a plan picks are read (one per replica group for a
+    # breakpoint plan).
+    rejected: List[str] = []
+    while scan is not None:
+        bad = [path for _, path in plan.files if verify_digest(path) is False]
+        if not bad:
+            break
+        rejected.extend(bad)
+        scan = _without(scan, bad)
+        plan = build_plan(inputs.world_size, groups, faults, scan)
+    if rejected:
+        names = ", ".join(os.path.join(os.path.basename(os.path.dirname(p)), os.path.basename(p))
+                          for p in sorted(rejected))
+        plan = replace(plan, warnings=plan.warnings + (
+            f"checkpoints: {len(rejected)} whose {DIGEST_SUFFIX} digest does not match ignored: {names}",))
     logger.debug("restore plan: %s (%s)", plan.kind, plan.reason)
     return plan
+
+
+def _without(scan: ScanResult, paths: Sequence[str]) -> ScanResult:
+    drop = set(paths)
+    return ScanResult(tuple(tuple(c for c in items if c.path not in drop) for items in scan.checkpoints),
+                      scan.warnings)
 
 
 def build_plan(world_size: int, groups: ReplicaGroups, faults: FaultReport,
@@ -187,6 +211,25 @@ def _missing_groups(members: Sequence[Sequence[int]], groups: Sequence[Group], i
     return [g for g, ranks in zip(groups, members) if not any(key in index[r] for r in ranks)]
 
 
+def _majority(files: Sequence[Checkpoint]) -> Tuple[List[Checkpoint], List[Checkpoint]]:
+    """Split replicas' files of one step into (kept, dropped). Replicas are byte-identical in size,
+    so when sizes disagree the files of a strict majority size are kept and the others (truncated,
+    torn, or padded copies) dropped. Without a strict majority nothing is provable: all dropped."""
+    sizes: Dict[int, int] = {}
+    for c in files:
+        sizes[c.size] = sizes.get(c.size, 0) + 1
+    if len(sizes) <= 1:
+        return list(files), []
+    size, count = max(sizes.items(), key=lambda item: (item[1], -item[0]))
+    if count * 2 <= len(files):
+        return [], list(files)
+    return [c for c in files if c.size == size], [c for c in files if c.size != size]
+
+
+def _sizes_text(files: Sequence[Checkpoint]) -> str:
+    return ", ".join(f"rank {c.rank}: {c.size} B" for c in files)
+
+
 def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
                 warnings: List[str]) -> Tuple[Optional[_Choice], str]:
     """The breakpoint choice, or None and the reason there is none."""
@@ -202,13 +245,17 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
         picks: List[Optional[Checkpoint]] = [None] * len(index)
         for group, ranks in zip(groups, usable):
             having = [index[r][key] for r in ranks if key in index[r]]
-            if len({c.size for c in having}) > 1:
+            kept, dropped = _majority(having)
+            if not kept:
                 warnings.append(f"breakpoint checkpoints at {_at(key)} differ in size within replica "
-                                f"group {_groups_text([group])}: " + ", ".join(
-                                    f"rank {c.rank}: {c.size} B" for c in having))
+                                f"group {_groups_text([group])} with no majority: " + _sizes_text(having))
                 break
+            if dropped:
+                warnings.append(f"breakpoint checkpoints at {_at(key)} in replica group "
+                                f"{_groups_text([group])} whose size differs from the majority's "
+                                f"({kept[0].size} B) ignored: " + _sizes_text(dropped))
             for rank in group:
-                picks[rank] = having[0]
+                picks[rank] = kept[0]
         else:
             return _Choice(KIND_BREAKPOINT, key, tuple(picks)), (
                 f"breakpoint checkpoints at {_at(key)} on a healthy rank of every replica group")
@@ -227,7 +274,7 @@ def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index,
     for key in _common_keys(groups, index):
         picks: List[Optional[Checkpoint]] = [None] * len(index)
         for group in groups:
-            chosen = _pick_periodic(group, faults, index, key)
+            chosen = _pick_periodic(group, faults, index, key, warnings)
             if chosen is None:
                 warnings.append(f"periodic checkpoints at {_at(key)} differ in size within replica "
                                 f"group {_groups_text([group])} and some rank has no own file")
@@ -243,8 +290,8 @@ def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index,
     return None
 
 
-def _pick_periodic(group: Group, faults: FrozenSet[int], index: Index,
-                   key: Key) -> Optional[Tuple[Checkpoint, ...]]:
+def _pick_periodic(group: Group, faults: FrozenSet[int], index: Index, key: Key,
+                   warnings: List[str]) -> Optional[Tuple[Checkpoint, ...]]:
     """Per rank of ``group``, the periodic checkpoint at ``key`` it loads; None if unprovable.
 
     A healthy rank loads its own file, else the lowest healthy replica's, else the lowest faulty
@@ -252,10 +299,19 @@ def _pick_periodic(group: Group, faults: FrozenSet[int], index: Index,
     """
     having = [r for r in group if key in index[r]]
     if len({index[r][key].size for r in having}) > 1:
-        # The replicas disagree, so none may stand in for another: each rank needs its own file.
-        if len(having) < len(group):
-            return None
-        return tuple(index[r][key] for r in group)
+        kept, _ = _majority([index[r][key] for r in having])
+        if not kept:
+            # No majority: none may stand in for another, so each rank needs its own file (groups
+            # declared by --dp that really hold different shards end up here).
+            if len(having) < len(group):
+                return None
+            return tuple(index[r][key] for r in group)
+        # A minority size is a damaged copy: its rank borrows a majority replica's file.
+        dropped = [index[r][key] for r in having if index[r][key].size != kept[0].size]
+        warnings.append(f"periodic checkpoints at {_at(key)} in replica group {_groups_text([group])} "
+                        f"whose size differs from the majority's ({kept[0].size} B) ignored: "
+                        + _sizes_text(dropped))
+        having = [c.rank for c in kept]
     has_own = set(having)
     healthy = next((r for r in having if r not in faults), None)
     fallback = having[0] if healthy is None else healthy

@@ -324,3 +324,38 @@ def test_plan_for_16384_ranks_is_fast():
     assert plan.full_env_maps and len(envs) == 16384
     assert elapsed < 3.0, f"planning 16,384 ranks took {elapsed:.2f} s"
 
+
+
+def test_breakpoint_minority_size_is_dropped():
+    # Four replicas, rank 0's breakpoint truncated: the majority's file is the source, not a fallback.
+    files = everyone(4, KIND_BREAKPOINT, [30])
+    files[0] = [(KIND_BREAKPOINT, 30, 50)]
+    plan = plan_for(4, [(0, 1, 2, 3)], files)
+    assert (plan.kind, plan.step, plan.sources) == (KIND_BREAKPOINT, 30, (1, 1, 1, 1))
+    assert any("differs from the majority's" in w and "rank 0: 50 B" in w for w in plan.warnings)
+
+
+def test_periodic_minority_size_borrows_majority_replica():
+    files = everyone(4, KIND_PERIODIC, [10, 20])
+    files[0] = [(KIND_PERIODIC, 10, 100), (KIND_PERIODIC, 20, 50)]
+    plan = plan_for(4, [(0, 1, 2, 3)], files)
+    assert (plan.kind, plan.step, plan.sources) == (KIND_PERIODIC, 20, (1, 1, 2, 3))
+    assert any("differs from the majority's" in w and "rank 0: 50 B" in w for w in plan.warnings)
+
+
+def test_digest_sidecar_mismatch_is_skipped(tmp_path):
+    import hashlib
+
+    from launcher.restore import PlanInputs, compute_plan
+
+    for rank in range(2):
+        d = tmp_path / f"rank_{rank}"
+        d.mkdir()
+        data = b"state at step 30"
+        (d / "ckpt-0_30_breakpoint.pt").write_bytes(data)
+        (d / "ckpt-0_30_breakpoint.pt.sha256").write_text(hashlib.sha256(data).hexdigest() + "  x\n")
+    (tmp_path / "rank_0" / "ckpt-0_30_breakpoint.pt").write_bytes(b"state at step 3X")  # same size
+    plan = compute_plan(PlanInputs(world_size=2, dp=2, checkpoint_dir=str(tmp_path), settle_seconds=0))
+    assert (plan.kind, plan.sources) == (KIND_BREAKPOINT, (1, 1))
+    assert any("digest does not match" in w and "rank_0/ckpt-0_30_breakpoint.pt" in w for w in plan.warnings)
+    assert not any("unexpected" in w for w in plan.warnings)
