@@ -55,6 +55,8 @@ class RunOptions:
     tp: Optional[int] = None
     pp: Optional[int] = None
     recover_strategy: Optional[str] = None
+    sync_dir: Optional[str] = None
+    sync_timeout: float = 300.0
     taskd: str = "auto"
     taskd_port: int = 9601
     dry_run: bool = False
@@ -103,6 +105,24 @@ def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple
     if any(r < 0 for r in ranks):
         raise UsageError(f"{option} {text!r}: rank ids are non-negative")
     return ranks
+
+
+def check_sync_options(run_id: str, chosen: bool, server_count: int) -> None:
+    """``--sync-dir`` is scoped by the run id, so every node of the job must use the same one.
+
+    Args:
+        run_id: The job's run id.
+        chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than generated).
+        server_count: Servers in the rank table.
+
+    Raises:
+        UsageError: a generated run id with several servers, or a run id that is not a file name.
+    """
+    if not chosen and server_count > 1:
+        raise UsageError("--sync-dir with several servers needs the same run id on every node",
+                         ["pass --run-id ID (or set MINDX_TASK_ID) identically to every launcher of the job"])
+    if "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"--run-id {run_id!r} cannot name a directory under --sync-dir", ["use a run id without '/'"])
 
 
 def env_var_for(option_name: str) -> str:

@@ -1,11 +1,14 @@
 """The supervisor's inputs and outputs: restart policy, failures, and how a run ended."""
 
 import signal
-from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.recovery import RETRY, RecoveryStrategy
-from launcher.states import ExitInfo
+from launcher.states import ExitInfo, Worker
+
+#: ``wait(seconds) -> bool``: run the supervisor's event loop; False once the run must end.
+Wait = Callable[[float], bool]
 
 #: After SIGKILL, how long to wait for the kernel to report the exits before giving up on them.
 KILL_SETTLE_SECONDS = 5.0
@@ -52,15 +55,53 @@ class Failure:
     log_path: Optional[str] = None
 
 
+@dataclass
+class Attempt:
+    """The supervisor's record of one attempt.
+
+    Attributes:
+        number: The attempt number (with ``--sync-dir``, the generation).
+        workers: Rank -> its worker.
+        failure: The first rank failure (local, or another node's with ``--sync-dir``).
+        failed_ranks: Local ranks that failed on their own.
+        killed: Ranks SIGKILLed after their stop timeout.
+        cluster_stop: ``fault`` or ``retry`` when the cluster (reset.json) stopped the attempt.
+    """
+
+    number: int
+    workers: Dict[int, Worker]
+    failure: Optional[Failure] = None
+    failed_ranks: List[int] = field(default_factory=list)
+    killed: List[int] = field(default_factory=list)
+    cluster_stop: Optional[str] = None
+
+    @property
+    def finished(self) -> bool:
+        """Every worker has exited."""
+        return all(w.done for w in self.workers.values())
+
+    def exit_report(self) -> List[dict]:
+        """One row per rank: how it exited, and whether it was killed after its timeout."""
+        rows = []
+        for worker in sorted(self.workers.values(), key=lambda w: w.rank):
+            info = worker.exit
+            rows.append({"rank": worker.rank, "label": worker.label, "killed_after_timeout": worker.rank in self.killed,
+                         "returncode": info.returncode if info else None,
+                         "exit_code": info.exit_code if info else None,
+                         "signal": info.signal_name if info else None})
+        return rows
+
+
 @dataclass(frozen=True)
 class RunResult:
     """How the run ended.
 
     Attributes:
         exit_code: The launcher's exit status.
-        reason: ``succeeded``, ``failed`` (budget spent), ``signal``, ``gasp`` (dying gasp on
-            prestop or SIGTERM), ``graceful-exit`` (``launcher exit``, reset.json) or
-            ``cluster-timeout`` (the cluster never let the ranks restart).
+        reason: ``succeeded``, ``failed`` (budget spent, or the job failed on another node),
+            ``signal``, ``gasp`` (dying gasp on prestop or SIGTERM), ``graceful-exit`` (``launcher
+            exit``, reset.json), ``cluster-timeout`` (the cluster never let the ranks restart) or
+            ``sync-timeout`` (another node never reached a ``--sync-dir`` barrier).
         attempts: Attempts started.
         failures: Every rank failure, in order (first of each attempt).
         signum: The stop signal, for ``reason == "signal"``.
@@ -76,3 +117,46 @@ class RunResult:
     def root_cause(self) -> Optional[Failure]:
         """The first failure of the last failed attempt."""
         return self.failures[-1] if self.failures else None
+
+
+@dataclass(frozen=True)
+class PeerUpdate:
+    """Event: another node failed or ended the job in ``generation`` (posted to the event loop)."""
+
+    generation: int
+    failure: Failure
+    reason: str
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the nodes agreed on after a generation.
+
+    Attributes:
+        failed_ranks: Ranks that failed on their own in the generation, on any node.
+        exit_code: Set when the job ends on every node, with this exit status; None to go on.
+        reason: The ``RunResult`` reason that goes with ``exit_code``.
+    """
+
+    failed_ranks: Tuple[int, ...] = ()
+    exit_code: Optional[int] = None
+    reason: str = ""
+
+
+class NoSync:
+    """How the supervisor coordinates with the other nodes of the job: here, it does not (the
+    default, without ``--sync-dir``). ``launcher.sync.Coordinator`` implements the same hooks."""
+
+    def attempt_started(self, generation: int) -> None:
+        """Generation ``generation``'s ranks are running."""
+
+    def rank_failed(self, generation: int, ranks: Sequence[int], failure: Failure) -> None:
+        """A local rank failed on its own."""
+
+    def settle(self, generation: int, result: Optional[RunResult], failure: Optional[Failure],
+               failed_ranks: Sequence[int], wait: Wait) -> Agreement:
+        """After a generation: this node's failed ranks; the node's own verdict stands."""
+        return Agreement(tuple(failed_ranks))
+
+    def leave(self, generation: int, result: RunResult, quiet: bool = False) -> None:
+        """The run ends with ``result``."""

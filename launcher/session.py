@@ -17,16 +17,15 @@ from launcher import gasp as gasp_mod
 from launcher import guard as guard_mod
 from launcher import rundir as rundir_mod
 from launcher.control import ControlServer
-from launcher.errors import UsageError
+from launcher.errors import LauncherError, UsageError
 from launcher.events import EventLog
-from launcher.options import RunOptions
-from launcher.options import DEFAULT_RESET_JSON
+from launcher.options import DEFAULT_RESET_JSON, RunOptions, check_sync_options
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
-from launcher.policy import RestartPolicy, RunResult
+from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -41,6 +40,9 @@ class Session:
     """
 
     def __init__(self, opts: RunOptions, ctx: EnvContext):
+        if opts.sync_dir:  # before anything starts
+            check_sync_options(ctx.run_id, bool(opts.run_id or ctx.base_env.get(envnames.MINDX_TASK_ID)),
+                               ctx.topology.table.server_count)
         self.opts = opts
         self.ctx = ctx
         self.console_ranks = parse_rank_filter(opts.console_ranks)
@@ -52,8 +54,6 @@ class Session:
         self.group: Optional[LocalProcessGroup] = None
         self.control: Optional[ControlServer] = None
         self.follower = None  # reset.json follower, when the cluster provides the file
-        self.taskd_env: Dict[str, str] = {}
-        self.sidecar: Optional[subprocess.Popen] = None
         self.taskd_env: Dict[str, str] = {}
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
@@ -102,13 +102,43 @@ class Session:
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
                                self.gasp_gate.try_save, strategy, self._in_place_supported())
+        sync = self._coordinator()
         self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold)
-        result = supervisor.run()
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync)
+        try:
+            result = supervisor.run()
+        except BaseException:
+            if sync is not None:  # the other nodes stop now instead of at their --sync-timeout
+                sync.leave(supervisor.attempt_no, RunResult(1, "launcher-error", 0), quiet=True)
+            raise
         self._report(result)
         return result.exit_code
+
+    def _coordinator(self) -> Optional[NoSync]:
+        """``--sync-dir``: restart generations shared with the other launchers (launcher.sync), or None."""
+        topo = self.ctx.topology
+        if not self.opts.sync_dir:
+            if topo.table.server_count > 1 and self.follower is None:
+                self._emit("sync_disabled", server_count=topo.table.server_count)
+                log.warning("%d servers and no --sync-dir: restarts are not coordinated across the nodes "
+                            "(see docs/multinode.md)", topo.table.server_count)
+            return None
+        from launcher.sync import Coordinator, SyncDir
+
+        names = [server.server_id for server in topo.table.servers]
+        try:
+            files = SyncDir.join(self.opts.sync_dir, self.ctx.run_id, topo.server_index, names)
+        except (OSError, LauncherError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else exc.message
+            raise UsageError(f"cannot use --sync-dir {self.opts.sync_dir}: {reason}",
+                             ["it must be a directory every node of the job can write"]) from None
+        self._emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
+                   timeout=self.opts.sync_timeout)
+        log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
+        return Coordinator(files, self.opts.sync_timeout, self._emit, self.group.call_later, self.group.cancel,
+                           self.group.post)
 
     def _start_taskd_manager(self) -> None:
         """The TaskD manager sidecar, before the ranks, on the server hosting global rank 0 only."""
@@ -209,8 +239,12 @@ class Session:
 
     def _in_place_supported(self) -> bool:
         """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
-        switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator."""
-        return self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
+        switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator. Not with
+        --sync-dir: an in-place respawn would move this node's attempt number off the job's generation."""
+        supported = self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
+        if supported and self.opts.sync_dir:
+            log.info("--sync-dir: a failed rank restarts the whole job, not only itself (recover-in-place)")
+        return supported and not self.opts.sync_dir
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:

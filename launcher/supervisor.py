@@ -9,11 +9,11 @@ only after every process of the previous attempt is gone.
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence
 
 from launcher.procgroup import ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
-from launcher.policy import KILL_SETTLE_SECONDS, Failure, RestartPolicy, RunResult
+from launcher.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate, RestartPolicy,
+                             RunResult)
 from launcher.rankenv import WorkerSpec
 from launcher.states import Worker, WorkerState
 
@@ -23,16 +23,6 @@ Emit = Callable[..., object]
 
 #: Stop signals that mean "the pod is going away": they trigger the dying gasp.
 GASP_TRIGGERS = (signal.SIGTERM, signal.SIGHUP)
-
-
-@dataclass
-class _Attempt:
-    number: int
-    workers: Dict[int, Worker]
-    failure: Optional[Failure] = None
-    failed_ranks: List[int] = field(default_factory=list)
-    killed: List[int] = field(default_factory=list)
-    cluster_stop: Optional[str] = None  # "fault" or "retry": the cluster stopped this attempt
 
 
 class Supervisor:
@@ -47,6 +37,8 @@ class Supervisor:
         log_path: ``rank -> log file`` of the current attempt, for failure reports.
         request_exit: Writes the graceful-exit request the ranks poll (``launcher exit``).
         hold: ``() -> reason or None``: why the cluster forbids (re)starting ranks right now.
+        sync: Restart generations shared with the other nodes (``launcher.sync.Coordinator``);
+            default ``NoSync``: this node decides alone.
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -54,7 +46,7 @@ class Supervisor:
                  on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
                  request_exit: Optional[Callable[[], None]] = None,
-                 hold: Optional[Callable[[], Optional[str]]] = None):
+                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -63,6 +55,7 @@ class Supervisor:
         self.log_path = log_path or (lambda rank: None)
         self.request_exit = request_exit or (lambda: None)
         self.hold = hold or (lambda: None)
+        self.sync = sync or NoSync()
         self.failures: List[Failure] = []
         self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
         self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
@@ -81,34 +74,50 @@ class Supervisor:
             attempts += 1
             if self._final is not None:
                 break
-            if attempt.cluster_stop is not None:
-                self.attempt_no += 1
-                self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
-                failed_ranks = tuple(attempt.failed_ranks)
-                continue
-            if attempt.failure is None:
-                return self._finish(RunResult(0, "succeeded", attempts, tuple(self.failures)))
-            if self.policy.strategy.exit_on_failure:
-                self.emit("exit_for_reschedule", strategy=self.policy.strategy.describe(),
-                          exit_code=attempt.failure.info.exit_code)
-                log.warning("recovery strategy %s: exiting for rescheduling", self.policy.strategy.describe())
-                return self._finish(RunResult(attempt.failure.info.exit_code, "failed", attempts,
-                                              tuple(self.failures)))
-            if self.restarts >= self.policy.max_restarts:
-                self.emit("restart_budget_spent", attempts=attempts, restarts=self.restarts,
-                          max_restarts=self.policy.max_restarts)
-                return self._finish(RunResult(attempt.failure.info.exit_code, "failed", attempts,
-                                              tuple(self.failures)))
-            self.restarts += 1
-            self.attempt_no += 1
-            self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
-                      backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
-            if self.policy.backoff:
-                self._wait_quietly(self.policy.backoff)
-            failed_ranks = tuple(attempt.failed_ranks)
+            result = self._verdict(attempt, attempts)
+            agreed = self.sync.settle(attempt.number, result, attempt.failure, attempt.failed_ranks,
+                                      self._wait_quietly)
+            if agreed.exit_code is not None:  # the nodes ended the job together
+                result = RunResult(agreed.exit_code, agreed.reason, attempts, tuple(self.failures))
+            if result is not None:
+                return self._finish(result)
+            if self._final is not None:
+                break
+            failed_ranks = agreed.failed_ranks  # every node's, with --sync-dir
+            self._restart(attempt)
         return self._finish(self._final_result(attempts, attempt if attempts else None))
 
-    def _final_result(self, attempts: int, attempt: Optional["_Attempt"]) -> RunResult:
+    def _verdict(self, attempt: _Attempt, attempts: int) -> Optional[RunResult]:
+        """How the run ends after ``attempt``, as far as this node can tell; None to restart."""
+        if attempt.cluster_stop is not None:
+            return None
+        failure = attempt.failure
+        if failure is None:
+            return RunResult(0, "succeeded", attempts, tuple(self.failures))
+        if self.policy.strategy.exit_on_failure:
+            self.emit("exit_for_reschedule", strategy=self.policy.strategy.describe(),
+                      exit_code=failure.info.exit_code)
+            log.warning("recovery strategy %s: exiting for rescheduling", self.policy.strategy.describe())
+            return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
+        if self.restarts >= self.policy.max_restarts:
+            self.emit("restart_budget_spent", attempts=attempts, restarts=self.restarts,
+                      max_restarts=self.policy.max_restarts)
+            return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
+        return None
+
+    def _restart(self, attempt: _Attempt) -> None:
+        """Count the restart after ``attempt`` (cluster-directed ones outside the budget), then back off."""
+        self.attempt_no += 1
+        if attempt.cluster_stop is not None:
+            self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
+            return
+        self.restarts += 1
+        self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
+                  backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
+        if self.policy.backoff:
+            self._wait_quietly(self.policy.backoff)
+
+    def _final_result(self, attempts: int, attempt: Optional[_Attempt]) -> RunResult:
         if self._final == "cluster-timeout":
             return RunResult(1, "cluster-timeout", attempts, tuple(self.failures))
         if self._final == "graceful-exit":
@@ -118,6 +127,7 @@ class Supervisor:
         return RunResult(128 + signum, self._final, attempts, tuple(self.failures), signum)
 
     def _finish(self, result: RunResult) -> RunResult:
+        self.sync.leave(self.attempt_no, result)
         self.emit("job_end", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
         for waiter in self._waiters:
             waiter.reply({"ok": True, "done": True, "reason": result.reason, "exit_code": result.exit_code},
@@ -137,7 +147,8 @@ class Supervisor:
             worker.transition(WorkerState.RUNNING)
             self.emit("rank_spawned", attempt=number, rank=rank, pid=pids.get(rank))
         self.on_spawned(number, pids)
-        while not all(w.done for w in workers.values()):
+        self.sync.attempt_started(number)
+        while not attempt.finished:
             self._handle(attempt, self.group.wait_event(None))
         leftovers = self.group.ensure_gone(KILL_SETTLE_SECONDS)
         if leftovers:
@@ -162,6 +173,18 @@ class Supervisor:
             self._on_request(attempt, event)
         elif isinstance(event, ClusterUpdate):
             self._on_cluster(attempt, event.change)
+        elif isinstance(event, PeerUpdate):
+            self._on_peer(attempt, event)
+
+    def _on_peer(self, attempt: _Attempt, event: PeerUpdate) -> None:
+        """Another node failed or ended the job (--sync-dir): stop the local ranks so that they save."""
+        if event.generation != attempt.number or attempt.failure or self._final or attempt.finished:
+            return
+        attempt.failure = event.failure
+        self.failures.append(event.failure)
+        log.warning("%s; stopping the local ranks (%s, up to %.0f s to save)", event.reason,
+                    signal.Signals(self.policy.gasp_signal).name, self.policy.stop_timeout)
+        self._stop(attempt, self.policy.gasp_signal, self.policy.stop_timeout, event.reason)
 
     def _on_cluster(self, attempt: Optional[_Attempt], change) -> None:
         """reset.json: graceful exit, local faults, a retry: stop this attempt for the cluster."""
@@ -176,7 +199,7 @@ class Supervisor:
         if change.restart:
             self._awaiting_recovery = False
         reason = "fault" if change.newly_faulty_local else "retry" if change.retry_bumped else None
-        if reason is None or attempt is None or all(w.done for w in attempt.workers.values()):
+        if reason is None or attempt is None or attempt.finished:
             return
         attempt.cluster_stop = reason
         self._awaiting_recovery = reason == "fault"
@@ -227,6 +250,7 @@ class Supervisor:
             return
         attempt.failed_ranks.append(worker.rank)
         attempt.failure = failure
+        self.sync.rank_failed(attempt.number, attempt.failed_ranks, failure)  # before the others stop
         log.warning("%s failed (%s); stopping the other local ranks", worker.label, event.info.describe())
         if self.policy.strategy.dump:
             self._gasp(attempt, f"{worker.label} failed", final=False)
@@ -307,14 +331,7 @@ class Supervisor:
         self._report_gasp(attempt)
 
     def _report_gasp(self, attempt: _Attempt) -> None:
-        ranks = []
-        for worker in sorted(attempt.workers.values(), key=lambda w: w.rank):
-            info = worker.exit
-            killed = worker.rank in attempt.killed
-            ranks.append({"rank": worker.rank, "label": worker.label, "killed_after_timeout": killed,
-                          "returncode": info.returncode if info else None,
-                          "exit_code": info.exit_code if info else None,
-                          "signal": info.signal_name if info else None})
+        ranks = attempt.exit_report()
         self.emit("gasp_done", ranks=ranks)
         for waiter in self._waiters:
             waiter.reply({"ok": True, "gasp": ranks})
@@ -375,11 +392,12 @@ class Supervisor:
             worker.transition(WorkerState.STOPPED)
         self.emit("rank_lost", attempt=attempt.number, ranks=[w.rank for w in workers])
 
-    def _wait_quietly(self, seconds: float) -> None:
-        """Wait ``seconds`` (restart backoff), honouring stop signals and requests meanwhile."""
+    def _wait_quietly(self, seconds: float) -> bool:
+        """Wait ``seconds`` (backoff, barrier), honouring stop signals and requests; False once the run ends."""
         deadline = time.monotonic() + seconds
         while self._final is None and time.monotonic() < deadline:
             self._idle_event(self.group.wait_event(deadline - time.monotonic()))
+        return self._final is None
 
     def _idle_event(self, event: Optional[Event]) -> None:
         """An event while no ranks run (backoff, cluster hold): a stop signal ends the run."""

@@ -82,6 +82,11 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--recover-strategy",
       help="Comma-separated: retry, recover, recover-in-place, dump, exit, elastic-training (default: "
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
+@_opt("--sync-dir", type=click.Path(file_okay=False),
+      help="Directory on storage shared by every node: the launchers of the job restart together "
+           "(restart generations under DIR/<run-id>/; needs the same --run-id everywhere).")
+@_opt("--sync-timeout", type=click.FloatRange(min=0), default=300.0,
+      help="With --sync-dir: seconds to wait for the other nodes at a restart barrier before exiting 1.")
 @_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
       help="MindCluster TaskD manager on the node hosting rank 0, libtaskd.so preloaded in every rank "
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")

@@ -9,11 +9,13 @@ each live run costs ~15 s of a 2-core machine, and the module must stay under 90
   loopback on Linux, selected with ``--server-id``);
 - torchrun style: ``--nnodes 2 --node-rank i --nproc-per-node 2 --master-addr 127.0.0.1``.
 
-Then a rank failure in the multi-node job: rank 3 (node B) is SIGKILLed. Node B's launcher restarts
-its group at once; node A's ranks see the gloo connection close, exit 1 after
-``--peer-failure-grace``, and node A's launcher restarts its group too; both attempts rendezvous
-again at rank 0's fresh TCPStore and resume from the same breakpoint step. Launcher gaps found on the
-way are ``xfail(strict=True)`` tests naming the change they need (see docs/multinode.md).
+Then a rank failure in the multi-node job, with the launchers coordinated through ``--sync-dir``
+(restart generations, docs/multinode.md): rank 3 (node B) is SIGKILLed. Node B's launcher announces
+it in the shared directory and stops rank 2, which saves; node A's launcher sees the announcement
+within a poll interval and stops ranks 0 and 1 with the save signal while they wait out a long
+``--peer-failure-grace`` (the setting that used to hang the job); both launchers wait at the barrier
+until every process of attempt 0 is gone, compute the same restore plan from the union of failed
+ranks, and start attempt 1 together, which resumes from the step-25 breakpoints.
 """
 
 import json
@@ -43,10 +45,12 @@ RUN_ID = "multinode-job"
 TRAIN_ARGS = ["--steps", "40", "--ckpt-every", "10", "--steps-per-epoch", "10", "--log-every", "5",
               "--step-time", "0.01"]
 FAIL_STEP = 25  # between two periodic checkpoints: only a breakpoint restore loses nothing
-# How long node A's ranks wait for a SIGTERM after their collective failed before exiting 1. Short on
-# purpose: node B's restarted ranks must not reach the rendezvous while node A's attempt-0 rank 0 (and
-# its TCPStore) is still alive, or they join that dead rendezvous and hang (docs/multinode.md, gap 2).
-PEER_GRACE = "0.75"
+# How long node A's ranks wait for a SIGTERM after their collective failed before exiting 1 unsaved.
+# Long on purpose: without --sync-dir this reproduced the hang of docs/multinode.md (gap 2: node B's
+# new ranks joined node A's stale TCPStore); with it, node A's launcher signals its ranks within a poll
+# interval, and no attempt-1 rank starts before every attempt-0 process is gone.
+PEER_GRACE = "8"
+PG_TIMEOUT = "15"  # the example's process-group timeout, as in the reproduction of the hang
 JOB_DEADLINE = 90.0
 FINAL_HASH = re.compile(r"final sha256 ([0-9a-f]{64})")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
@@ -229,21 +233,28 @@ def check_one_job(nodes: Sequence[Launcher], reference: str, attempts: int, ckpt
 
 def test_nnodes_two_launchers_run_one_job(tmp_path, reference_hash):
     """--nnodes 2 --node-rank i: one rendezvous at --master-addr, per-node logs, and final parameters
-    bit-identical to the single-launcher run. (The rank-table layout runs live in the failure test.)"""
+    bit-identical to the single-launcher run. (The rank-table layout runs live in the failure test.)
+    Without --sync-dir (nor reset.json) each launcher warns once that restarts are not coordinated."""
     nodes = run_nodes(tmp_path, nnodes_options(free_port()), ["--ckpt-dir", str(tmp_path / "ckpt"), *TRAIN_ARGS])
     check_one_job(nodes, reference_hash, 1, tmp_path / "ckpt")
+    for node in nodes:
+        assert node.stderr.count("no --sync-dir: restarts are not coordinated") == 1, node.stderr
+        assert "docs/multinode.md" in node.stderr and len(events(node, "sync_disabled")) == 1
 
 
 # -- a rank failure in a multi-node job ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def failure_run(tmp_path_factory):
-    """Rank 3 (node B) SIGKILLs itself after step 25 on attempt 0. Shared checkpoint dir, --dp 4."""
+    """Rank 3 (node B) SIGKILLs itself after step 25 on attempt 0. Shared checkpoint dir, --dp 4, and
+    the launchers coordinated through a shared --sync-dir."""
     tmp = tmp_path_factory.mktemp("failure")
     ckpt = tmp / "ckpt"
-    options = [[*opts, "--max-restarts", "2", "--checkpoint-dir", str(ckpt), "--dp", str(WORLD)]
+    options = [[*opts, "--max-restarts", "2", "--checkpoint-dir", str(ckpt), "--dp", str(WORLD),
+                "--sync-dir", str(tmp / "sync"), "--sync-timeout", "60"]
                for opts in table_options(write_table(tmp / "hccl.json"), free_port())]
     nodes = run_nodes(tmp, options, ["--ckpt-dir", str(ckpt), *TRAIN_ARGS, "--fail-at-step", str(FAIL_STEP),
-                                     "--fail-rank", "3", "--fail-mode", "kill", "--peer-failure-grace", PEER_GRACE])
+                                     "--fail-rank", "3", "--fail-mode", "kill", "--peer-failure-grace", PEER_GRACE,
+                                     "--timeout", PG_TIMEOUT])
     return nodes
 
 
@@ -258,10 +269,15 @@ def timings(nodes: Sequence[Launcher]) -> Dict[str, float]:
     [killed] = events(node_b, "rank_exited", attempt=0, rank=3)
     t0 = killed["exited_at"]
     ready_1 = [float(t) for node in nodes for _, t in node.ready_lines()[PER_NODE:]]
+    spawned = {name: events(node, "rank_spawned", attempt=1)[0]["ts"] - t0 for name, node in zip("ab", nodes)}
     return {
-        "node_b_attempt1_spawned": events(node_b, "rank_spawned", attempt=1)[0]["ts"] - t0,
+        "node_a_learned_of_the_failure": events(node_a, "sync_peer_failure", generation=0)[0]["ts"] - t0,
         "node_a_first_rank_exit": min(e["exited_at"] for e in events(node_a, "rank_exited", attempt=0)) - t0,
-        "node_a_attempt1_spawned": events(node_a, "rank_spawned", attempt=1)[0]["ts"] - t0,
+        "last_attempt0_process_gone": max(e["exited_at"] for n in nodes for e in events(n, "rank_exited", attempt=0))
+        - t0,
+        "node_b_attempt1_spawned": spawned["b"],
+        "node_a_attempt1_spawned": spawned["a"],
+        "all_nodes_restarted": max(spawned.values()),
         "all_4_ranks_rendezvoused": max(ready_1) - t0,
     }
 
@@ -277,19 +293,25 @@ def test_rank_failure_restarts_both_nodes_and_loses_nothing(failure_run, referen
     [first_b] = events(node_b, "rank_exited", attempt=0, state="failed")
     assert first_b["rank"] == 3 and first_b["signal"] == "SIGKILL"
     assert "saved breakpoint" in rank_log(node_b, 0, 2)
-    # Node A learned through the collective (gloo: connection closed/reset) and its ranks exited 1.
-    [first_a] = events(node_a, "rank_exited", attempt=0, state="failed")
-    assert first_a["rank"] in (0, 1) and first_a["exit_code"] == 1
-    assert f"collective failed at step {FAIL_STEP}" in rank_log(node_a, 0, first_a["rank"])
+    # Node A learned from node B's announcement in the sync dir, not by waiting out the grace: its
+    # ranks got the save signal while blocked on the broken collective, saved, and exited 143.
+    [peer] = events(node_a, "sync_peer_failure", generation=0)
+    assert peer["rank"] == 3 and peer["exit_code"] == 128 + 9
+    assert events(node_a, "rank_exited", attempt=0, state="failed") == []
+    assert sorted((e["rank"], e["state"], e["exit_code"]) for e in events(node_a, "rank_exited", attempt=0)) == \
+        [(0, "stopped", 143), (1, "stopped", 143)]
+    for rank in (0, 1):
+        assert "saved breakpoint" in rank_log(node_a, 0, rank)
     for node in nodes:
         assert [e["attempt"] for e in events(node, "restart")] == [1]
         assert [e["attempts"] for e in events(node, "job_end")] == [2]
+        assert [e["failed_ranks"] for e in events(node, "sync_barrier")] == [[3]]
+        assert len(events(node, "sync_all_done", generation=1)) == 1  # success: every node done
 
-    # Both nodes computed their plan on their own, from the shared checkpoint dir: same restore point.
+    # Both nodes planned after the barrier, from the same files and the union of failed ranks.
     plan_a, plan_b = plan_of(node_a, 1), plan_of(node_b, 1)
     assert (plan_a["kind"], plan_a["step"]) == (plan_b["kind"], plan_b["step"]) == ("breakpoint", FAIL_STEP)
-    # Each node only knows the ranks that failed on it.
-    assert plan_b["fault_ranks"] == [3] and plan_a["fault_ranks"] == [first_a["rank"]]
+    assert plan_b["fault_ranks"] == plan_a["fault_ranks"] == [3]
     for index, node in enumerate(nodes):
         for rank in (index * PER_NODE + i for i in range(PER_NODE)):
             [(path, step)] = RESUMED.findall(rank_log(node, 1, rank))
@@ -299,25 +321,39 @@ def test_rank_failure_restarts_both_nodes_and_loses_nothing(failure_run, referen
     for name, seconds in measured.items():
         record_property(name, round(seconds, 3))
     print("multinode failure timings (s after rank 3 died):", json.dumps({k: round(v, 3) for k, v in measured.items()}))
-    assert measured["node_b_attempt1_spawned"] < float(PEER_GRACE)  # local detection is event-driven
-    # Node A's ranks got the gloo error at once but wait out their grace (minus clock skew between
-    # the two launchers' reaping, hence the margin).
-    assert measured["node_a_first_rank_exit"] >= 0.5 * float(PEER_GRACE)
-    assert measured["node_a_attempt1_spawned"] < measured["all_4_ranks_rendezvoused"] < 60
+    # Node A's ranks exited on the launcher's signal, long before their grace would have run out.
+    assert measured["node_a_learned_of_the_failure"] < measured["node_a_first_rank_exit"] < float(PEER_GRACE)
+    assert measured["last_attempt0_process_gone"] <= min(measured["node_a_attempt1_spawned"],
+                                                         measured["node_b_attempt1_spawned"])
+    assert measured["all_nodes_restarted"] < float(PEER_GRACE)
+    assert measured["all_nodes_restarted"] < measured["all_4_ranks_rendezvoused"] < 60
 
 
-@pytest.mark.xfail(strict=True, reason="launcher gap: the restore plan depends on which ranks failed on THIS "
-                   "node (previous_failed_ranks), so nodes disagree on fault_ranks and can disagree on the "
-                   "sources (docs/multinode.md, gap 3)")
 def test_restore_plan_is_identical_on_every_node(failure_run):
+    """docs/multinode.md gap 3, fixed by --sync-dir: same files, same union of failed ranks, same plan."""
     node_a, node_b = failure_run
     assert plan_of(node_a, 1) == plan_of(node_b, 1)
 
 
-@pytest.mark.xfail(strict=True, reason="launcher gap: restarts are not coordinated across nodes; node B starts "
-                   "attempt 1 while node A's attempt 0 (with rank 0's TCPStore) still runs, a race that hangs "
-                   "the job when node A learns late (docs/multinode.md, gap 2)")
 def test_no_node_starts_an_attempt_before_every_node_stopped_the_previous(failure_run):
+    """docs/multinode.md gap 2, fixed by --sync-dir: the barrier orders every node's attempt-1 start
+    after the last attempt-0 process of the job (both launchers share this machine's clock)."""
     last_exit = max(e["exited_at"] for node in failure_run for e in events(node, "rank_exited", attempt=0))
     first_spawn = min(e["ts"] for node in failure_run for e in events(node, "rank_spawned", attempt=1))
     assert first_spawn >= last_exit
+
+
+def test_a_node_that_never_reaches_the_barrier_fails_the_job_by_the_sync_timeout(launcher):
+    """Node 0 of a 2-node job alone: its rank fails, and the barrier waits --sync-timeout for node 1,
+    then exits 1 naming it, and leaves an abort for node 1 should it come late."""
+    sync = launcher.tmp / "sync"
+    code = launcher.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--run-id", RUN_ID,
+                         "--max-restarts", "3", "--sync-dir", str(sync), "--sync-timeout", "1"],
+                        ["--fail-rank", "0", "--exit-code", "5"], timeout=30)
+    assert code == 1, launcher.stderr
+    assert "server 1 (node1) did not report generation 0 as stopped within 1 s" in launcher.stderr
+    [timeout] = [e for e in launcher.events() if e["event"] == "sync_timeout"]
+    assert timeout["missing"] == [1] and timeout["waiting_for"] == "stopped"
+    abort = json.loads((sync / RUN_ID / "inc_0" / "gen_0" / "abort").read_text())
+    assert abort["exit_code"] == 1 and abort["server"] == 0
+    assert [e["reason"] for e in launcher.events() if e["event"] == "job_end"] == ["sync-timeout"]

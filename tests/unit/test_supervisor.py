@@ -9,7 +9,7 @@ from launcher.procgroup import ControlRequest, ProcessGroup, RankExited, SignalR
 from launcher.rankenv import WorkerSpec
 from launcher.recovery import resolve_strategy
 from launcher.states import ExitInfo
-from launcher.policy import RestartPolicy
+from launcher.policy import Agreement, Failure, NoSync, PeerUpdate, RestartPolicy
 from launcher.supervisor import Supervisor
 
 
@@ -217,3 +217,134 @@ def test_scheduler_is_signalled_only_after_the_workers_exited():
     Supervisor(group, build, RestartPolicy(), lambda name, **kw: None).run()
     signals_sent = [c for c in group.calls if c[0] == "signal"]
     assert signals_sent == [("signal", (0, 1), signal.SIGTERM), ("signal", (-1,), signal.SIGTERM)]
+
+
+# -- --sync-dir hooks (launcher.sync), with a scripted coordinator -------------------------------------
+class ScriptedSync(NoSync):
+    """Records the supervisor's hook calls (into the group's call list, to check their order) and
+    answers ``settle`` from a list of agreements; an agreement may first run the event loop."""
+
+    def __init__(self, group: ScriptedGroup, agreements: List[Agreement], wait_first: bool = False):
+        self.group, self.agreements, self.wait_first = group, agreements, wait_first
+        self.settled: list = []
+
+    def attempt_started(self, generation):
+        self.group.calls.append(("sync_started", generation))
+
+    def rank_failed(self, generation, ranks, failure):
+        self.group.calls.append(("sync_failed", generation, tuple(ranks), failure.rank))
+
+    def settle(self, generation, result, failure, failed_ranks, wait):
+        self.settled.append((generation, result and result.reason, failure and failure.rank, tuple(failed_ranks)))
+        if self.wait_first and not wait(0.5):
+            return Agreement()
+        return self.agreements.pop(0)
+
+    def leave(self, generation, result, quiet=False):
+        self.group.calls.append(("sync_leave", generation, result.reason, result.exit_code))
+
+
+def supervise_synced(scripts, agreements, n=2, wait_first=False, **policy):
+    group = ScriptedGroup(scripts)
+    sync = ScriptedSync(group, agreements, wait_first)
+    events: List[tuple] = []
+    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
+                     sync=sync)
+    return sup.run(), group, events, sup, sync
+
+
+def peer_failed(generation=0, rank=3, code=-9):
+    return PeerUpdate(generation, Failure(generation, rank, f"rank {rank} on server 1", ExitInfo(code, 0.0)),
+                      f"rank {rank} on server 1 failed")
+
+
+def test_sync_local_failure_is_announced_before_the_others_are_stopped():
+    scripts = [[exited(1, 3), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, _, sup, sync = supervise_synced(scripts, [Agreement((1, 3)), Agreement()], max_restarts=1)
+    assert result.reason == "succeeded"
+    assert group.calls.index(("sync_started", 0)) < group.calls.index(("sync_failed", 0, (1,), 1)) \
+        < group.calls.index(("signal", (0,), signal.SIGTERM))
+    # The barrier's union of every node's failures is the next attempt's failed_before.
+    assert sup.specs_for.seen == [(0, ()), (1, (1, 3))]
+    assert sync.settled == [(0, None, 1, (1,)), (1, "succeeded", None, ())]
+    assert group.calls[-1] == ("sync_leave", 1, "succeeded", 0)
+
+
+def test_sync_peer_failure_stops_the_ranks_with_the_save_signal_and_counts_once():
+    scripts = [[peer_failed(), exited(0, -15), exited(1, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, events, sup, sync = supervise_synced(scripts, [Agreement((3,)), Agreement()], max_restarts=1,
+                                                        gasp_signal=signal.SIGUSR1, stop_timeout=4)
+    assert result.reason == "succeeded" and result.attempts == 2
+    assert ("signal", (0, 1), signal.SIGUSR1) in group.calls
+    [stop] = [kw for name, kw in events if name == "stop_group"]
+    assert stop["timeout"] == 4 and stop["reason"] == "rank 3 on server 1 failed"
+    assert not any(c[0] == "sync_failed" for c in group.calls)  # not a local failure
+    assert sync.settled[0] == (0, None, 3, ())
+    assert sup.restarts == 1 and sup.specs_for.seen == [(0, ()), (1, (3,))]
+    [restart] = [kw for name, kw in events if name == "restart"]
+    assert restart["after_rank"] == 3 and restart["attempt"] == 1
+    assert [f.label for f in result.failures] == ["rank 3 on server 1"]
+
+
+def test_sync_peer_failure_with_the_budget_spent_ends_with_the_peers_code():
+    result, group, _, _, sync = supervise_synced([[peer_failed(), exited(0, -15), exited(1, -15)]], [Agreement()])
+    assert (result.reason, result.exit_code) == ("failed", 137)
+    assert sync.settled == [(0, "failed", 3, ())]
+    assert group.calls[-1] == ("sync_leave", 0, "failed", 137)
+
+
+def test_sync_peer_update_of_another_generation_is_ignored():
+    scripts = [[peer_failed(generation=5), exited(0, 0), exited(1, 0)]]
+    result, group, _, _, _ = supervise_synced(scripts, [Agreement()])
+    assert result.reason == "succeeded"
+    assert not any(c[0] == "signal" for c in group.calls)
+
+
+def test_sync_peer_update_after_every_local_rank_finished_is_left_to_the_finish_barrier():
+    group = ScriptedGroup([[exited(0, 0), exited(1, 0)]])
+    sup = Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None, sync=ScriptedSync(group, []))
+    attempt = sup._run_attempt(0, ())
+    sup._on_peer(attempt, peer_failed())
+    assert attempt.failure is None and not sup.failures
+    assert not any(c[0] == "signal" for c in group.calls)
+
+
+def test_sync_peer_failure_after_some_local_ranks_finished_restarts_them_all():
+    scripts = [[exited(0, 0), peer_failed(), exited(1, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, _, _, _ = supervise_synced(scripts, [Agreement((3,)), Agreement()], max_restarts=1)
+    assert ("signal", (1,), signal.SIGTERM) in group.calls
+    assert result.reason == "succeeded" and ("start", 1, (0, 1)) in group.calls
+
+
+def test_sync_agreement_to_end_replaces_a_restart():
+    scripts = [[exited(1, 3), exited(0, -15)], []]
+    result, group, _, _, _ = supervise_synced(scripts, [Agreement(exit_code=1, reason="sync-timeout")],
+                                              max_restarts=3)
+    assert (result.reason, result.exit_code, result.attempts) == ("sync-timeout", 1, 1)
+    assert [c[0] for c in group.calls].count("start") == 1
+
+
+def test_sync_a_finished_node_fails_with_the_job():
+    result, _, _, _, _ = supervise_synced([[exited(0, 0), exited(1, 0)]], [Agreement(exit_code=134, reason="failed")])
+    assert (result.reason, result.exit_code) == ("failed", 134)
+
+
+def test_sync_stop_signal_during_the_barrier_ends_the_run():
+    scripts = [[exited(1, 3), exited(0, -15), SignalReceived(signal.SIGTERM)], []]
+    result, group, _, _, _ = supervise_synced(scripts, [], wait_first=True, max_restarts=3)
+    assert result.reason == "gasp" and result.attempts == 1
+    assert [c[0] for c in group.calls].count("start") == 1
+    assert group.calls[-1] == ("sync_leave", 0, "gasp", 128 + signal.SIGTERM)
+
+
+def test_sync_leave_after_a_restart_uses_the_new_generation():
+    # The cluster never lets attempt 1 start: the other nodes, already in generation 1, must hear it there.
+    scripts = [[exited(1, 3), exited(0, -15)], []]
+    group = ScriptedGroup(scripts)
+    sync = ScriptedSync(group, [Agreement((1,))])
+    holds = iter([None, "reset.json: FaultFlushing"])
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=1, hold_timeout=0.01),
+                     lambda name, **kw: None, hold=lambda: next(holds, "reset.json: FaultFlushing"), sync=sync)
+    result = sup.run()
+    assert result.reason == "cluster-timeout"
+    assert group.calls[-1] == ("sync_leave", 1, "cluster-timeout", 1)

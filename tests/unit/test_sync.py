@@ -1,0 +1,350 @@
+"""Restart generations through a shared directory (``launcher.sync``), with a tmp dir and no processes.
+
+Two or three :class:`Coordinator` objects on one tmp dir play the nodes of a job; the event loop is a
+fake (``call_later`` records callbacks, the test runs them) and so is the clock (``wait`` advances it).
+"""
+
+import json
+import os
+from typing import Callable, List, Optional
+
+import pytest
+
+from launcher.cli import main
+from launcher.errors import UsageError
+from launcher.options import check_sync_options as check_options
+from launcher.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
+from launcher.states import ExitInfo
+from launcher.sync import Coordinator, Generation, SyncDir
+
+NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+
+
+class FakeLoop:
+    """``call_later`` / ``cancel`` / ``post`` of the event loop, driven by hand."""
+
+    def __init__(self):
+        self.timers = {}
+        self.delays: List[float] = []
+        self.posted: list = []
+        self._next = 0
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> int:
+        self._next += 1
+        self.timers[self._next] = callback
+        self.delays.append(delay)
+        return self._next
+
+    def cancel(self, handle: int) -> None:
+        self.timers.pop(handle, None)
+
+    def run_due(self) -> None:
+        """Run every pending timer once (one poll)."""
+        for handle in list(self.timers):
+            self.timers.pop(handle)()
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Node:
+    """One launcher's side of the protocol."""
+
+    def __init__(self, base, index: int, count: int = 2, timeout: float = 10.0, run_id: str = "job",
+                 files: Optional[SyncDir] = None):
+        self.loop, self.clock, self.events = FakeLoop(), Clock(), []
+        self.files = files or SyncDir.join(str(base), run_id, index, NAMES[:count])
+        self.sync = Coordinator(self.files, timeout, lambda name, **kw: self.events.append((name, kw)),
+                                self.loop.call_later, self.loop.cancel, self.loop.posted.append, clock=self.clock)
+
+    def waiter(self, on_wait: Optional[Callable[[int], Optional[bool]]] = None):
+        """A ``wait(seconds)`` that advances the clock and calls ``on_wait(call_number)`` first."""
+        calls = []
+
+        def wait(seconds: float) -> bool:
+            calls.append(seconds)
+            result = on_wait(len(calls)) if on_wait else None
+            self.clock.now += seconds
+            return True if result is None else result
+        wait.calls = calls
+        return wait
+
+    def names(self) -> List[str]:
+        return [name for name, _ in self.events]
+
+
+def failure(rank: int, code: int = 1, at: float = 1000.0) -> Failure:
+    return Failure(0, rank, f"rank {rank}", ExitInfo(code, at))
+
+
+def succeeded() -> RunResult:
+    return RunResult(0, "succeeded", 1)
+
+
+def gen_files(node: Node, generation: int = 0) -> List[str]:
+    return sorted(os.listdir(node.files.gen_path(generation)))
+
+
+# -- joining: incarnations and stale directories ---------------------------------------------------
+def test_nodes_of_one_start_join_the_same_incarnation(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    assert a.files.path == b.files.path == str(tmp_path / "job" / "inc_0")
+    assert sorted(os.listdir(a.files.path)) == ["join.0", "join.1"]
+    record = json.loads((tmp_path / "job" / "inc_0" / "join.1").read_text())
+    assert record["server"] == 1 and record["name"] == "server 1 (10.0.0.2)" and record["pid"] == os.getpid()
+
+
+def test_a_restarted_job_with_the_same_run_id_starts_a_new_incarnation(tmp_path):
+    """The old start's files (a failure, an abort) never reach the new one, in whatever order the new
+    launchers arrive."""
+    old_a, old_b = Node(tmp_path, 0), Node(tmp_path, 1)
+    old_b.sync.rank_failed(0, [3], failure(3, 7))
+    old_b.sync.settle(0, RunResult(7, "failed", 1), failure(3, 7), [3], old_b.waiter())
+    new_b = Node(tmp_path, 1)  # B first this time: its own join.1 marks inc_0 as a previous start
+    new_a = Node(tmp_path, 0)
+    assert new_a.files.path == new_b.files.path == str(tmp_path / "job" / "inc_1")
+    assert new_a.files.read(0) == Generation(0)
+    assert old_a.files.read(0).abort["exit_code"] == 7
+
+
+def test_a_closed_incarnation_is_not_joined_even_by_a_node_that_never_joined_it(tmp_path):
+    old_a = Node(tmp_path, 0)
+    old_a.sync.leave(0, RunResult(1, "sync-timeout", 1))  # node B never came; A gave up and closed it
+    new_b = Node(tmp_path, 1)
+    assert new_b.files.path.endswith("inc_1")
+    assert Node(tmp_path, 0).files.path.endswith("inc_1")
+
+
+def test_run_ids_keep_jobs_apart(tmp_path):
+    a = Node(tmp_path, 0, run_id="job-a")
+    Node(tmp_path, 1, run_id="job-b").sync.rank_failed(0, [1], failure(1))
+    assert a.files.read(0) == Generation(0)
+
+
+# -- the files --------------------------------------------------------------------------------------
+def test_read_collects_every_node_and_skips_temporary_and_unknown_files(tmp_path):
+    a, b, c = (Node(tmp_path, i, count=3) for i in range(3))
+    b.sync.rank_failed(0, [3], failure(3, -9, at=5.0))
+    a.sync.rank_failed(0, [0, 1], failure(0, 1, at=6.0))
+    a.files.write(0, "stopped.0", {})
+    c.files.write(0, "done.2", {})
+    gen = a.files.gen_path(0)
+    for junk in (".failed.2.json.host.1.tmp", "failed.x.json", "notes.txt"):
+        with open(os.path.join(gen, junk), "w") as fh:
+            fh.write("{")
+    with open(os.path.join(gen, "failed.2.json"), "w") as fh:
+        fh.write('{"ranks": [5')  # not complete yet (no rename): left out until it is
+    state = c.files.read(0)
+    assert sorted(state.failed) == [0, 1] and state.stopped == {0} and state.done == {2} and state.abort is None
+    assert state.failed_ranks() == (0, 1, 3)
+    assert state.missing(3) == [1]
+    assert [f.label for f in state.failures()] == ["rank 3 on server 1 (10.0.0.2)", "rank 0 on server 0 (10.0.0.1)"]
+    assert state.exit_code() == 137  # the earliest failure: SIGKILL
+    assert [f.rank for f in state.failures(exclude=1)] == [0]
+
+
+def test_writes_are_whole_files_and_abort_has_one_writer(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    assert a.files.write(0, "abort", {"exit_code": 3, "reason": "first"}, exclusive=True)
+    assert not b.files.write(0, "abort", {"exit_code": 4, "reason": "second"}, exclusive=True)
+    assert gen_files(a) == ["abort"]  # no temporary file left behind
+    assert a.files.read(0).abort["reason"] == "first"
+    assert Generation(0, abort={"exit_code": 3}).exit_code() == 3
+    assert Generation(0).exit_code() == 1
+
+
+# -- during a generation: another node's failure ----------------------------------------------------
+def test_watcher_polls_from_the_event_loop_until_another_node_fails(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    a.sync.attempt_started(0)
+    a.loop.run_due()
+    a.loop.run_due()
+    assert a.loop.delays == [0.0, 0.5, 0.5] and not a.loop.posted  # first look at once, then every 0.5 s
+    a.sync.rank_failed(0, [1], failure(1))  # its own failure is not news
+    a.loop.run_due()
+    assert not a.loop.posted
+    b.sync.rank_failed(0, [3], failure(3, -9))
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert isinstance(update, PeerUpdate) and update.generation == 0
+    assert (update.failure.rank, update.failure.info.exit_code) == (3, 137)
+    assert update.reason == "rank 3 on server 1 (10.0.0.2) failed (killed by SIGKILL)"
+    assert not a.loop.timers  # one report per generation
+    assert ("sync_peer_failure", {"generation": 0, "rank": 3, "label": "rank 3 on server 1 (10.0.0.2)",
+                                  "exit_code": 137, "reason": update.reason}) in a.events
+
+
+def test_watcher_reports_an_abort_and_looks_only_at_its_generation(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    b.sync.rank_failed(0, [3], failure(3))  # generation 0 is over for a
+    a.sync.attempt_started(1)
+    a.loop.run_due()
+    assert not a.loop.posted
+    b.files.write(1, "abort", {"exit_code": 1, "reason": "gasp"}, exclusive=True)
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert update.generation == 1 and update.failure.rank == -1
+    assert update.reason == "server 1 (10.0.0.2) ended the job (gasp)"
+
+
+def test_settle_stops_watching(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    a.sync.attempt_started(0)
+    b.sync.settle(0, None, None, [], b.waiter(lambda n: False))
+    a.sync.settle(0, None, None, [], a.waiter())
+    assert not a.loop.timers
+
+
+# -- the barrier ------------------------------------------------------------------------------------
+def test_barrier_waits_for_every_node_then_both_restart_with_the_union(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    b.sync.rank_failed(0, [3], failure(3, -9))
+    a.sync.rank_failed(0, [0], failure(0))  # its rank failed too before a saw b's file
+    agreed_b: List[Agreement] = []
+    # a stops first and waits; during its second wait b arrives (and finds a already there).
+    wait_a = a.waiter(lambda n: agreed_b.append(b.sync.settle(0, None, failure(3), [3], b.waiter()))
+                      if n == 2 else None)
+    agreed_a = a.sync.settle(0, None, failure(0), [0], wait_a)
+    assert agreed_a == agreed_b[0] == Agreement((0, 3))
+    assert wait_a.calls == [0.5, 0.5]
+    assert gen_files(a) == ["failed.0.json", "failed.1.json", "stopped.0", "stopped.1"]
+    names = a.names()
+    assert names.index("sync_stopped") < names.index("sync_wait") < names.index("sync_barrier")
+    [barrier] = [kw for name, kw in a.events if name == "sync_barrier"]
+    assert barrier == {"generation": 0, "waited": 1.0, "failed_ranks": [0, 3], "failed_servers": [0, 1]}
+
+
+def test_barrier_times_out_naming_the_missing_nodes(tmp_path, caplog):
+    a, b, c = (Node(tmp_path, i, count=3, timeout=2.0) for i in range(3))
+    c.files.write(0, "stopped.2", {})
+    agreed = a.sync.settle(0, None, failure(1), [1], a.waiter())
+    assert agreed == Agreement(exit_code=1, reason="sync-timeout")
+    assert "server 1 (10.0.0.2) did not report generation 0 as stopped within 2 s" in caplog.text
+    assert ("sync_timeout", {"generation": 0, "waiting_for": "stopped", "missing": [1], "timeout": 2.0}) in a.events
+    abort = a.files.read(0).abort
+    assert abort["exit_code"] == 1 and "server 1 (10.0.0.2) missing" in abort["reason"]
+    # The late node learns at once that the job is over.
+    assert b.sync.settle(0, None, None, [], b.waiter()) == Agreement(exit_code=1, reason="failed")
+
+
+def test_barrier_ends_when_a_node_aborts(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    b.sync.rank_failed(0, [3], failure(3, 9))
+    wait = a.waiter(lambda n: b.sync.settle(0, RunResult(9, "failed", 1), failure(3, 9), [3], b.waiter()) and None)
+    # a had budget left; b had not: a ends with b's code (it has no failure of its own ...)
+    assert a.sync.settle(0, None, None, [], wait) == Agreement(exit_code=9, reason="failed")
+    # ... or with its own when it has one.
+    again = Node(tmp_path, 0, files=a.files)
+    assert again.sync.settle(0, None, failure(0, 4), [0], again.waiter()).exit_code == 4
+
+
+def test_barrier_with_a_finished_node_cannot_restart(tmp_path, caplog):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    b.files.write(0, "done.1", {})
+    assert a.sync.settle(0, None, failure(0, 6), [0], a.waiter()) == Agreement(exit_code=6, reason="failed")
+    assert "server 1 (10.0.0.2) finished generation 0 and starts nothing more" in caplog.text
+    assert a.files.read(0).abort["exit_code"] == 6
+
+
+def test_a_stop_signal_during_the_barrier_ends_the_wait(tmp_path):
+    a = Node(tmp_path, 0)
+    assert a.sync.settle(0, None, None, [], a.waiter(lambda n: False)) == Agreement()
+
+
+# -- success and failure ----------------------------------------------------------------------------
+def test_success_needs_every_node_done(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    wait = a.waiter(lambda n: b.sync.settle(0, succeeded(), None, [], b.waiter()) and None)
+    assert a.sync.settle(0, succeeded(), None, [], wait) == Agreement()
+    assert gen_files(a) == ["done.0", "done.1"]
+    assert "sync_all_done" in a.names() and "sync_all_done" in b.names()
+
+
+def test_a_finished_node_exits_with_the_failure_of_another(tmp_path, caplog):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    b.sync.rank_failed(0, [3], failure(3, -6))
+    assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement(exit_code=134, reason="failed")
+    assert "job failed on another node" in caplog.text and "rank 3 on server 1" in caplog.text
+
+
+def test_a_finished_node_gives_up_waiting_for_the_others(tmp_path):
+    a = Node(tmp_path, 0, timeout=1.0)
+    assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement(exit_code=1, reason="sync-timeout")
+
+
+def test_a_spent_budget_aborts_for_everyone(tmp_path):
+    a = Node(tmp_path, 0)
+    agreed = a.sync.settle(2, RunResult(7, "failed", 3), failure(1, 7), [1], a.waiter())
+    assert agreed == Agreement((1,))  # this node's own verdict stands
+    assert a.files.read(2).abort == {**a.files.read(2).abort, "exit_code": 7, "reason": "failed", "server": 0}
+    assert ("sync_abort", {"generation": 2, "exit_code": 7, "reason": "failed"}) in a.events
+
+
+@pytest.mark.parametrize("result,marker,code", [(RunResult(0, "graceful-exit", 1), "done.0", None),
+                                                (RunResult(143, "gasp", 1), "abort", 1),
+                                                (RunResult(5, "failed", 1), "abort", 5)])
+def test_leaving_tells_the_others_and_closes_the_incarnation(tmp_path, result, marker, code):
+    a = Node(tmp_path, 0)
+    a.sync.leave(1, result)
+    assert marker in gen_files(a, 1)
+    assert os.path.exists(os.path.join(a.files.path, "closed"))
+    if code is not None:
+        assert a.files.read(1).abort["exit_code"] == code
+
+
+def test_leaving_quietly_after_an_error_when_the_directory_is_gone(tmp_path):
+    a = Node(tmp_path, 0)
+    os.chmod(a.files.path, 0o500)
+    try:
+        a.sync.leave(0, RunResult(1, "launcher-error", 0), quiet=True)
+    finally:
+        os.chmod(a.files.path, 0o700)
+
+
+def test_no_sync_keeps_the_local_view():
+    sync = NoSync()
+    assert sync.settle(0, None, None, [2], lambda s: True) == Agreement((2,))
+    assert sync.settle(0, succeeded(), None, [], lambda s: True) == Agreement(())
+
+
+# -- options ----------------------------------------------------------------------------------------
+def test_check_options():
+    check_options("job", chosen=True, server_count=2)
+    check_options("a1b2c3", chosen=False, server_count=1)
+    with pytest.raises(UsageError, match="same run id") as info:
+        check_options("a1b2c3", chosen=False, server_count=2)
+    assert info.value.exit_code == 2 and "--run-id" in info.value.problems[0]
+    with pytest.raises(UsageError):
+        check_options("a/b", chosen=True, server_count=2)
+
+
+def test_run_refuses_a_generated_run_id_with_several_nodes(clean_env, restore_launcher_logger, tmp_path, capsys):
+    argv = ["run", "--run-dir", str(tmp_path / "run"), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+            "--sync-dir", str(tmp_path / "sync"), "--", "true"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--sync-dir with several servers needs the same run id" in err and "pass --run-id" in err
+    assert not (tmp_path / "sync").exists()
+
+
+def test_sync_options_from_the_environment_and_the_config_file(clean_env, restore_launcher_logger, tmp_path,
+                                                                 capsys, monkeypatch):
+    from launcher.options import load_config
+
+    config = tmp_path / "launcher.yaml"
+    config.write_text("sync-dir: /shared/sync\nsync_timeout: 30\n")
+    assert load_config(str(config)) == {"sync_dir": "/shared/sync", "sync_timeout": 30}
+    config.write_text("sync_timeout: -1\n")
+    with pytest.raises(UsageError, match="invalid"):
+        load_config(str(config))
+    monkeypatch.setenv("LAUNCHER_SYNC_DIR", str(tmp_path / "sync"))  # refused like the option
+    assert main(["run", "--run-dir", str(tmp_path / "run"), "--nnodes", "2", "--nproc-per-node", "1", "--", "true"]) == 2
+    assert "needs the same run id" in capsys.readouterr().err
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--sync-dir" in out and "LAUNCHER_SYNC_TIMEOUT" in out
