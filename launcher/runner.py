@@ -10,7 +10,7 @@ from typing import List, Mapping, Optional, Sequence
 
 from launcher import envnames, topology
 from launcher.errors import UsageError
-from launcher.options import RunOptions, default_run_dir
+from launcher.options import RunOptions, check_sync_options, default_run_dir
 from launcher.rankenv import EnvContext, WorkerSpec
 from launcher.recovery import resolve_strategy
 from launcher.topology import Topology
@@ -32,6 +32,9 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                      base_env=environ)
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
+    if opts.sync_dir:
+        check_sync_options(run_id, bool(opts.run_id or environ.get(envnames.MINDX_TASK_ID)),
+                           topo.table.server_count)
     if opts.dry_run:
         print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0

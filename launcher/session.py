@@ -19,7 +19,7 @@ from launcher import rundir as rundir_mod
 from launcher.control import ControlServer
 from launcher.errors import LauncherError, UsageError
 from launcher.events import EventLog
-from launcher.options import DEFAULT_RESET_JSON, RunOptions, check_sync_options
+from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
@@ -40,9 +40,6 @@ class Session:
     """
 
     def __init__(self, opts: RunOptions, ctx: EnvContext):
-        if opts.sync_dir:  # before anything starts
-            check_sync_options(ctx.run_id, bool(opts.run_id or ctx.base_env.get(envnames.MINDX_TASK_ID)),
-                               ctx.topology.table.server_count)
         self.opts = opts
         self.ctx = ctx
         self.console_ranks = parse_rank_filter(opts.console_ranks)
@@ -63,8 +60,15 @@ class Session:
         self.run_dir.lock()
         self._make_log_dir()
         self.events = EventLog(self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id)
-        self.run_dir.write_json(rundir_mod.LAUNCHER, {"pid": os.getpid(), "started": time.time(),
-                                                      "run_id": self.ctx.run_id, "log_dir": self.log_session})
+        previous = self.run_dir.read_json(rundir_mod.LAUNCHER)
+        if previous and not previous.get("ended"):
+            # The launcher before us on this run dir never reached its end (SIGKILL, OOM, node loss).
+            self._emit("unclean_previous_run", previous_pid=previous.get("pid"), started=previous.get("started"),
+                       run_id=previous.get("run_id"))
+            log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
+        self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
+                                "log_dir": self.log_session}
+        self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         self.guard = guard_mod.OrphanGuard()
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
@@ -314,4 +318,5 @@ class Session:
             self.guard.close()
         if self.events is not None:
             self.events.close()
+            self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
         self.run_dir.unlock()

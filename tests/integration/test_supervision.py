@@ -137,3 +137,15 @@ def test_second_launcher_on_same_run_dir_is_refused(launcher, tmp_path):
     assert "another launcher" in other.stderr
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait() == 143
+
+
+def test_a_sigkilled_launcher_is_reported_by_the_next_one(launcher):
+    launcher.start(["--nproc-per-node", "1"], [])
+    launcher.wait_ready(1)
+    launcher.proc.kill()
+    launcher.wait()
+    assert launcher.run(["--nproc-per-node", "1"], ["--run", "0"]) == 0
+    unclean = [e for e in launcher.events() if e["event"] == "unclean_previous_run"]
+    assert len(unclean) == 1 and unclean[0]["previous_pid"] == launcher.events()[0]["launcher_pid"]
+    assert launcher.run(["--nproc-per-node", "1"], ["--run", "0"]) == 0  # a clean end is not reported
+    assert len([e for e in launcher.events() if e["event"] == "unclean_previous_run"]) == 1

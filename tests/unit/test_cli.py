@@ -296,3 +296,17 @@ def test_help_does_not_import_heavy_modules(argv):
                           timeout=30, env={k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")})
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "0 []"
+
+
+def test_dry_run_refuses_sync_dir_without_a_shared_run_id(capsys, tmp_path):
+    """--sync-dir is scoped by run id: with several servers a generated one is refused, dry run too."""
+    from launcher.ranktable import generate_rank_table
+
+    table = tmp_path / "hccl.json"
+    table.write_text(json.dumps(generate_rank_table([("10.0.0.1", 1), ("10.0.0.2", 1)])))
+    args = ["run", "--rank-table", str(table), "--server-id", "10.0.0.1", "--sync-dir", str(tmp_path / "s"),
+            "--dry-run", "--", "true"]
+    code, _, err = run_cli(capsys, *args)
+    assert code == 2 and "same run id on every node" in err
+    code, _, _ = run_cli(capsys, *args[:1], "--run-id", "job7", *args[1:])
+    assert code == 0
