@@ -104,11 +104,13 @@ def test_rewritten_rank_table_is_reread_before_the_restart(launcher, tmp_path):
     table_dir.mkdir()
     (table_dir / "hccl.json").write_text(json.dumps(rank_table([("10.0.0.1", [0, 1])])))
     (table_dir / "version").write_text("100")
+    trigger = tmp_path / "fail-now"
     launcher.start(["--rank-table", str(table_dir / "hccl.json"), "--server-id", "10.0.0.1",
-                    "--max-restarts", "1"], ["--fail-rank", "1", "--run", "1.0"])
+                    "--max-restarts", "1"], ["--fail-rank", "1", "--fail-when", str(trigger), "--run", "1.0"])
     attempt_ready(launcher, 0)
     (table_dir / "hccl.json").write_text(json.dumps(rank_table([("10.0.0.1", [0, 1, 2])])))
     (table_dir / "version").write_text("101")
+    trigger.touch()  # the rank fails only after the cluster rewrote the table
     assert launcher.wait(30) == 0, launcher.stderr
     changed = events_named(launcher, "rank_table_changed")
     assert changed and changed[0]["new_ranks"] == [0, 1, 2] and changed[0]["new_revision"] == "101"

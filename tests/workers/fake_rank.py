@@ -4,6 +4,7 @@ It appends ``<rank> <attempt> <pid> <time>`` to ``--ready-file`` once it runs us
 on that file instead of sleeping blindly. Behaviour options:
   --fail-rank R --exit-code N     rank R exits with N (on attempts listed by --fail-attempts, default 0)
   --fail-signal SIG               ... or kills itself with SIG instead
+  --fail-when PATH                ... only once PATH exists (the test's trigger)
   --ignore-term                   ignore SIGTERM (to test escalation to SIGKILL)
   --term-delay S                  on SIGTERM, write a "term" record, sleep S, then exit 143
   --ckpt-dir D                    ... and during those S seconds write D/rank_<r>.ckpt atomically
@@ -82,6 +83,7 @@ def main():
     p.add_argument("--fail-attempts", default="0")
     p.add_argument("--exit-code", type=int, default=1)
     p.add_argument("--fail-signal")
+    p.add_argument("--fail-when")
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--term-delay", type=float)
     p.add_argument("--ckpt-dir")
@@ -123,6 +125,8 @@ def main():
     _append(a.ready_file, f"{rank} {attempt} {os.getpid()} {time.time()} {allowed}\n")
     if rank == a.fail_rank and str(attempt) in a.fail_attempts.split(","):
         _wait_for_peers(a.ready_file, attempt)
+        while a.fail_when and not os.path.exists(a.fail_when):
+            time.sleep(0.01)
         print(f"rank {rank} failing now", flush=True)
         if a.fail_signal:
             os.kill(os.getpid(), getattr(signal, a.fail_signal))
