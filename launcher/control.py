@@ -14,7 +14,7 @@ import struct
 from typing import Any, Callable, Dict, Iterator, Optional
 
 from launcher.errors import LauncherError
-from launcher.procgroup import ControlRequest
+from launcher.loopevents import ControlRequest
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,6 @@ import os
 import signal
 from typing import Any, Dict, List, Optional
 
-from launcher import gasp as gasp_mod
 from launcher import rundir as rundir_mod
 from launcher.errors import LauncherError
 from launcher.options import default_run_dir
@@ -64,6 +63,7 @@ def prestop(run_dir: Optional[str] = None, timeout: Optional[float] = None, sign
 
 
 def _prestop_without_supervisor(path: str, timeout: Optional[float], signame: str) -> int:
+    from launcher import gasp as gasp_mod
     from launcher.events import EventLog
     from launcher.options import RunOptions
 

@@ -17,57 +17,23 @@ import selectors
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence
 
 from launcher import guard as guard_mod
 from launcher import signals
 from launcher.errors import LauncherError
+from launcher.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.output import RankOutput, console_stream, open_log
 from launcher.rankenv import WorkerSpec
 from launcher.states import ExitInfo
 
+__all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "ProcessGroup", "RankExited",
+           "SignalReceived"]
+
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class RankExited:
-    """A rank's main process ended."""
 
-    rank: int
-    info: ExitInfo
-
-
-@dataclass(frozen=True)
-class SignalReceived:
-    """The launcher received a stop signal (SIGTERM, SIGINT, SIGHUP)."""
-
-    signum: int
-
-
-@dataclass(frozen=True)
-class ControlRequest:
-    """A request from ``launcher prestop`` / ``launcher exit`` over the control socket.
-
-    Attributes:
-        command: What is asked (``gasp``, ``exit``, ``status``).
-        args: The request's parameters.
-        reply: Send a JSON-serialisable answer; ``final=True`` closes the connection.
-    """
-
-    command: str
-    args: Dict[str, Any]
-    reply: Callable[..., None]
-
-
-@dataclass(frozen=True)
-class ClusterUpdate:
-    """The cluster asked something of this node (a ``launcher.resetjson.ResetChange``)."""
-
-    change: Any
-
-
-Event = Union[RankExited, SignalReceived, ControlRequest, ClusterUpdate]
 
 
 class ProcessGroup(abc.ABC):

@@ -5,6 +5,7 @@ itself from ``--nproc-per-node`` end up as one :class:`RankTable`.
 """
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
@@ -86,7 +87,9 @@ class RankTable:
     master_port: Optional[int] = None
     extra: Dict[str, str] = field(default_factory=dict, compare=False)
 
-    @property
+    # cached_property writes the instance __dict__ directly, so it works on a frozen dataclass; the
+    # table is immutable, and a 512-server table otherwise rescans every server per rank.
+    @cached_property
     def world_size(self) -> int:
         """Total number of ranks."""
         return sum(len(s.devices) for s in self.servers)
@@ -106,9 +109,14 @@ class RankTable:
                 return server.container_ip or server.server_id
         return self.servers[0].container_ip or self.servers[0].server_id
 
+    @cached_property
+    def _positions(self) -> Dict[int, int]:
+        return {id(server): i for i, server in enumerate(self.servers)}
+
     def server_index(self, server: ServerEntry) -> int:
         """Position of ``server`` in the table (the legacy ``SERVER_ID``)."""
-        return self.servers.index(server)
+        position = self._positions.get(id(server))
+        return position if position is not None else self.servers.index(server)
 
     def find_servers(self, addresses: Sequence[str]) -> List[ServerEntry]:
         """Servers whose ``server_id``, ``host_ip`` or ``container_ip`` equals one of ``addresses``.
