@@ -1,0 +1,1 @@
+"""Benchmarks of the launcher against torchrun and msrun: ``python -m bench`` (see README.md)."""
