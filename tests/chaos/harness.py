@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tests.integration.conftest import pid_alive
+
 REPO = Path(__file__).resolve().parents[2]
 
 # PyTorch: "step 70/200 loss ...", "resumed from <path> at step 70", "final sha256 <hex>";
@@ -43,15 +45,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
