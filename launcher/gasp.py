@@ -84,8 +84,8 @@ class RecordedRank:
     create_time: Optional[float]
 
 
-def verified_ranks(records: List[RecordedRank]) -> List["object"]:
-    """psutil processes for the records that are still the very processes the launcher started.
+def verified_ranks(records: List[RecordedRank]) -> List[tuple]:
+    """``(record, psutil.Process)`` for the records that are still the very processes the launcher started.
 
     A pid is trusted only if a process with that pid exists and its create time equals the recorded
     one, so a recycled pid is never signalled.

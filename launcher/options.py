@@ -15,6 +15,7 @@ from launcher.errors import UsageError
 FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
 DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
 DEFAULT_RANK_TABLE = "/user/serverid/devindex/config/hccl.json"
+TASKD_DEFAULT_PORT = 9601  # TaskD hard-codes the manager port; pods declare it as taskd-port
 DEFAULT_FAULT_NPUS = "/user/restore/fault/config/fault-npus"
 DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
 
@@ -58,7 +59,7 @@ class RunOptions:
     sync_dir: Optional[str] = None
     sync_timeout: float = 300.0
     taskd: str = "auto"
-    taskd_port: int = 9601
+    taskd_port: int = TASKD_DEFAULT_PORT
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)

@@ -27,11 +27,12 @@ from typing import Dict, List, Mapping, Optional
 
 from launcher import envnames
 from launcher.errors import LauncherError, UsageError
+from launcher.options import TASKD_DEFAULT_PORT
 
 log = logging.getLogger(__name__)
 
 #: The TaskD manager's port: ``MgrPort = ":9601"`` in TaskD, a constant (pods declare it ``taskd-port``).
-DEFAULT_PORT = 9601
+DEFAULT_PORT = TASKD_DEFAULT_PORT
 #: Values of ``--taskd``.
 MODES = ("auto", "on", "off")
 #: ``libtaskd.so`` relative to the ``taskd`` package directory.

@@ -4,8 +4,8 @@ from typing import Any, Callable, Optional
 
 import click
 
-from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, RunOptions, env_var_for,
-                              load_config)
+from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, RunOptions,
+                              env_var_for, load_config)
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
@@ -90,7 +90,7 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
       help="MindCluster TaskD manager on the node hosting rank 0, libtaskd.so preloaded in every rank "
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")
-@_opt("--taskd-port", type=click.IntRange(1, 65535), default=9601,
+@_opt("--taskd-port", type=click.IntRange(1, 65535), default=TASKD_DEFAULT_PORT,
       help="The TaskD manager's port, checked free before it starts.")
 @_opt("--dry-run", is_flag=True, help="Resolve and print everything without spawning.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
