@@ -43,7 +43,7 @@ def _record(name: str, text: str) -> None:
     if not stub_dir:
         return
     path = os.path.join(stub_dir, name)
-    tmp = f"{path}.tmp"
+    tmp = os.path.join(stub_dir, f".{name}.tmp")  # hidden: must not match the tests' "manager-started-*" globs
     with open(tmp, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
@@ -109,8 +109,10 @@ def start_taskd_manager() -> bool:
         server.close()
         return False
     server.listen(16)
-    _record(f"manager-started-{os.getpid()}", f"{time.time():.6f}\n")
+    # The log line first: tests wait for the marker file and then read the log, so the marker must
+    # only appear once everything it announces is already written.
     _say(f"listening on {host}:{port}")
+    _record(f"manager-started-{os.getpid()}", f"{time.time():.6f}\n")
     crash_after = os.environ.get("TASKD_STUB_CRASH_AFTER")
     deadline = time.monotonic() + float(crash_after) if crash_after else None
     _serve(server, deadline)
