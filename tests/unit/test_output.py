@@ -59,6 +59,29 @@ def test_prefix_on_every_line(pipes):
     assert console.getvalue() == b"[rank 3] a\n[rank 3] bb\n[rank 3] \n[rank 3] ccc\n"
 
 
+def test_a_line_without_newline_is_shown_once_it_reaches_the_bound(pipes, monkeypatch):
+    """A progress bar redrawn with \\r never sends \\n: it is shown in bounded pieces, not held forever."""
+    monkeypatch.setattr(output_mod, "MAX_PARTIAL", 16)
+    console = io.BytesIO()
+    p = pipes(console)
+    p.write(b"step 1/9\rstep 2/")
+    p.out.pump()
+    assert console.getvalue() == b"[rank 3] step 1/9\rstep 2/\n"
+    p.write(b"9\rstep 3/9\ndone\n")
+    p.out.pump()
+    assert console.getvalue() == b"[rank 3] step 1/9\rstep 2/\n[rank 3] 9\rstep 3/9\n[rank 3] done\n"
+    assert p.file_bytes() == b"step 1/9\rstep 2/9\rstep 3/9\ndone\n"  # the file is untouched
+
+
+def test_a_partial_line_is_prefixed_once_across_chunks(pipes):
+    console = io.BytesIO()
+    p = pipes(console)
+    for piece in (b"a", b"b", b"c\nd", b"e\n"):
+        p.write(piece)
+        p.out.pump()
+    assert console.getvalue() == b"[rank 3] abc\n[rank 3] de\n"
+
+
 def test_partial_lines_wait_for_their_newline_and_are_flushed_at_close(pipes):
     console = io.BytesIO()
     p = pipes(console)
