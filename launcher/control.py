@@ -11,9 +11,8 @@ import logging
 import os
 import socket
 import struct
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict
 
-from launcher.errors import LauncherError
 from launcher.loopevents import ControlRequest
 
 log = logging.getLogger(__name__)
@@ -119,34 +118,3 @@ def _same_user(conn: socket.socket) -> bool:
         return True  # no SO_PEERCRED here: the 0700 run dir is the protection
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid == os.geteuid()
-
-
-class NoSupervisor(LauncherError):
-    """No supervisor listens on the run dir's socket (not started, or dead)."""
-
-
-def request(path: str, command: str, args: Optional[Dict[str, Any]] = None,
-            timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
-    """Send one request and yield the answers until the server closes the connection.
-
-    Raises:
-        NoSupervisor: nothing listens on ``path``.
-        LauncherError: the answer did not come within ``timeout`` or was malformed.
-    """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-    except (FileNotFoundError, ConnectionRefusedError) as exc:
-        sock.close()
-        raise NoSupervisor(f"no launcher is listening on {path}: {exc.strerror}") from None
-    with sock:
-        sock.settimeout(timeout)
-        sock.sendall((json.dumps({"command": command, "args": args or {}}) + "\n").encode())
-        reader = sock.makefile("rb")
-        try:
-            for line in reader:
-                yield json.loads(line)
-        except socket.timeout:
-            raise LauncherError(f"the launcher did not answer {command!r} within {timeout:.0f} s") from None
-        except ValueError:
-            raise LauncherError("malformed answer from the launcher") from None

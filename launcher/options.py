@@ -5,7 +5,6 @@ file > defaults. Click implements exactly this order when the config file is loa
 context's ``default_map`` by an eager option, which is what ``load_config_into_context`` does.
 """
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
@@ -173,13 +172,3 @@ def _schema_problems(data: Any) -> list:
         else:
             problems.append(f"{path}: {error.message}")
     return problems
-
-
-def default_run_dir(environ: Optional[Dict[str, str]] = None) -> str:
-    """``$XDG_RUNTIME_DIR/launcher`` when set, else ``/tmp/launcher-<uid>``; ``LAUNCHER_RUN_DIR`` wins."""
-    env = os.environ if environ is None else environ
-    if env.get(envnames.LAUNCHER_RUN_DIR):
-        return env[envnames.LAUNCHER_RUN_DIR]
-    if env.get(envnames.XDG_RUNTIME_DIR):
-        return os.path.join(env[envnames.XDG_RUNTIME_DIR], "launcher")
-    return f"/tmp/launcher-{os.getuid()}"

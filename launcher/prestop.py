@@ -10,12 +10,11 @@ from typing import Any, Dict, List, Optional
 
 from launcher import rundir as rundir_mod
 from launcher.errors import LauncherError
-from launcher.options import default_run_dir
 
 
 def open_run_dir(path: Optional[str]) -> Optional[str]:
     """The checked run dir, or None when there is no run at all."""
-    path = os.path.abspath(path or default_run_dir())
+    path = os.path.abspath(path or rundir_mod.default_run_dir())
     try:
         rundir_mod.check_private(path)
     except FileNotFoundError:
@@ -43,7 +42,7 @@ def prestop(run_dir: Optional[str] = None, timeout: Optional[float] = None, sign
         timeout: Without a live supervisor, seconds ranks get before SIGKILL.
         signame: Without a live supervisor, the save signal.
     """
-    from launcher.control import NoSupervisor, request
+    from launcher.ctlclient import NoSupervisor, request
 
     path = open_run_dir(run_dir)
     if path is None:

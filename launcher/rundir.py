@@ -8,8 +8,9 @@ import fcntl
 import json
 import os
 import stat
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
+from launcher import envnames
 from launcher.errors import LauncherError, UsageError
 
 EVENTS = "events.jsonl"
@@ -17,6 +18,16 @@ STATE = "state.json"
 LAUNCHER = "launcher.json"
 LOCK = "lock"
 CONTROL_SOCKET = "control.sock"
+
+
+def default_run_dir(environ: Optional[Dict[str, str]] = None) -> str:
+    """``$XDG_RUNTIME_DIR/launcher`` when set, else ``/tmp/launcher-<uid>``; ``LAUNCHER_RUN_DIR`` wins."""
+    env = os.environ if environ is None else environ
+    if env.get(envnames.LAUNCHER_RUN_DIR):
+        return env[envnames.LAUNCHER_RUN_DIR]
+    if env.get(envnames.XDG_RUNTIME_DIR):
+        return os.path.join(env[envnames.XDG_RUNTIME_DIR], "launcher")
+    return f"/tmp/launcher-{os.getuid()}"
 
 
 def check_private(path: str) -> None:

@@ -10,7 +10,8 @@ from typing import List, Mapping, Optional, Sequence
 
 from launcher import envnames, topology
 from launcher.errors import UsageError
-from launcher.options import RunOptions, check_sync_options, default_run_dir
+from launcher.options import RunOptions, check_sync_options
+from launcher.rundir import default_run_dir
 from launcher.rankenv import EnvContext, WorkerSpec
 from launcher.recovery import resolve_strategy
 from launcher.topology import Topology

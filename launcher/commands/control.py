@@ -35,7 +35,7 @@ def prestop(run_dir: Optional[str], timeout: Optional[float], signame: str) -> i
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after this many seconds.")
 def exit_(run_dir: Optional[str], no_wait: bool, timeout: Optional[float]) -> int:
     """Stop the whole job at a step boundary, saving first (graceful exit on request)."""
-    from launcher.control import NoSupervisor, request
+    from launcher.ctlclient import NoSupervisor, request
 
     path = open_run_dir(run_dir)
     if path is None:

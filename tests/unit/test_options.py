@@ -5,7 +5,6 @@ default < config file < ``LAUNCHER_*`` environment < command line.
 """
 
 import json
-import os
 
 import pytest
 from hypothesis import given, settings
@@ -13,7 +12,7 @@ from hypothesis import strategies as st
 
 from launcher.cli import main
 from launcher.errors import UsageError
-from launcher.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, default_run_dir, env_var_for,
+from launcher.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
                               load_config)
 from launcher.runner import parse_rank_filter
 
@@ -255,29 +254,6 @@ def test_resolved_framework_unknown(name):
         RunOptions(("x",)).resolved_framework({"framework": name})
     assert repr(name) in exc.value.message
     assert "pytorch, mindspore, tensorflow" in exc.value.problems[0]
-
-
-# --------------------------------------------------------------------------- default_run_dir
-
-def test_default_run_dir_launcher_run_dir_wins():
-    assert default_run_dir({"LAUNCHER_RUN_DIR": "/a", "XDG_RUNTIME_DIR": "/run/user/7"}) == "/a"
-
-
-def test_default_run_dir_xdg_runtime_dir():
-    assert default_run_dir({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/launcher"
-    assert default_run_dir({"LAUNCHER_RUN_DIR": "", "XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/launcher"
-
-
-def test_default_run_dir_tmp_fallback():
-    assert default_run_dir({}) == f"/tmp/launcher-{os.getuid()}"
-    assert default_run_dir({"XDG_RUNTIME_DIR": ""}) == f"/tmp/launcher-{os.getuid()}"
-
-
-def test_default_run_dir_reads_os_environ(monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/99")
-    assert default_run_dir() == "/run/user/99/launcher"
-    monkeypatch.setenv("LAUNCHER_RUN_DIR", "/srv/rd")
-    assert default_run_dir() == "/srv/rd"
 
 
 def test_dry_run_uses_default_run_dir(capsys, monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ import pytest
 
 from launcher import rundir as rundir_mod
 from launcher.errors import LauncherError, UsageError
-from launcher.rundir import LAUNCHER, RunDir, check_private
+from launcher.rundir import LAUNCHER, RunDir, check_private, default_run_dir
 
 
 def mode_of(path) -> int:
@@ -207,3 +207,26 @@ def test_read_json_missing_or_corrupt_is_none(tmp_path):
     with open(rd.file("bad.json"), "w") as fh:
         fh.write('{"pid": ')
     assert rd.read_json("bad.json") is None
+
+
+# --------------------------------------------------------------------------- default_run_dir
+
+def test_default_run_dir_launcher_run_dir_wins():
+    assert default_run_dir({"LAUNCHER_RUN_DIR": "/a", "XDG_RUNTIME_DIR": "/run/user/7"}) == "/a"
+
+
+def test_default_run_dir_xdg_runtime_dir():
+    assert default_run_dir({"XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/launcher"
+    assert default_run_dir({"LAUNCHER_RUN_DIR": "", "XDG_RUNTIME_DIR": "/run/user/7"}) == "/run/user/7/launcher"
+
+
+def test_default_run_dir_tmp_fallback():
+    assert default_run_dir({}) == f"/tmp/launcher-{os.getuid()}"
+    assert default_run_dir({"XDG_RUNTIME_DIR": ""}) == f"/tmp/launcher-{os.getuid()}"
+
+
+def test_default_run_dir_reads_os_environ(monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/99")
+    assert default_run_dir() == "/run/user/99/launcher"
+    monkeypatch.setenv("LAUNCHER_RUN_DIR", "/srv/rd")
+    assert default_run_dir() == "/srv/rd"
