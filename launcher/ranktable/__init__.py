@@ -5,10 +5,10 @@ JSON Schema check (:func:`validate_rank_table`) imports jsonschema only when cal
 (:func:`wait_for_rank_table`) imports tenacity only when called.
 """
 
+from launcher.ranktable.files import load_rank_table, load_rank_table_document, read_rank_table_file
 from launcher.ranktable.generate import build_local_table, generate_rank_table
 from launcher.ranktable.model import Device, RankTable, ServerEntry
-from launcher.ranktable.parse import (SUPPORTED_VERSIONS, RankTableError, RankTableNotReady, load_rank_table,
-                                      load_rank_table_document, parse_rank_table, read_rank_table_file)
+from launcher.ranktable.parse import SUPPORTED_VERSIONS, RankTableError, RankTableNotReady, parse_rank_table
 from launcher.ranktable.validate import validate_rank_table
 from launcher.ranktable.wait import wait_for_rank_table
 

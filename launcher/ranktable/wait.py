@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any, Optional, Union
 
 from launcher.errors import LauncherError, UsageError
+from launcher.ranktable.files import read_rank_table_file
 from launcher.ranktable.model import RankTable
-from launcher.ranktable.parse import RankTableNotReady, parse_rank_table, read_rank_table_file
+from launcher.ranktable.parse import RankTableNotReady, parse_rank_table
 
 log = logging.getLogger(__name__)
 
