@@ -7,11 +7,12 @@ told at start (``LAUNCHER_GASP_SAVE_ALLOWED``) whether a save is currently allow
 
 import json
 import logging
+import math
 import os
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 log = logging.getLogger(__name__)
 
@@ -42,23 +43,28 @@ class GaspGate:
         self.clock = clock
 
     def last(self) -> Optional[float]:
-        """Time of the last gasp that sent the save signal, if any."""
+        """Time of the last gasp that sent the save signal, if any (None for a damaged file)."""
         try:
             with open(self.path, encoding="utf-8") as fh:
-                return float(json.load(fh)["last_save"])
+                last = float(json.load(fh)["last_save"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
+        return last if math.isfinite(last) else None
 
     def allowed(self) -> bool:
-        """Whether a gasp now may send the save signal."""
-        last = self.last()
-        return self.min_interval <= 0 or last is None or self.clock() - last >= self.min_interval
+        """Whether a gasp now may send the save signal.
+
+        A last save in the future (the clock was stepped back) does not count: refusing would skip
+        saves until the clock catches up, and an extra save costs time, never work.
+        """
+        last, now = self.last(), self.clock()
+        return self.min_interval <= 0 or last is None or now < last or now - last >= self.min_interval
 
     def try_save(self) -> bool:
         """Decide for a gasp happening now; records it when the save is allowed."""
         if not self.allowed():
             return False
-        tmp = f"{self.path}.tmp"
+        tmp = f"{self.path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump({"last_save": self.clock()}, fh)
         os.replace(tmp, self.path)
@@ -82,6 +88,21 @@ class RecordedRank:
     rank: int
     pid: int
     create_time: Optional[float]
+
+
+def recorded_ranks(state: Any) -> List[RecordedRank]:
+    """The ranks listed in a ``state.json`` document; malformed entries (a damaged file) are skipped."""
+    entries = state.get("ranks") if isinstance(state, dict) else None
+    records = []
+    for entry in entries if isinstance(entries, list) else ():
+        try:
+            created = entry.get("create_time")
+            record = RecordedRank(int(entry["rank"]), int(entry["pid"]), None if created is None else float(created))
+        except (AttributeError, KeyError, TypeError, ValueError):
+            continue
+        if record.pid > 0:  # 0 and negative pids address process groups in kill(2)
+            records.append(record)
+    return records
 
 
 def verified_ranks(records: List[RecordedRank]) -> List[tuple]:
@@ -119,16 +140,29 @@ def fallback_gasp(records: List[RecordedRank], signum: int, timeout: float) -> L
     outcomes = []
     for rec, proc in procs:
         killed = proc.pid in alive
-        if killed:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # its own session: pgid == pid
-            except OSError:
-                pass
+        _kill_rank(proc, killed)
         # Not our children: their exit codes went to whoever reaps them now.
         outcomes.append({"rank": rec.rank, "label": f"rank {rec.rank}", "killed_after_timeout": killed,
                          "exit_code": None, "signal": None, "returncode": None})
     wait_exits(sorted(alive), 5.0)
     return outcomes
+
+
+def _kill_rank(proc: Any, running: bool) -> None:
+    """SIGKILL what is left of a rank: its process group (the launcher gives each rank its own
+    session, pgid == pid), where dataloader or writer children outlive a rank that exited, and the
+    rank itself if it is still ``running`` (psutil re-checks its create time)."""
+    import psutil
+
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # no such group any more: nothing of it is left
+        pass
+    if running:
+        try:
+            proc.kill()
+        except psutil.Error:
+            pass
 
 
 def wait_exits(pids: List[int], timeout: float) -> List[int]:

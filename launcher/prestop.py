@@ -67,7 +67,7 @@ def _prestop_without_supervisor(path: str, timeout: Optional[float], signame: st
     from launcher.options import RunOptions
 
     state = rundir_mod.RunDir(path).read_json(rundir_mod.STATE) or {}
-    records = [gasp_mod.RecordedRank(r["rank"], r["pid"], r.get("create_time")) for r in state.get("ranks", [])]
+    records = gasp_mod.recorded_ranks(state)
     alive = gasp_mod.verified_ranks(records)
     if not alive:
         print("launcher prestop: the launcher is gone and none of its ranks is running; nothing to do")

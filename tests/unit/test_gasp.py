@@ -1,0 +1,290 @@
+"""Unit tests for ``launcher.gasp``: the crash-loop gate, the gasp timeout, the graceful-exit file,
+and the supervisor-less gasp (pid + create-time verification, signal, wait, SIGKILL).
+
+The gate runs on a fake clock against a state file in ``tmp_path``; a hypothesis model checks it over
+arbitrary gasp sequences. Process tests start tiny real ranks (``sys.executable -c``) in their own
+session, as the launcher does, wait for a ready file each writes once its signal handler is in place,
+and reap them in the fixture's teardown.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher import gasp
+from launcher.gasp import GaspGate, RecordedRank, default_gasp_timeout, fallback_gasp, verified_ranks
+
+# argv: <on-signal: exit|ignore> <ready file> [<signal name> [child]]; "exit" exits with code 7 on the
+# signal. With "child" it first starts a `sleep` (in the rank's process group) and writes its pid to the ready file.
+RANK = """
+import os, signal, subprocess, sys
+mode, ready = sys.argv[1], sys.argv[2]
+signum = getattr(signal, sys.argv[3] if len(sys.argv) > 3 else "SIGTERM")
+child = subprocess.Popen(["sleep", "60"]).pid if sys.argv[4:] == ["child"] else ""
+signal.signal(signum, (lambda *_: os._exit(7)) if mode == "exit" else signal.SIG_IGN)
+with open(ready + ".tmp", "w") as fh:
+    fh.write(str(child))
+os.replace(ready + ".tmp", ready)
+while True:
+    signal.pause()
+"""
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def wait_until(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def spawn(tmp_path):
+    """``spawn(mode, *extra)`` starts a rank in its own session and returns its Popen once it is ready."""
+    procs = []
+
+    def start(mode, *extra):
+        ready = tmp_path / f"ready-{len(procs)}"
+        proc = subprocess.Popen([sys.executable, "-c", RANK, mode, str(ready), *extra], start_new_session=True)
+        procs.append(proc)
+        assert wait_until(ready.exists), "the rank never became ready"
+        proc.child = int(ready.read_text() or 0) or None
+        return proc
+
+    yield start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the rank and whatever it left in its group
+        except ProcessLookupError:
+            pass
+        proc.wait(10)
+
+
+def gone(pid: int) -> bool:
+    """The process exited (a zombie awaiting its reaper counts as gone)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def record(proc, rank=0, offset=0.0):
+    return RecordedRank(rank, proc.pid, psutil.Process(proc.pid).create_time() + offset)
+
+
+# -- the crash-loop gate -----------------------------------------------------------------------------
+
+def test_gate_allows_the_first_gasp_and_records_it(tmp_path):
+    path = tmp_path / "gasp.json"
+    gate = GaspGate(str(path), 60, Clock(1000.0))
+    assert gate.last() is None and gate.allowed()
+    assert gate.try_save() is True
+    assert json.loads(path.read_text()) == {"last_save": 1000.0}
+    assert gate.last() == 1000.0
+    assert not (tmp_path / "gasp.json.tmp").exists()
+
+
+def test_gate_refuses_within_min_interval_then_allows(tmp_path):
+    clock = Clock(1000.0)
+    gate = GaspGate(str(tmp_path / "gasp.json"), 60, clock)
+    assert gate.try_save()
+    clock.now = 1059.9
+    assert not gate.allowed() and gate.try_save() is False
+    assert gate.last() == 1000.0  # a refused gasp does not restart the interval
+    clock.now = 1060.0  # exactly min_interval later: allowed again
+    assert gate.try_save() is True
+    assert gate.last() == 1060.0
+
+
+@pytest.mark.parametrize("interval", [0, -1])
+def test_gate_non_positive_interval_disables_the_rule(tmp_path, interval):
+    gate = GaspGate(str(tmp_path / "gasp.json"), interval, Clock(1000.0))
+    assert [gate.try_save() for _ in range(3)] == [True, True, True]
+
+
+def test_gate_state_survives_a_new_gate_on_the_same_file(tmp_path):
+    path = str(tmp_path / "gasp.json")
+    clock = Clock(1000.0)
+    assert GaspGate(path, 60, clock).try_save()
+    clock.now = 1030.0  # the restarted launcher, 30 s later
+    again = GaspGate(path, 60, clock)
+    assert again.last() == 1000.0 and again.try_save() is False
+    assert GaspGate(str(tmp_path / "other.json"), 60, clock).allowed()  # the state is per file
+
+
+@pytest.mark.parametrize("content", ["", "not json", "[]", "null", "{}", '{"last_save": null}',
+                                     '{"last_save": "yesterday"}', '{"other": 1}', '{"last_save": NaN}',
+                                     '{"last_save": Infinity}'])
+def test_gate_treats_a_corrupt_state_file_as_no_previous_gasp(tmp_path, content):
+    path = tmp_path / "gasp.json"
+    path.write_text(content)
+    gate = GaspGate(str(path), 60, Clock(1000.0))
+    assert gate.last() is None and gate.allowed()
+    assert gate.try_save() is True
+    assert json.loads(path.read_text()) == {"last_save": 1000.0}  # replaced by a valid file
+
+
+def test_gate_allows_a_save_when_the_clock_went_back(tmp_path):
+    """A last save "in the future" (the clock was stepped back) must not block saves until it catches up."""
+    clock = Clock(1000.0)
+    gate = GaspGate(str(tmp_path / "gasp.json"), 60, clock)
+    assert gate.try_save()
+    clock.now = 400.0
+    assert gate.try_save() is True
+    clock.now = 430.0
+    assert gate.try_save() is False  # the rule holds again from the new save
+
+
+@pytest.mark.parametrize("state, expected", [
+    ({"ranks": [{"rank": 1, "pid": 42, "create_time": 5.5}, {"rank": 2, "pid": 43}]},
+     [RecordedRank(1, 42, 5.5), RecordedRank(2, 43, None)]),
+    ({"ranks": [{"pid": 1}, {"rank": 0}, 1, None, "x", {"rank": "a", "pid": 3}, {"rank": 0, "pid": 2,
+                                                                            "create_time": "t"}]}, []),
+    ({"ranks": [{"rank": 0, "pid": 0, "create_time": 1.0}, {"rank": 1, "pid": -5, "create_time": 1.0}]}, []),
+    ({"ranks": None}, []), ({"ranks": {"rank": 0}}, []), ([1], []), (None, []), ({}, []),
+])
+def test_recorded_ranks_skips_what_a_damaged_state_file_holds(state, expected):
+    assert gasp.recorded_ranks(state) == expected
+
+
+@settings(max_examples=50, deadline=None)
+@given(interval=st.floats(0, 100), steps=st.lists(st.floats(0, 200), max_size=8))
+def test_gate_matches_a_model_over_any_gasp_sequence(interval, steps):
+    with tempfile.TemporaryDirectory() as tmp:
+        clock = Clock(1000.0)
+        gate = GaspGate(os.path.join(tmp, "gasp.json"), interval, clock)
+        last = None
+        for step in steps:
+            clock.now += step
+            expected = interval == 0 or last is None or clock.now - last >= interval
+            assert gate.try_save() is expected
+            if expected:
+                last = clock.now
+
+
+# -- the gasp timeout --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("grace, timeout", [(30, 25), (50, 45), (100, 90), (300, 270), (6, 1), (5.5, 1),
+                                            (3, 1), (0, 1)])
+def test_default_gasp_timeout_keeps_5s_or_10_percent(grace, timeout):
+    assert default_gasp_timeout(grace) == pytest.approx(timeout)
+
+
+@given(st.floats(6, 1e6))
+def test_default_gasp_timeout_plus_margin_fits_the_grace_period(grace):
+    timeout = default_gasp_timeout(grace)
+    assert timeout >= 1.0
+    assert timeout + gasp.MIN_MARGIN <= grace + 1e-9 * grace
+    assert timeout <= 0.9 * grace + 1e-9 * grace
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6))
+def test_default_gasp_timeout_is_monotonic_with_a_1s_floor(a, b):
+    low, high = sorted((a, b))
+    assert 1.0 <= default_gasp_timeout(low) <= default_gasp_timeout(high)
+
+
+# -- the graceful-exit file --------------------------------------------------------------------------
+
+def test_write_graceful_exit_replaces_the_file_atomically(tmp_path):
+    path = tmp_path / "graceful_exit.json"
+    gasp.write_graceful_exit(str(path), 1)
+    assert json.loads(path.read_text()) == {"GracefulExit": 1}
+    gasp.write_graceful_exit(str(path), 0)
+    assert json.loads(path.read_text()) == {"GracefulExit": 0}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graceful_exit.json"]  # no temp file left
+
+
+# -- verified_ranks and fallback_gasp ----------------------------------------------------------------
+
+def test_verified_ranks_keeps_only_the_very_processes_recorded(spawn):
+    ours, other = spawn("exit"), spawn("exit")
+    records = [record(ours, 0), record(other, 1, offset=-100.0),  # pid reuse: another create time
+               record(other, 2, offset=0.05), RecordedRank(3, ours.pid, None)]
+    verified = verified_ranks(records)
+    assert [(rec.rank, proc.pid) for rec, proc in verified] == [(0, ours.pid)]
+
+
+def test_verified_ranks_rejects_a_dead_pid(spawn):
+    proc = spawn("exit")
+    rec = record(proc)
+    assert len(verified_ranks([rec])) == 1
+    proc.kill()
+    proc.wait(10)
+    assert verified_ranks([rec]) == []
+
+
+def test_fallback_gasp_reports_a_rank_that_exits_on_the_signal(spawn):
+    proc = spawn("exit")
+    started = time.monotonic()
+    outcomes = fallback_gasp([record(proc, 3)], signal.SIGTERM, 30.0)
+    assert time.monotonic() - started < 10  # returns when the rank exits, not at the timeout
+    assert proc.wait(10) == 7  # its handler ran: it got the gasp signal
+    # Not fallback_gasp's child, so it cannot know the exit code.
+    assert outcomes == [{"rank": 3, "label": "rank 3", "killed_after_timeout": False,
+                         "exit_code": None, "signal": None, "returncode": None}]
+
+
+def test_fallback_gasp_sends_the_given_signal(spawn):
+    proc = spawn("exit", "SIGUSR1")  # SIGTERM would kill it with -15, not exit 7
+    outcomes = fallback_gasp([record(proc)], signal.SIGUSR1, 30.0)
+    assert proc.wait(10) == 7 and not outcomes[0]["killed_after_timeout"]
+
+
+def test_fallback_gasp_kills_a_rank_ignoring_the_signal_after_the_timeout(spawn):
+    stubborn, quick = spawn("ignore"), spawn("exit")
+    started = time.monotonic()
+    outcomes = fallback_gasp([record(stubborn, 0), record(quick, 1)], signal.SIGTERM, 0.5)
+    assert time.monotonic() - started >= 0.5
+    assert stubborn.wait(10) == -signal.SIGKILL and quick.wait(10) == 7
+    assert [(o["rank"], o["killed_after_timeout"]) for o in outcomes] == [(0, True), (1, False)]
+
+
+def test_fallback_gasp_kills_the_whole_group_of_a_rank_ignoring_the_signal(spawn):
+    proc = spawn("ignore", "SIGTERM", "child")
+    outcomes = fallback_gasp([record(proc)], signal.SIGTERM, 0.2)
+    assert outcomes[0]["killed_after_timeout"]
+    assert proc.wait(10) == -signal.SIGKILL
+    assert wait_until(lambda: gone(proc.child), 5)
+
+
+def test_fallback_gasp_leaves_nothing_of_a_rank_that_exited(spawn):
+    """A rank that saved and exited may leave dataloader children in its group: they are killed too."""
+    proc = spawn("exit", "SIGTERM", "child")
+    fallback_gasp([record(proc)], signal.SIGTERM, 5.0)
+    assert proc.wait(10) == 7
+    assert wait_until(lambda: gone(proc.child), 1)
+
+
+def test_fallback_gasp_never_signals_an_unverified_pid(spawn):
+    stranger = spawn("exit")
+    assert fallback_gasp([record(stranger, offset=-100.0)], signal.SIGTERM, 0.2) == []
+    with pytest.raises(subprocess.TimeoutExpired):  # a signalled rank would exit 7 at once
+        stranger.wait(0.3)
+
+
+def test_wait_exits_returns_the_processes_still_running(spawn):
+    proc = spawn("ignore")
+    assert gasp.wait_exits([proc.pid], 0.1) == [proc.pid]
+    proc.kill()
+    assert gasp.wait_exits([proc.pid], 10) == []  # a zombie counts as exited
+    proc.wait(10)
+    assert gasp.wait_exits([proc.pid], 10) == []  # so does a pid that is gone
