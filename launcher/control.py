@@ -53,6 +53,9 @@ class ControlServer:
             conn, _ = self._sock.accept()
         except BlockingIOError:
             return
+        except OSError as exc:  # e.g. out of file descriptors: the client is refused, the loop goes on
+            log.warning("cannot accept a control connection: %s", exc.strerror or exc)
+            return
         if not _same_user(conn):
             conn.close()
             log.warning("refused a control connection from another user")
@@ -76,17 +79,22 @@ class ControlServer:
             return
         self._remove_reader(fd)
         del self._buffers[fd]
+        conn = self._conns[fd]
         try:
             request = json.loads(buffer.split(b"\n", 1)[0])
-            command, args = str(request["command"]), dict(request.get("args") or {})
+            command, args = request["command"], dict(request.get("args") or {})
+            if not isinstance(command, str):
+                raise TypeError(command)
         except (ValueError, KeyError, TypeError, AttributeError):
-            self._send(fd, {"ok": False, "error": "malformed request"}, final=True)
+            self._send(fd, conn, {"ok": False, "error": "malformed request"}, final=True)
             return
-        self._post(ControlRequest(command, args, lambda payload, final=False: self._send(fd, payload, final)))
+        self._post(ControlRequest(command, args,
+                                  lambda payload, final=False: self._send(fd, conn, payload, final)))
 
-    def _send(self, fd: int, payload: Any, final: bool = False) -> None:
-        conn = self._conns.get(fd)
-        if conn is None:
+    def _send(self, fd: int, conn: socket.socket, payload: Any, final: bool = False) -> None:
+        # The connection object, not the fd number: once this client is gone its fd may belong to
+        # a later client, which must never get this request's answers.
+        if self._conns.get(fd) is not conn:
             return
         try:
             conn.setblocking(True)
@@ -102,9 +110,12 @@ class ControlServer:
         """Stop listening; answer nobody further."""
         self._remove_reader(self._sock.fileno())
         self._sock.close()
-        for conn in self._conns.values():
+        for fd, conn in self._conns.items():
+            if fd in self._buffers:  # still reading its request: watched by the loop
+                self._remove_reader(fd)
             conn.close()
         self._conns.clear()
+        self._buffers.clear()
         try:
             os.unlink(self.path)
         except OSError:

@@ -15,28 +15,52 @@ class NoSupervisor(LauncherError):
     """No supervisor listens on the run dir's socket (not started, or dead)."""
 
 
+#: Seconds to wait for the supervisor to accept the connection. A live event loop accepts within
+#: milliseconds; one that does not (hung, or its backlog full) counts as no supervisor.
+CONNECT_TIMEOUT = 5.0
+
+
 def request(path: str, command: str, args: Optional[Dict[str, Any]] = None,
             timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
     """Send one request and yield the answers until the server closes the connection.
 
+    Args:
+        path: The control socket.
+        command: The request's command.
+        args: Its parameters.
+        timeout: Seconds to wait for each answer (None: as long as it takes).
+
     Raises:
-        NoSupervisor: nothing listens on ``path``.
-        LauncherError: the answer did not come within ``timeout`` or was malformed.
+        NoSupervisor: nothing listens on ``path``, the supervisor does not accept within
+            ``CONNECT_TIMEOUT``, or it closed the connection before answering anything.
+        LauncherError: the answer did not come within ``timeout``, was malformed, or the
+            connection broke after the first answer.
     """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT if timeout is None else min(timeout, CONNECT_TIMEOUT))
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         raise NoSupervisor(f"no launcher is listening on {path}: {exc.strerror}") from None
-    with sock:
+    except (socket.timeout, BlockingIOError):  # a full backlog: EAGAIN at once on a unix socket
+        sock.close()
+        raise NoSupervisor(f"the launcher on {path} does not accept connections") from None
+    answered = False
+    with sock, sock.makefile("rb") as reader:
         sock.settimeout(timeout)
-        sock.sendall((json.dumps({"command": command, "args": args or {}}) + "\n").encode())
-        reader = sock.makefile("rb")
         try:
+            sock.sendall((json.dumps({"command": command, "args": args or {}}) + "\n").encode())
             for line in reader:
-                yield json.loads(line)
+                answer = json.loads(line)
+                answered = True
+                yield answer
         except socket.timeout:
-            raise LauncherError(f"the launcher did not answer {command!r} within {timeout:.0f} s") from None
+            raise LauncherError(f"the launcher did not answer {command!r} within {timeout:g} s") from None
         except ValueError:
             raise LauncherError("malformed answer from the launcher") from None
+        except OSError as exc:  # reset / broken pipe: the supervisor died or refused us
+            if not answered:
+                raise NoSupervisor(f"the launcher closed the connection without answering: "
+                                   f"{exc.strerror or exc}") from None
+            raise LauncherError(f"lost the connection to the launcher: {exc.strerror or exc}") from None

@@ -53,4 +53,5 @@ def exit_(run_dir: Optional[str], no_wait: bool, timeout: Optional[float]) -> in
                 return 0 if answer["exit_code"] == 0 else 1
     except NoSupervisor as exc:
         raise LauncherError(str(exc), ["is `launcher run` running with this --run-dir?"]) from None
-    return 0
+    raise LauncherError("the launcher closed the connection before the job ended",
+                        ["see events.jsonl in the run dir for what happened"])
