@@ -111,12 +111,12 @@ def _wait_sampling(procs: List[subprocess.Popen], sample: bool, timeout: float) 
 
 
 def formatting_cost(chunks: int = 300) -> Dict[str, float]:
-    """Nanoseconds per line of the launcher's console formatting (``RankOutput._to_console`` on 64 KiB
+    """Nanoseconds per line of the launcher's console formatting (``RankOutput._to_console`` on read-size
     chunks of ``r seq`` lines, console = /dev/null), and of a reference that prefixes with one
     ``bytes.replace`` per chunk (what a Python tee can do at best)."""
-    from launcher.output import RankOutput
+    from launcher.output import CHUNK, RankOutput
 
-    chunk = b"".join(b"3 %d\n" % i for i in range(1000000, 1013000))[:65536]
+    chunk = b"".join(b"3 %d\n" % i for i in range(1000000, 1013000))[:CHUNK]
     lines = chunk.count(b"\n") * chunks
     with open(os.devnull, "wb") as devnull:
         out = RankOutput(-1, -1, "rank 3", devnull)
@@ -209,7 +209,7 @@ def _details(runs: Dict[str, List[dict]], check: dict, seconds: float, cost: Dic
     lines.append("- CPU used by the supervising process itself during a run (median, of the "
                  f"{2 * seconds:.0f} CPU-seconds {os.cpu_count()} cores offer in {seconds:.0f} s): "
                  + "; ".join(f"{k} {fmt(v)} s" for k, v in cpu.items()) + ".")
-    lines.append(f"- The launcher's console formatting as it is (`RankOutput._to_console`, 64 KiB chunks, in "
+    lines.append(f"- The launcher's console formatting as it is (`RankOutput._to_console`, read-size chunks, in "
                  f"process): {fmt(cost['current_ns_per_line'])} ns per line; reference, one `bytes.replace` per "
                  f"chunk: {fmt(cost['replace_ns_per_line'])} ns per line.")
     lines.append("- Per run, millions of lines/s (other processes' share of the CPUs during the run): " + "; ".join(
