@@ -23,6 +23,7 @@ def open_run_dir(path: Optional[str]) -> Optional[str]:
 
 
 def print_gasp(ranks: List[Dict[str, Any]]) -> None:
+    """Print one line per rank of a gasp report: how it ended (code, signal, or killed at the timeout)."""
     for r in ranks:
         if r.get("killed_after_timeout"):
             print(f"{r['label']}: killed after the gasp timeout")
