@@ -7,6 +7,7 @@ into its file, costing the launcher nothing.
 """
 
 import os
+import re
 import sys
 from typing import BinaryIO, List, Optional
 
@@ -17,6 +18,7 @@ CHUNK = 1 << 15
 # A line held back for its newline is shown anyway once this long: a progress bar redrawn with \r,
 # or a huge line, must neither grow the launcher's memory without bound nor stay invisible.
 MAX_PARTIAL = 1 << 16
+_LONE_CR = re.compile(rb"\r(?!\n)")  # \r\n is one line end, as written by Windows-minded code
 
 
 def open_log(path: str) -> int:
@@ -46,6 +48,7 @@ class RankOutput:
         self.log_fd = log_fd
         self.prefix = f"[{label}] ".encode()
         self._newline_prefix = b"\n" + self.prefix
+        self._return_prefix = lambda _match: b"\r" + self.prefix
         self.console = console
         self._partial = b""
 
@@ -85,17 +88,22 @@ class RankOutput:
             self.close()
 
     def _to_console(self, data: bytes) -> None:
-        cut = data.rfind(b"\n") + 1
+        # A line ends at \n, and also at a lone \r: a progress bar (tqdm) redraws itself with \r and
+        # sends \n only when it closes, so each redraw is shown, prefixed, as it arrives.
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
         if not cut:
             self._partial += data
             if len(self._partial) >= MAX_PARTIAL:
                 self._emit(self.prefix + self._partial + b"\n")
                 self._partial = b""
             return
+        end = 2 if data[cut - 2:cut] == b"\r\n" else 1
         # One C-level replace per chunk instead of a Python loop over lines (~9x cheaper), and one
         # join: every copy of the chunk costs the ranks CPU on a busy node.
-        body = data[:cut - 1].replace(b"\n", self._newline_prefix)
-        self._emit(b"".join((self.prefix, self._partial, body, b"\n")))
+        body = data[:cut - end].replace(b"\n", self._newline_prefix)
+        if b"\r" in body:
+            body = _LONE_CR.sub(self._return_prefix, body)
+        self._emit(b"".join((self.prefix, self._partial, body, data[cut - end:cut])))
         self._partial = data[cut:]
 
     def _emit(self, data: bytes) -> None:

@@ -60,17 +60,45 @@ def test_prefix_on_every_line(pipes):
 
 
 def test_a_line_without_newline_is_shown_once_it_reaches_the_bound(pipes, monkeypatch):
-    """A progress bar redrawn with \\r never sends \\n: it is shown in bounded pieces, not held forever."""
+    """A huge line (or output that never ends a line) is shown in bounded pieces, not held forever."""
     monkeypatch.setattr(output_mod, "MAX_PARTIAL", 16)
     console = io.BytesIO()
     p = pipes(console)
-    p.write(b"step 1/9\rstep 2/")
+    p.write(b"0123456789abcdefXY")
     p.out.pump()
-    assert console.getvalue() == b"[rank 3] step 1/9\rstep 2/\n"
-    p.write(b"9\rstep 3/9\ndone\n")
+    assert console.getvalue() == b"[rank 3] 0123456789abcdefXY\n"
+    p.write(b"Z\n")
     p.out.pump()
-    assert console.getvalue() == b"[rank 3] step 1/9\rstep 2/\n[rank 3] 9\rstep 3/9\n[rank 3] done\n"
-    assert p.file_bytes() == b"step 1/9\rstep 2/9\rstep 3/9\ndone\n"  # the file is untouched
+    assert console.getvalue() == b"[rank 3] 0123456789abcdefXY\n[rank 3] Z\n"
+    assert p.file_bytes() == b"0123456789abcdefXYZ\n"  # the file is untouched
+
+
+def test_a_progress_bar_redrawn_with_carriage_returns_is_shown_redraw_by_redraw(pipes):
+    """tqdm writes "\\r<bar>" per update and "\\n" at the end: each complete redraw reaches the console
+    with the prefix (on a terminal the line is overwritten in place), the file gets the raw bytes."""
+    console = io.BytesIO()
+    p = pipes(console)
+    p.write(b"\r 0%|  | 0/2")
+    p.out.pump()
+    assert console.getvalue() == b"[rank 3] \r"  # the redraw after a \r waits for the next boundary
+    p.write(b"\r50%|# | 1/2\r100%|##| 2/2")
+    p.out.pump()
+    assert console.getvalue() == b"[rank 3] \r[rank 3]  0%|  | 0/2\r[rank 3] 50%|# | 1/2\r"
+    p.write(b"\ndone\n")
+    p.out.pump()
+    assert console.getvalue().endswith(b"\r[rank 3] 100%|##| 2/2\n[rank 3] done\n")
+    assert p.file_bytes() == b"\r 0%|  | 0/2\r50%|# | 1/2\r100%|##| 2/2\ndone\n"
+
+
+def test_crlf_is_one_line_end(pipes):
+    console = io.BytesIO()
+    p = pipes(console)
+    p.write(b"a\r\nb\r\nc")
+    p.out.pump()
+    assert console.getvalue() == b"[rank 3] a\r\n[rank 3] b\r\n"
+    p.write(b"\r\n")
+    p.out.pump()
+    assert console.getvalue() == b"[rank 3] a\r\n[rank 3] b\r\n[rank 3] c\r\n"
 
 
 def test_a_partial_line_is_prefixed_once_across_chunks(pipes):
@@ -114,7 +142,9 @@ def test_file_gets_the_raw_bytes_unmodified(pipes):
     p.out.pump()
     assert p.file_bytes() == raw
     assert b"[rank 3]" not in p.file_bytes()
-    assert console.getvalue() == b"".join(b"[rank 3] " + line + b"\n" for line in raw.split(b"\n"))
+    assert console.getvalue() == (b"[rank 3] progress 10%\r[rank 3] progress 50%\r\n"  # a lone \r ends a redraw
+                                  b"[rank 3] \x00\xff\xfe not utf-8 \xe4\xb8\n[rank 3] \n[rank 3] \ttab\n"
+                                  b"[rank 3] no newline at end\n")
 
 
 def test_log_file_is_appended_not_truncated(pipes, tmp_path):
