@@ -12,21 +12,48 @@ runs ``python -m launcher prestop`` (``LAUNCHER_RUN_DIR`` set, as in a preStop h
   process exits).
 """
 
+import atexit
+import glob
+import os
+import shutil
 import subprocess
+import tempfile
 import time
 from typing import List, Optional
 
-from bench.common import (PYTHON, Job, Result, Row, Settings, TempDir, alternate, column, first_event,
-                          fmt, job_env, launcher_argv, median, ms, read_events, read_lines, script,
+from bench.common import (PYTHON, REPO, Job, Result, Row, Settings, TempDir, alternate, column, first_event,
+                          fmt, job_env, launcher_argv, median, ms, progress, read_events, read_lines, script,
                           wait_until, worker_ready)
 
 NAME = "gasp"
 NPROC = 8
+_WHEEL_VENV: List[str] = []
+
+
+def wheel_launcher() -> str:
+    """The ``launcher`` console script of a throwaway venv holding the launcher installed from a wheel
+    built from this checkout, as in a container image: no editable-install import hook in ``site``.
+    Only the launcher is installed (``--no-deps``): the preStop client imports nothing else."""
+    if not _WHEEL_VENV:
+        root = tempfile.mkdtemp(prefix="bench-wheel-")
+        atexit.register(shutil.rmtree, root, True)
+        venv, wheels = os.path.join(root, "venv"), os.path.join(root, "wheels")
+        quiet = {"stdout": subprocess.DEVNULL, "check": True}
+        subprocess.run([PYTHON, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", wheels,
+                        REPO], **quiet)
+        subprocess.run([PYTHON, "-m", "venv", "--without-pip", venv], **quiet)
+        subprocess.run([PYTHON, "-m", "pip", "--python", os.path.join(venv, "bin", "python"), "install", "-q",
+                        "--no-deps", "--no-index", *glob.glob(os.path.join(wheels, "*.whl"))], **quiet)
+        progress(f"gasp: launcher installed from a wheel into {venv}")
+        _WHEEL_VENV.append(os.path.join(venv, "bin", "launcher"))
+    return _WHEEL_VENV[0]
 
 
 #: The clients compared, alternated run by run. ``launcher prestop`` is what a preStop hook runs (no
-#: options; the run dir comes from ``LAUNCHER_RUN_DIR``), ``--run-dir`` goes through the click CLI.
-CLIENTS = {"launcher prestop": lambda run_dir: [PYTHON, "-m", "launcher", "prestop"],
+#: options; the run dir comes from ``LAUNCHER_RUN_DIR``), first as a container image has it (installed
+#: from a wheel), then from this editable checkout; ``--run-dir`` goes through the click CLI.
+CLIENTS = {"launcher prestop": lambda run_dir: [wheel_launcher(), "prestop"],
+           "editable install": lambda run_dir: [PYTHON, "-m", "launcher", "prestop"],
            "prestop --run-dir": lambda run_dir: [PYTHON, "-m", "launcher", "prestop", "--run-dir", run_dir],
            "lean client": lambda run_dir: [PYTHON, "-S", script("prestop_min.py"), run_dir]}
 MAIN = "launcher prestop"
@@ -125,9 +152,11 @@ def _details(runs: List[dict]) -> List[str]:
             f"- Return path (medians): last rank exit -> `gasp_done` {phase['last_exit_to_gasp_done_s']} ms; "
             f"`gasp_done` -> `job_end` {phase['gasp_done_to_job_end_s']} ms (attempt teardown); `job_end` -> "
             f"prestop returned {phase['job_end_to_returned_s']} ms (final answer, client output and exit).",
-            "- The client part is a fresh process: interpreter start-up, `site` (including the editable "
-            "install's import hook), the client's imports, then one request on the run dir's unix socket. "
-            "`launcher prestop` is the preStop hook's form (no options, `LAUNCHER_RUN_DIR` set), served "
-            "without click; `prestop --run-dir` goes through the click CLI; `lean client` is "
+            "- The client part is a fresh process: interpreter start-up, `site`, the client's imports, then one "
+            "request on the run dir's unix socket. `launcher prestop` is the preStop hook's form (no options, "
+            "`LAUNCHER_RUN_DIR` set), served without click, run as a container image has it: the `launcher` "
+            "console script of a venv where the launcher was installed from a wheel built from this checkout. "
+            "`editable install` is the same command in the development venv, whose `site` runs the editable "
+            "install's import hook; `prestop --run-dir` goes through the click CLI there; `lean client` is "
             "`python -S bench/scripts/prestop_min.py RUN_DIR`, the same request without `site` or launcher "
-            "imports. The three alternate run by run."]
+            "imports. The four alternate run by run."]
