@@ -97,7 +97,7 @@ def run(settings: Settings) -> Result:
     diag = diagnostics(doc, table, settings)
     raw = {k: [round(v, 6) for v in vs] for k, vs in times.items()}
     raw["diagnostics"] = diag
-    return Result(_rows(times, settings), raw, _details(doc, table, build, diag))
+    return Result(_rows(times, settings), raw, _details(doc, table, build, diag, times))
 
 
 def diagnostics(doc: dict, table, settings: Settings) -> Dict[str, float]:
@@ -159,6 +159,40 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
         plan = compute_plan(with_ckpt)
         out["plan_env_all_ranks"] = timed(lambda: [plan.env_for(r) for r in range(WORLD)], settings)
         progress(f"scale: plan with checkpoints: {plan.kind} at step {plan.step}, {len(plan.warnings)} warning(s)")
+        out.update(_slow_fs_scan(root))
+    return out
+
+
+SLOW_FS_RANKS, SLOW_FS_LATENCY = 2048, 0.001
+
+
+def _slow_fs_scan(root: str) -> Dict[str, List[float]]:
+    """The checkpoint scan of ``SLOW_FS_RANKS`` rank directories on a simulated shared file system
+    (``os.scandir`` and ``os.stat`` sleep ``SLOW_FS_LATENCY`` first), once as the launcher does it
+    (threads after the probe) and once forced into one thread. One run each: the serial one takes
+    seconds, and sleeps are not noisy."""
+    from launcher.restore import checkpoints
+
+    real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS)
+
+    def slow(call):
+        def wrapped(*args, **kwargs):
+            time.sleep(SLOW_FS_LATENCY)
+            return call(*args, **kwargs)
+        return wrapped
+
+    out = {}
+    try:
+        checkpoints.os.scandir, checkpoints.os.stat = slow(real[0]), slow(real[1])
+        for key, threshold in (("slow_fs_scan", real[2]), ("slow_fs_scan_one_thread", float("inf"))):
+            checkpoints.SLOW_RANK_SECONDS = threshold
+            start = time.perf_counter()
+            checkpoints.scan_checkpoints(root, SLOW_FS_RANKS)
+            out[key] = [time.perf_counter() - start]
+    finally:
+        checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS = real
+    progress(f"scale: slow file system scan: {out['slow_fs_scan'][0]:.2f} s, one thread "
+             f"{out['slow_fs_scan_one_thread'][0]:.2f} s")
     return out
 
 
@@ -181,17 +215,26 @@ def _rows(times: Dict[str, List[float]], settings: Settings) -> List[Row]:
     return rows
 
 
-def _details(doc: dict, table, build, diag: Dict[str, float]) -> List[str]:
+def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, List[float]]) -> List[str]:
     import json
+
+    from launcher.restore.checkpoints import PROBE_RANKS, SCAN_THREADS
 
     text = json.dumps(doc)
     start = time.perf_counter()
     json.loads(text)
     decode = time.perf_counter() - start
-    return [f"- The rank table is {len(text) / 1e6:.2f} MB of JSON ({table.world_size:,} ranks); `json.loads` "
-            f"of it takes {fmt(ms(decode))} ms (not included above). {build(None):,} rank environments "
-            "are built for all servers.",
-            f"- Validation split: JSON Schema (jsonschema) {fmt(ms(diag['schema_only_s']))} ms, semantic checks "
-            f"{fmt(ms(diag['semantic_only_s']))} ms.",
-            "- Environments of all servers with `RankTable.world_size`, `server_index` and `find_servers` "
-            f"memoised (patched in the bench process only): {fmt(ms(diag['env_all_servers_memoised_s']))} ms."]
+    lines = [f"- The rank table is {len(text) / 1e6:.2f} MB of JSON ({table.world_size:,} ranks); `json.loads` "
+             f"of it takes {fmt(ms(decode))} ms (not included above). {build(None):,} rank environments "
+             "are built for all servers.",
+             f"- Validation split: JSON Schema (jsonschema) {fmt(ms(diag['schema_only_s']))} ms, semantic checks "
+             f"{fmt(ms(diag['semantic_only_s']))} ms.",
+             "- Environments of all servers with `RankTable.world_size`, `server_index` and `find_servers` "
+             f"memoised (patched in the bench process only): {fmt(ms(diag['env_all_servers_memoised_s']))} ms."]
+    if "slow_fs_scan" in times:
+        lines.append(f"- Checkpoint scan of {SLOW_FS_RANKS:,} rank directories (2 files each, 50 ms settle) on a "
+                     f"simulated shared file system, {SLOW_FS_LATENCY * 1e3:.0f} ms per `scandir`/`stat` (one run "
+                     f"each): {fmt(median(times['slow_fs_scan']))} s as the launcher scans (the first "
+                     f"{PROBE_RANKS} directories time the file system, then {SCAN_THREADS} threads), "
+                     f"{fmt(median(times['slow_fs_scan_one_thread']))} s in one thread.")
+    return lines

@@ -1,6 +1,7 @@
 """Checkpoint scanning: names, completeness rules, ordering by (epoch, step), bad directories."""
 
 import os
+import threading
 
 import pytest
 
@@ -178,3 +179,52 @@ def test_listing_order_does_not_matter(tmp_path, monkeypatch):
 
     monkeypatch.setattr(checkpoints.os, "scandir", Reversed)
     assert scan(tmp_path, world=3) == expected
+
+
+def _mixed_tree(root, world):
+    """Every kind of entry the scan sorts: checkpoints, temp, empty, side, unexpected, ambiguous, markers."""
+    for rank in range(world):
+        put(root, rank, f"ckpt-1_{10 + rank % 3}.pt")
+        put(root, rank, f"ckpt-1_{20 + rank % 5}_breakpoint.pt")
+        if rank % 4 == 0:
+            put(root, rank, "ckpt-1_30.pt.tmp")
+        if rank % 5 == 1:
+            put(root, rank, "ckpt-1_31.pt", size=0)
+        if rank % 6 == 2:
+            put(root, rank, "notes.txt")
+        if rank % 7 == 3:
+            put(root, rank, "a-1_10.ckpt")
+            put(root, rank, "b-1_10.ckpt")  # the same step twice: ambiguous
+    (root / "rank_x").mkdir()
+    (root / f"rank_{world + 1}").mkdir()
+
+
+@pytest.mark.parametrize("settle", [0.0, 0.01])
+def test_a_slow_file_system_is_scanned_in_parallel_with_the_same_result(tmp_path, monkeypatch, settle):
+    """The probe decides; forced both ways, the answer (checkpoints, order, warnings) is identical."""
+    world = checkpoints.PROBE_RANKS * 3 + 5
+    _mixed_tree(tmp_path, world)
+    threads = set()
+    real_stamp = checkpoints._stamp
+
+    def stamp(path):
+        threads.add(threading.current_thread().name.split("_")[0])
+        return real_stamp(path)
+
+    monkeypatch.setattr(checkpoints, "_stamp", stamp)
+    monkeypatch.setattr(checkpoints, "SLOW_RANK_SECONDS", 3600.0)  # a fast disk: one thread
+    serial = scan(tmp_path, world=world, settle=settle)
+    assert threads == {"MainThread"}
+    threads.clear()
+    monkeypatch.setattr(checkpoints, "SLOW_RANK_SECONDS", 0.0)  # a slow one: the pool after the probe
+    parallel = scan(tmp_path, world=world, settle=settle)
+    assert threads == {"MainThread", "ckpt-scan"}
+    assert parallel == serial
+    assert len(serial.warnings) >= 5 and all(len(per_rank) >= 1 for per_rank in serial.checkpoints)
+
+
+def test_a_scan_smaller_than_the_probe_never_starts_a_pool(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoints, "SLOW_RANK_SECONDS", 0.0)
+    monkeypatch.setattr(checkpoints, "ThreadPoolExecutor", None)  # would fail if used
+    put(tmp_path, 0, "ckpt-1_10.pt")
+    assert summary(scan(tmp_path, world=1, settle=0.01)) == [[("ckpt-1_10.pt", KIND_PERIODIC, 1, 10)]]
