@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tests.integration.conftest import pid_alive
+from tests.helpers.procs import pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -89,23 +89,4 @@ def launcher(tmp_path: Path) -> Launcher:
         runner.proc.wait()
 
 
-def pid_alive(pid: int) -> bool:
-    """True while ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    """Poll ``predicate`` until true or timeout (test side only)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 os.environ.setdefault("PYTHONUNBUFFERED", "1")

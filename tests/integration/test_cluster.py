@@ -15,7 +15,8 @@ import pytest
 
 from tests.helpers.configmap import ConfigMapDir
 from tests.helpers.taskd_stub import STUBS, build_libtaskd
-from tests.integration.conftest import Launcher, wait_until
+from tests.helpers.procs import wait_until
+from tests.integration.conftest import Launcher
 
 
 def reset(ranks=None, retry=0, flushing=False, graceful=0):

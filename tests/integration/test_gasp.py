@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from tests.integration.conftest import pid_alive, wait_until
+from tests.helpers.procs import pid_alive, wait_until
 
 
 def prestop(run_dir, *extra, timeout=60):

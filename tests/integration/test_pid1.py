@@ -11,7 +11,8 @@ import time
 import psutil
 import pytest
 
-from tests.integration.conftest import FAKE_RANK, wait_until
+from tests.helpers.procs import wait_until
+from tests.integration.conftest import FAKE_RANK
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
                                 reason="needs root and unshare(1) for a PID namespace")

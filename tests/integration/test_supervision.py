@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from tests.integration.conftest import pid_alive, wait_until
+from tests.helpers.procs import pid_alive, wait_until
 
 
 def test_crash_restarts_group_with_new_restart_count(launcher):

@@ -20,7 +20,8 @@ import pytest
 from launcher import taskd
 from launcher.events import EventLog, read_events
 from launcher.taskd_sidecar import EXIT_INIT_FAILED, Sidecar
-from tests.integration.conftest import REPO, pid_alive, wait_until
+from tests.helpers.procs import pid_alive, wait_until
+from tests.integration.conftest import REPO
 
 STUBS = REPO / "tests" / "stubs"
 CONFIG = taskd.manager_config("job-42", 2, 4)

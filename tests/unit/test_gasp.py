@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -22,21 +21,7 @@ from hypothesis import strategies as st
 
 from launcher import gasp
 from launcher.gasp import GaspGate, RecordedRank, default_gasp_timeout, fallback_gasp, verified_ranks
-
-# argv: <on-signal: exit|ignore> <ready file> [<signal name> [child]]; "exit" exits with code 7 on the
-# signal. With "child" it first starts a `sleep` (in the rank's process group) and writes its pid to the ready file.
-RANK = """
-import os, signal, subprocess, sys
-mode, ready = sys.argv[1], sys.argv[2]
-signum = getattr(signal, sys.argv[3] if len(sys.argv) > 3 else "SIGTERM")
-child = subprocess.Popen(["sleep", "60"]).pid if sys.argv[4:] == ["child"] else ""
-signal.signal(signum, (lambda *_: os._exit(7)) if mode == "exit" else signal.SIG_IGN)
-with open(ready + ".tmp", "w") as fh:
-    fh.write(str(child))
-os.replace(ready + ".tmp", ready)
-while True:
-    signal.pause()
-"""
+from tests.helpers.procs import RankSpawner, wait_until
 
 
 class Clock:
@@ -47,35 +32,12 @@ class Clock:
         return self.now
 
 
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
-
-
 @pytest.fixture
 def spawn(tmp_path):
     """``spawn(mode, *extra)`` starts a rank in its own session and returns its Popen once it is ready."""
-    procs = []
-
-    def start(mode, *extra):
-        ready = tmp_path / f"ready-{len(procs)}"
-        proc = subprocess.Popen([sys.executable, "-c", RANK, mode, str(ready), *extra], start_new_session=True)
-        procs.append(proc)
-        assert wait_until(ready.exists), "the rank never became ready"
-        proc.child = int(ready.read_text() or 0) or None
-        return proc
-
-    yield start
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the rank and whatever it left in its group
-        except ProcessLookupError:
-            pass
-        proc.wait(10)
+    ranks = RankSpawner(tmp_path)
+    yield ranks.start
+    ranks.close()
 
 
 def gone(pid: int) -> bool:

@@ -22,25 +22,7 @@ from launcher.errors import LauncherError, UsageError
 from launcher.events import read_events
 from launcher.prestop import open_run_dir, prestop, print_gasp
 from launcher.rundir import CONTROL_SOCKET, EVENTS, STATE
-
-# argv: <ready file> <signal name>; exits with code 7 on that signal.
-RANK = """
-import os, signal, sys
-signal.signal(getattr(signal, sys.argv[2]), lambda *_: os._exit(7))
-open(sys.argv[1] + ".tmp", "w").close()
-os.replace(sys.argv[1] + ".tmp", sys.argv[1])
-while True:
-    signal.pause()
-"""
-
-
-def wait_until(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
+from tests.helpers.procs import RankSpawner
 
 
 @pytest.fixture
@@ -53,20 +35,9 @@ def run_dir(tmp_path):
 @pytest.fixture
 def spawn(tmp_path):
     """``spawn(signame="SIGTERM")`` starts a rank that exits 7 on ``signame``; returns it once ready."""
-    procs = []
-
-    def start(signame="SIGTERM"):
-        ready = tmp_path / f"ready-{len(procs)}"
-        proc = subprocess.Popen([sys.executable, "-c", RANK, str(ready), signame], start_new_session=True)
-        procs.append(proc)
-        assert wait_until(ready.exists), "the rank never became ready"
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
+    ranks = RankSpawner(tmp_path)
+    yield lambda signame="SIGTERM": ranks.start("exit", signame)
+    ranks.close()
 
 
 def write_state(run_dir, *ranks):
