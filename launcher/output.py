@@ -15,8 +15,8 @@ from typing import BinaryIO, List, Optional
 # ~40 % less CPU per byte than 64 KiB ones, whose console copy (~2x the chunk with the prefixes)
 # crosses malloc's 128 KiB mmap threshold; 16 KiB pays more in wakeups.
 CHUNK = 1 << 15
-# A line held back for its newline is shown anyway once this long: a progress bar redrawn with \r,
-# or a huge line, must neither grow the launcher's memory without bound nor stay invisible.
+# A line held back for its end is shown anyway once this long: a huge line, or output that never
+# ends one, must neither grow the launcher's memory without bound nor stay invisible.
 MAX_PARTIAL = 1 << 16
 _LONE_CR = re.compile(rb"\r(?!\n)")  # \r\n is one line end, as written by Windows-minded code
 

@@ -25,7 +25,7 @@ comes first because MindSpore's step is the step within the epoch.
 On the shared file systems checkpoints live on (NFS, SFS, OBS mounts) each listing and stat costs a
 round trip of a millisecond or more, and a job of thousands of ranks would wait minutes for its plan
 before every restart. The scan times its first rank directories: when they are that slow, the rest
-are listed and stat-ed from a thread pool (15x faster with 1 ms round trips); on a local disk, where
+are listed and stat-ed from a thread pool (12x faster with 1 ms round trips); on a local disk, where
 threads only fight over the GIL (2x slower), it stays in one thread.
 """
 
@@ -369,6 +369,7 @@ def scan_checkpoints(checkpoint_dir: str, world_size: int,
     except OSError as exc:
         return ScanResult(tuple(() for _ in range(world_size)),
                           (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))
+
     def scan(ranks: List[int]) -> Tuple[List[_Candidate], _Notes]:
         batch_notes, found = _Notes(), []  # per batch: no shared state between the threads
         for rank in ranks:
