@@ -117,14 +117,17 @@ class ChaosJob:
     Args:
         tmp: where run/, logs/, ckpt/ and the launchers' output go.
         nproc: ranks per node.
-        train: ``ckpt_dir -> argv``: the rank's command (``python <script> ...``).
+        script: the training example each rank runs (``python <script> --ckpt-dir <ckpt> <train_args>``).
+        train_args: its arguments after ``--ckpt-dir``.
         launcher_opts: ``launcher run`` options shared by every launch (e.g. ``--dp 4``).
     """
 
-    def __init__(self, tmp: Path, nproc: int, train, launcher_opts: Sequence[str]):
+    def __init__(self, tmp: Path, nproc: int, script: str, train_args: Sequence[str],
+                 launcher_opts: Sequence[str]):
         self.tmp = tmp
         self.nproc = nproc
-        self.train = train
+        self.script = script
+        self.train_args = list(train_args)
         self.launcher_opts = list(launcher_opts)
         self.run_dir = tmp / "run"
         self.log_dir = tmp / "logs"
@@ -142,7 +145,8 @@ class ChaosJob:
                 "--run-dir", str(self.run_dir), "--log-dir", str(self.log_dir),
                 "--checkpoint-dir", str(self.ckpt_dir), "--console-ranks", "none",
                 "--master-port", str(free_port()), *self.launcher_opts, *extra_opts,
-                "--", *self.train(self.ckpt_dir), *extra_train_args]
+                "--", sys.executable, self.script, "--ckpt-dir", str(self.ckpt_dir), *self.train_args,
+                *extra_train_args]
         with open(out_path, "wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
                                     stdin=subprocess.DEVNULL)

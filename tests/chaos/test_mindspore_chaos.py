@@ -12,7 +12,6 @@ so after ``launcher prestop`` nothing is recomputed.
 import importlib.util
 import random
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -51,12 +50,8 @@ def _schedule():
 SCHEDULE = _schedule()
 
 
-def train_cmd(ckpt_dir: Path):
-    return [sys.executable, EXAMPLE, "--ckpt-dir", str(ckpt_dir), *TRAIN_ARGS]
-
-
 def new_job(tmp: Path) -> ChaosJob:
-    return ChaosJob(tmp, NPROC, train_cmd, LAUNCHER_OPTS)
+    return ChaosJob(tmp, NPROC, EXAMPLE, TRAIN_ARGS, LAUNCHER_OPTS)
 
 
 @pytest.fixture(scope="session")
