@@ -45,6 +45,7 @@ class RunOptions:
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
     group_info_root: Optional[str] = None
+    graceful_exit: bool = False
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS

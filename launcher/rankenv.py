@@ -28,7 +28,9 @@ class EnvContext:
         run_id: The job's id (``TORCHELASTIC_RUN_ID``, ``JOB_ID``).
         max_restarts: The restart budget (``TORCHELASTIC_MAX_RESTARTS``).
         run_dir: The launcher's run dir (``LAUNCHER_RUN_DIR``).
-        group_info_root: Root of ``<root>/device<RANK_ID>/group_info.pb``.
+        group_info_root: Root of ``<root>/device<RANK_ID>/group_info.pb`` (``--group-info-root``), or
+            None: no ``GROUP_INFO_FILE``, which MindSpore reads as "semi-auto parallel restore" and
+            then rejects a data-parallel job on CPU, so it is only set when asked for.
         base_env: The launcher's environment, read for "set only when unset" rules.
         extra: Variables every rank gets on top (e.g. graceful-exit file), already resolved.
     """
@@ -38,7 +40,7 @@ class EnvContext:
     run_id: str
     max_restarts: int
     run_dir: str
-    group_info_root: str
+    group_info_root: Optional[str]
     base_env: Mapping[str, str] = field(default_factory=dict)
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -96,10 +98,11 @@ def build_rank_env(ctx: EnvContext, device: Device, local_rank: int, attempt: in
         ev.SERVER_NUM: str(table.server_count),
         ev.JOB_ID: ctx.run_id,
         ev.LOCAL_RANK: str(local_rank),
-        ev.GROUP_INFO_FILE: os.path.join(ctx.group_info_root, f"device{rank}", "group_info.pb"),
         ev.LAUNCHER_RUN_DIR: ctx.run_dir,
         ev.LAUNCHER_ATTEMPT: str(attempt),
     }
+    if ctx.group_info_root:
+        env[ev.GROUP_INFO_FILE] = os.path.join(ctx.group_info_root, f"device{rank}", "group_info.pb")
     if topo.table_file:
         env[ev.RANK_TABLE_FILE] = topo.table_file
     if ctx.base_env.get(ev.XDL_IP):

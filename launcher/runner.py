@@ -28,8 +28,8 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     run_dir = os.path.abspath(opts.run_dir or default_run_dir(environ))
     run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or uuid.uuid4().hex[:12]
     ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
-                     run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
-                                                                       os.path.join(run_dir, "group_info")),
+                     run_dir=run_dir,
+                     group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
                      base_env=environ)
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)

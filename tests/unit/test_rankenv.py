@@ -4,6 +4,7 @@ Tables are built by hand from the data model so these tests do not depend on the
 """
 
 import copy
+import dataclasses
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -268,6 +269,13 @@ def test_scheduler_env_gets_context_extra_but_no_rank_variables():
 
 # --------------------------------------------------------------------------- group info, HCCL_IF_IP
 
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore", "tensorflow"])
+def test_no_group_info_file_unless_a_group_info_root_is_given(framework):
+    # MindSpore reads GROUP_INFO_FILE as "semi-auto parallel restore": a data-parallel job then fails.
+    ctx = dataclasses.replace(make_ctx(file_topology(0), framework), group_info_root=None)
+    assert not any("GROUP_INFO_FILE" in s.env for s in worker_specs(ctx, ["x"], 0))
+
+
 @pytest.mark.parametrize("server_index, local_rank, rank", [(0, 0, 0), (0, 3, 3), (1, 1, 5)])
 def test_group_info_file_uses_the_global_rank_id(server_index, local_rank, rank):
     env = env_for(make_ctx(file_topology(server_index)), local_rank)
@@ -428,21 +436,3 @@ def test_dynamic_cluster_node_ids_cover_the_world_exactly_once(nnodes, nproc):
         seen.extend(s.env["MS_NODE_ID"] for s in workers)
     assert schedulers == 1
     assert sorted(seen, key=int) == [str(r) for r in range(nnodes * nproc)]
-
-
-def test_explicit_ms_graceful_exit_value_is_respected(tmp_path):
-    """MS_ENABLE_GRACEFUL_EXIT=1 is the default for MindSpore, but an operator's 0 wins (CPU)."""
-    from launcher.attempt import attempt_specs
-    from launcher.options import RunOptions
-    from launcher.ranktable.generate import build_local_table
-    from launcher.rankenv import EnvContext
-    from launcher.topology import Topology
-
-    table = build_local_table(2)
-    topo = Topology(table, table.servers[0], "test", None, True, 8118)
-    opts = RunOptions(command=("x",))
-    for base, expected in (({}, "1"), ({"MS_ENABLE_GRACEFUL_EXIT": "0"}, None)):
-        ctx = EnvContext("mindspore", topo, "r", 0, str(tmp_path), str(tmp_path / "gi"), base_env=base)
-        specs, _ = attempt_specs(opts, ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={})
-        workers = [s for s in specs if s.rank >= 0]
-        assert {s.env.get("MS_ENABLE_GRACEFUL_EXIT") for s in workers} == {expected}
