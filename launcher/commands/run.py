@@ -65,13 +65,16 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--run-dir", type=click.Path(file_okay=False),
       help="Private state directory: pid, state, events.jsonl (default $XDG_RUNTIME_DIR/launcher "
            "or /tmp/launcher-<uid>).")
-@_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else generated).")
+@_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else a digest of "
+                        "what every node of the job shares: rank table or master/nnodes, and the command).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),
       help="Hybrid-parallel restore: every rank gets GROUP_INFO_FILE=<root>/device<RANK_ID>/group_info.pb "
            "and the restore plan reads them (default: no GROUP_INFO_FILE).")
 @_opt("--graceful-exit", is_flag=True,
       help="Framework graceful exit on request: MindSpore ranks get MS_ENABLE_GRACEFUL_EXIT=1, which "
            "OnRequestExit needs (an MS_ENABLE_GRACEFUL_EXIT already set is kept).")
+@_opt("--hccl-if-ip", help="HCCL_IF_IP for every rank (default: XDL_IP with host networking, else unset; "
+                            "an HCCL_IF_IP already set is kept).")
 @_opt("--checkpoint-dir", type=click.Path(file_okay=False),
       help="Checkpoints as <dir>/rank_<r>/...: compute a restore plan before every (re)start and "
            "hand each rank RESTORE_RANKS, RESTORE_RANKS_MAP and LAUNCHER_RESUME_*.")
