@@ -19,6 +19,9 @@ from launcher.topology import Topology
 ROLE_WORKER = "worker"
 ROLE_SCHEDULER = "scheduler"
 SCHEDULER_RANK = -1  # the MindSpore scheduler is supervised like a rank but has no global rank
+# msrun's --cluster_time_out default (mindspore/parallel/cluster/run.py), which it exports as
+# MS_TOPO_TIMEOUT: the same cluster-building window as msrun unless the operator sets one.
+MSRUN_TOPO_TIMEOUT = "600"
 
 
 @dataclass(frozen=True)
@@ -239,7 +242,7 @@ def _ms_common_env(ctx: EnvContext) -> Dict[str, str]:
         ev.MS_LOCAL_WORKER: str(len(topo.server.devices)),
         ev.MS_NODE_RANK: str(topo.server_index),
         ev.MS_SERVER_NUM: "0",
-        ev.MS_TOPO_TIMEOUT: ctx.base_env.get(ev.MS_TOPO_TIMEOUT, "900"),
+        ev.MS_TOPO_TIMEOUT: ctx.base_env.get(ev.MS_TOPO_TIMEOUT, MSRUN_TOPO_TIMEOUT),
     }
 
 

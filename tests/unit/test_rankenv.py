@@ -232,7 +232,7 @@ def test_mindspore_dynamic_cluster_scheduler_only_on_the_server_hosting_rank0():
     sched = specs0[0].env
     assert sched == {
         "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "10.1.1.1", "MS_SCHED_PORT": "8118", "MS_WORKER_NUM": "4",
-        "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "900",
+        "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "600",
         "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job", "PYTHONUNBUFFERED": "1",
     }
 
