@@ -16,6 +16,17 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[st
     return value
 
 
+def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    import ipaddress
+
+    if value:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not an IPv4 or IPv6 address") from None
+    return value
+
+
 def _opt(*decls: str, **kwargs: Any) -> Callable:
     """A ``run`` option that can also be set as ``LAUNCHER_<NAME>`` in the environment."""
     name = decls[0].lstrip("-").replace("-", "_")
@@ -73,8 +84,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--graceful-exit", is_flag=True,
       help="Framework graceful exit on request: MindSpore ranks get MS_ENABLE_GRACEFUL_EXIT=1, which "
            "OnRequestExit needs (an MS_ENABLE_GRACEFUL_EXIT already set is kept).")
-@_opt("--hccl-if-ip", help="HCCL_IF_IP for every rank (default: XDL_IP with host networking, else unset; "
-                            "an HCCL_IF_IP already set is kept).")
+@_opt("--hccl-if-ip", callback=_ip_address,
+      help="HCCL_IF_IP for every rank (default: XDL_IP with host networking, else unset; an HCCL_IF_IP "
+           "already set is kept).")
 @_opt("--checkpoint-dir", type=click.Path(file_okay=False),
       help="Checkpoints as <dir>/rank_<r>/...: compute a restore plan before every (re)start and "
            "hand each rank RESTORE_RANKS, RESTORE_RANKS_MAP and LAUNCHER_RESUME_*.")

@@ -248,6 +248,11 @@ def test_dry_run_hccl_if_ip_option(capsys, monkeypatch, args, env, expected):
     assert doc["ranks"][0]["env"].get("HCCL_IF_IP") == expected
 
 
+def test_hccl_if_ip_must_be_an_address(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--hccl-if-ip", "eth0", "--", "true")
+    assert code == 2 and "'eth0' is not an IPv4 or IPv6 address" in err
+
+
 @pytest.mark.parametrize("args, env, expected", [
     ([], {}, None), (["--graceful-exit"], {}, "1"), ([], {"LAUNCHER_GRACEFUL_EXIT": "1"}, "1"),
 ])
