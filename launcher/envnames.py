@@ -38,6 +38,7 @@ TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+PYTHON_EXEC = "PYTHON_EXEC"  # read: the interpreter for a COMMAND ending in .py, as in torchrun
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------
