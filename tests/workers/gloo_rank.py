@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""A real PyTorch gloo rank, run the same way under torchrun and under ``launcher run``.
+
+Joins the process group from torchrun's variables, all-reduces its rank, and prints one line
+``rank R/W sum S argv [...] local_rank L`` so that a test can compare both launchers' ranks.
+``--raise-on R`` makes rank R raise an uncaught exception after the all-reduce (torch's excepthook
+prefixes its traceback with ``[rankR]:``).
+"""
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--raise-on", type=int, default=-1)
+    args, _unknown = parser.parse_known_args()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    total = torch.tensor([rank])
+    dist.all_reduce(total)
+    print(f"rank {rank}/{world} sum {int(total)} argv {sys.argv[1:]} local_rank {os.environ['LOCAL_RANK']}",
+          flush=True)
+    if rank == args.raise_on:
+        raise RuntimeError(f"injected failure on rank {rank}")
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
