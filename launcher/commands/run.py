@@ -1,4 +1,4 @@
-"""``launcher run [OPTIONS] -- COMMAND [ARGS]...``: parse, then delegate to ``launcher.runner``."""
+"""``launcher run [OPTIONS] [--] COMMAND [ARGS]...``: parse, then delegate to ``launcher.runner``."""
 
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -94,9 +94,9 @@ def options_after_command(args: Sequence[str], params: Sequence[click.Parameter]
         index += 2 if takes_value.get(torchrun.normalize_token(name)) and not equals else 1
     else:
         return [], ""
+    # Long options only: a short one after the command is more likely the command's own (python -m).
     misplaced = [token.partition("=")[0] for token in args[index + 1:]
-                 if token.startswith("--") and torchrun.normalize_token(token.partition("=")[0]) in takes_value
-                 and token != "--help"]
+                 if token.startswith("--") and torchrun.normalize_token(token.partition("=")[0]) in takes_value]
     return list(dict.fromkeys(misplaced)), args[index]
 
 
@@ -203,17 +203,25 @@ def run(**kwargs: Any) -> int:
 
       launcher run --rank-table /user/serverid/devindex/config/hccl.json -- python train.py
     """
-    import os
-
     from launcher.runner import execute
 
-    ctx = click.get_current_context()
+    return execute(run_options(click.get_current_context()))
+
+
+def run_options(ctx: click.Context) -> RunOptions:
+    """The ``RunOptions`` of a parsed ``run`` command line, torchrun's options translated.
+
+    Raises:
+        UsageError: torchrun options the launcher cannot honour, a missing ``.py`` script.
+    """
+    import os
+
     explicit = [name for name in ctx.params
                 if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT,
                                                           click.core.ParameterSource.DEFAULT_MAP, None)]
-    kwargs = torchrun.translate(kwargs, explicit)
+    kwargs = torchrun.translate(dict(ctx.params), explicit)
     kwargs["command"] = torchrun.python_command(kwargs["command"], kwargs.pop("no_python"), kwargs.pop("module"),
                                                 os.environ)
     if kwargs.get("framework"):
         kwargs["framework"] = kwargs["framework"].lower()
-    return execute(RunOptions(**kwargs))
+    return RunOptions(**kwargs)
