@@ -216,9 +216,9 @@ def run_options(ctx: click.Context) -> RunOptions:
     """
     import os
 
+    # Given by the user: on the command line, in the environment or in the --config file (default_map).
     explicit = [name for name in ctx.params
-                if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT,
-                                                          click.core.ParameterSource.DEFAULT_MAP, None)]
+                if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)]
     kwargs = torchrun.translate(dict(ctx.params), explicit)
     kwargs["command"] = torchrun.python_command(kwargs["command"], kwargs.pop("no_python"), kwargs.pop("module"),
                                                 os.environ)

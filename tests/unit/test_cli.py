@@ -517,3 +517,10 @@ def test_options_after_command_finds_exactly_the_launcher_options_after_it(befor
     expected = [] if separated else list(dict.fromkeys(t for t in after if t in _LAUNCHER_OPTIONS))
     assert misplaced == expected
     assert program == ("" if separated else "train.py")
+
+
+def test_node_rank_from_the_config_file_counts_as_given(capsys, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("node_rank: 1\nnnodes: 2\nnproc_per_node: 1\n")
+    doc = dry_json(capsys, "--config", str(config), "--rdzv-backend", "c10d", "--rdzv-endpoint", "n0:1", "--", "true")
+    assert doc["server"]["index"] == 1
