@@ -151,7 +151,7 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str]) -> Dict[str, Any]
 
     Args:
         kwargs: Every parsed option of ``run``; the torchrun-only keys are removed.
-        explicit: Names of the options given on the command line or in the environment (not defaults).
+        explicit: Names of the options the user gave (command line, environment, --config file).
 
     Raises:
         UsageError: one line per refused or contradictory option.
