@@ -8,6 +8,7 @@ said once, not twice.
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -29,12 +30,12 @@ def _env():
     return env
 
 
-def run(tmp_path: Path, program, *script_args):
-    """Run ``program --standalone --nproc_per_node=2 gloo_rank.py ARGS`` in a copy of the script's dir."""
+def run(tmp_path: Path, program, *script_args, options=("--standalone", "--nproc_per_node=2")):
+    """Run ``program OPTIONS gloo_rank.py --lr 1 ARGS`` in a directory holding a copy of the script."""
     work = tmp_path / "work"
     work.mkdir(exist_ok=True)
     (work / SCRIPT).write_text((REPO / "tests" / "workers" / SCRIPT).read_text())
-    argv = [*program, "--standalone", "--nproc_per_node=2", SCRIPT, "--lr", "1", *script_args]
+    argv = [*program, *options, SCRIPT, "--lr", "1", *script_args]
     return subprocess.run(argv, cwd=str(work), env=_env(), capture_output=True, text=True, timeout=120)
 
 
@@ -78,3 +79,20 @@ def test_a_rank_traceback_is_prefixed_once(tmp_path):
     assert their_traceback[-1] == "RuntimeError: injected failure on rank 1"
     assert our_lines[-len(their_traceback):] == their_traceback  # same text, one prefix
     assert "[rank1]:" not in ours.stdout
+
+
+def test_static_rendezvous_options_give_the_ranks_the_same_variables(tmp_path):
+    """--rdzv-endpoint / --rdzv-id / --max_restarts as torchrun's static setup hands them to the ranks."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = ("--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job7",
+               "--max_restarts", "2", "--nproc_per_node", "2")
+    shown = ("--print-env", "MASTER_ADDR,MASTER_PORT,TORCHELASTIC_RUN_ID,TORCHELASTIC_MAX_RESTARTS,WORLD_SIZE")
+    theirs = run(tmp_path, [str(TORCHRUN)], *shown, options=options)
+    ours = run(tmp_path, launcher(tmp_path), *shown, options=options)
+    assert theirs.returncode == ours.returncode == 0, theirs.stderr + ours.stderr
+    expected = sorted(line for line in theirs.stdout.splitlines() if line.startswith("env "))
+    assert expected == [f"env {r} 127.0.0.1 {port} job7 2 2" for r in range(2)]
+    assert sorted(line for lines in rank_lines(ours.stdout, _OURS).values() for line in lines
+                  if line.startswith("env ")) == expected

@@ -3,6 +3,7 @@
 
 Joins the process group from torchrun's variables, all-reduces its rank, and prints one line
 ``rank R/W sum S argv [...] local_rank L`` so that a test can compare both launchers' ranks.
+``--print-env A,B`` first prints ``env RANK <A> <B>`` (the launcher's variables, before joining).
 ``--raise-on R`` makes rank R raise an uncaught exception after the all-reduce (torch's excepthook
 prefixes its traceback with ``[rankR]:``).
 """
@@ -19,7 +20,11 @@ import torch.distributed as dist
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--raise-on", type=int, default=-1)
+    parser.add_argument("--print-env", default="")
     args, _unknown = parser.parse_known_args()
+    if args.print_env:
+        values = " ".join(os.environ.get(name, "-") for name in args.print_env.split(","))
+        print(f"env {os.environ['RANK']} {values}", flush=True)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([rank])
