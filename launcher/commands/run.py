@@ -44,8 +44,9 @@ class RunCommand(click.Command):
         super().__init__(*args, **kwargs)
         # After the decorated options, before COMMAND: added here so the decorator list stays the
         # launcher's own options.
-        command = self.params.pop()
-        self.params.extend(torchrun.command_options() + torchrun.hidden_options() + [command])
+        arguments = [p for p in self.params if isinstance(p, click.Argument)]
+        self.params[:] = [p for p in self.params if not isinstance(p, click.Argument)]
+        self.params.extend(torchrun.command_options() + torchrun.hidden_options() + arguments)
 
     def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
         misplaced, program = options_after_command(args, self.params)
