@@ -524,3 +524,21 @@ def test_node_rank_from_the_config_file_counts_as_given(capsys, tmp_path):
     config.write_text("node_rank: 1\nnnodes: 2\nnproc_per_node: 1\n")
     doc = dry_json(capsys, "--config", str(config), "--rdzv-backend", "c10d", "--rdzv-endpoint", "n0:1", "--", "true")
     assert doc["server"]["index"] == 1
+
+
+@given(text=st.text(alphabet="0123456789:-abcdu[] .", max_size=12))
+def test_torchrun_value_parsers_accept_or_refuse_cleanly(text):
+    """Whatever the text, --nproc-per-node, --nnodes and --rdzv-endpoint give a number / an address or
+    one usage line: never another exception."""
+    import click
+
+    from launcher.commands.torchrun import NnodesType, NprocType, _endpoint
+
+    for kind in (NprocType(), NnodesType()):
+        try:
+            assert kind.convert(text, None, None) >= 1
+        except click.BadParameter:
+            pass
+    kwargs = {"master_addr": None, "master_port": None}
+    problems = _endpoint(kwargs, text)
+    assert problems or (kwargs["master_addr"] and 0 < kwargs["master_port"] < 65536)
