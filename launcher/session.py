@@ -24,6 +24,7 @@ from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
+from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC, RestorePlan
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
@@ -55,7 +56,7 @@ class Session:
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
-        self.plans: Dict[int, object] = {}  # attempt -> its restore plan
+        self.plans: Dict[int, RestorePlan] = {}  # attempt -> its restore plan
 
     def __enter__(self) -> "Session":
         self.run_dir.lock()
@@ -330,12 +331,12 @@ class Session:
         self.run_dir.unlock()
 
 
-def resume_summary(plan) -> str:
+def resume_summary(plan: RestorePlan) -> str:
     """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
-    if plan.kind == "breakpoint":
+    if plan.kind == KIND_BREAKPOINT:
         ranks = plan.restore_ranks
         return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
                 f"{', '.join(str(r) for r in ranks)}")
-    if plan.kind == "periodic":
+    if plan.kind == KIND_PERIODIC:
         return f"resuming from the step-{plan.step} periodic checkpoints"
     return f"starting from scratch ({plan.reason})"
