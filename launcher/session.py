@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from launcher import envnames
 from launcher import gasp as gasp_mod
@@ -24,10 +24,12 @@ from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC, RestorePlan
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
+
+if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
+    from launcher.restore.plan import RestorePlan
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,7 @@ class Session:
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
-        self.plans: Dict[int, RestorePlan] = {}  # attempt -> its restore plan
+        self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
 
     def __enter__(self) -> "Session":
         self.run_dir.lock()
@@ -331,8 +333,10 @@ class Session:
         self.run_dir.unlock()
 
 
-def resume_summary(plan: RestorePlan) -> str:
+def resume_summary(plan: "RestorePlan") -> str:
     """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
+    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
+
     if plan.kind == KIND_BREAKPOINT:
         ranks = plan.restore_ranks
         return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
