@@ -8,7 +8,6 @@ options, or refused with one line each saying what to do instead (exit 2).
 
 import os
 import re
-import socket
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -141,6 +140,8 @@ def npu_count(dev: str = "/dev") -> int:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now (``--standalone``; rank 0 binds it moments later)."""
+    import socket  # only for --standalone
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
