@@ -17,6 +17,12 @@ import torch
 import torch.distributed as dist
 
 
+def say(line: str) -> None:
+    """One line in one write: torchrun's ranks share its stdout, and print() under ``python -u``
+    writes the text and the newline separately, so two ranks' lines would interleave."""
+    os.write(1, (line + "\n").encode())
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--raise-on", type=int, default=-1)
@@ -24,13 +30,12 @@ def main() -> int:
     args, _unknown = parser.parse_known_args()
     if args.print_env:
         values = " ".join(os.environ.get(name, "-") for name in args.print_env.split(","))
-        print(f"env {os.environ['RANK']} {values}", flush=True)
+        say(f"env {os.environ['RANK']} {values}")
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     total = torch.tensor([rank])
     dist.all_reduce(total)
-    print(f"rank {rank}/{world} sum {int(total)} argv {sys.argv[1:]} local_rank {os.environ['LOCAL_RANK']}",
-          flush=True)
+    say(f"rank {rank}/{world} sum {int(total)} argv {sys.argv[1:]} local_rank {os.environ['LOCAL_RANK']}")
     if rank == args.raise_on:
         raise RuntimeError(f"injected failure on rank {rank}")
     dist.barrier()
