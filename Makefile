@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine (see README "Quick start"):
-#   make example   - create .venv, install the launcher + PyTorch CPU, run the 4-rank fault demo
+#   make example   - create .venv, install the launcher + PyTorch CPU + NumPy, run the 4-rank fault demo
 #   make test      - create .venv, install everything the suite needs, run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
