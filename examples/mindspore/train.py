@@ -35,7 +35,7 @@ not import the ``launcher`` package: it is user code):
 * fault injection (``--fail-at-step``/``--fail-rank``) on the first attempt only.
 
 Exit codes: 0 finished or stopped on request; 143 after the SIGTERM gasp; 1 a failure;
-2 an unusable resume checkpoint.
+2 an unusable resume checkpoint, or a ``RESTORE_RANKS_MAP`` that disagrees with the plan.
 """
 
 import argparse
