@@ -41,6 +41,8 @@ TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 PYTHON_EXEC = "PYTHON_EXEC"  # read: the interpreter for a COMMAND ending in .py, as in torchrun
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # torchrun runs `python -u`; the legacy scripts export it
+PYTHONBREAKPOINT = "PYTHONBREAKPOINT"  # ranks without the terminal: breakpoint() prints a hint
+PYTHONPATH = "PYTHONPATH"
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------
 MS_ROLE = "MS_ROLE"
@@ -80,6 +82,8 @@ LAUNCHER_RESUME_SOURCE_RANK = "LAUNCHER_RESUME_SOURCE_RANK"
 LAUNCHER_RESUME_CHECKPOINT = "LAUNCHER_RESUME_CHECKPOINT"
 LAUNCHER_RESUME_STEP = "LAUNCHER_RESUME_STEP"
 LAUNCHER_RESUME_KIND = "LAUNCHER_RESUME_KIND"  # "breakpoint" or "periodic"
+LAUNCHER_DEBUG_RANK = "LAUNCHER_DEBUG_RANK"  # --debug-rank: the rank holding the terminal
+LAUNCHER_CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"  # --pdb: where a failing rank asks for the terminal
 
 # --- Options of `launcher run` read from the environment (LAUNCHER_<OPTION>) -------------------
 ENV_PREFIX = "LAUNCHER_"
