@@ -375,7 +375,8 @@ class Supervisor:
         # ranks have exited: a scheduler gone first leaves the workers hanging in their teardown.
         late = [w for w in stopping if w.rank < 0]
         spared = self._debugged(ranks)
-        self.group.signal_main([w.rank for w in stopping if w.rank >= 0 and w.rank not in spared] or ranks, signum)
+        main = [w.rank for w in stopping if w.rank >= 0] or ranks
+        self.group.signal_main([rank for rank in main if rank not in spared], signum)
         late = late if len(late) < len(stopping) else []
         deadline, killed = time.monotonic() + timeout, False
         while any(w.state is WorkerState.STOPPING for w in stopping):
