@@ -77,6 +77,18 @@ def _is_python(program: str) -> bool:
     return name.startswith("python") or os.path.realpath(program) == os.path.realpath(sys.executable)
 
 
+def root_cause_hint(rank: int, log_tail: Sequence[str]) -> Sequence[str]:
+    """A line for the root-cause summary when the failed rank died in a debugger without a terminal.
+
+    ``pdb.set_trace()`` and ``torch.distributed.breakpoint()`` bypass ``PYTHONBREAKPOINT``: in a rank
+    without the terminal pdb reads end-of-file and raises ``bdb.BdbQuit``.
+    """
+    if any(line.rstrip().endswith("bdb.BdbQuit") for line in log_tail):
+        return [f"rank {rank} stopped at a debugger without a terminal (bdb.BdbQuit): run with --debug-rank {rank} "
+                f"to debug it here"]
+    return []
+
+
 def rank_env(base_env: Mapping[str, str], rank: int, debug_rank: Optional[int], pdb: bool,
              control_socket: str) -> Dict[str, str]:
     """The debugging variables of one rank (pure: no I/O).

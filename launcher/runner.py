@@ -161,4 +161,5 @@ def format_root_cause(result, log_lines: int = 10) -> List[str]:
         tail = tail_lines(cause.log_path, log_lines)
         lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
         lines.extend(f"    {line}" for line in tail)
+        lines.extend(debugging.root_cause_hint(cause.rank, tail))
     return lines

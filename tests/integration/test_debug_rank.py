@@ -155,3 +155,16 @@ def test_torch_distributed_breakpoint_with_gloo(tmp_path):
     assert finish(child) == 0, child.logfile_read.text
     assert "rank 1 after the breakpoint: sum 1 secret 1001" in child.logfile_read.text
     assert "rank 0 after the breakpoint: sum 1" in rank_logs(tmp_path)[0]
+
+
+@pytest.mark.slow
+def test_torch_distributed_breakpoint_without_debug_rank_says_what_to_do(tmp_path):
+    # torch's breakpoint opens /dev/stdin itself (no PYTHONBREAKPOINT): the rank without a terminal
+    # reads end-of-file, and the root cause says how to give it one.
+    result = subprocess.run([sys.executable, *launcher_argv(tmp_path, ["--nproc-per-node", "2", "--master-port",
+                                                                       "29632"], GLOO_WORKER, ["--rank", "1"])],
+                            cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
+                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert ("rank 1 stopped at a debugger without a terminal (bdb.BdbQuit): run with --debug-rank 1 to debug it "
+            "here") in result.stderr

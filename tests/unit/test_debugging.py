@@ -226,3 +226,10 @@ def test_wrapper_runs_a_module_and_passes_its_exit_code(tmp_path):
                             env={**os.environ, "PYTHONPATH": str(tmp_path)}, capture_output=True, text=True,
                             timeout=30)
     assert (result.returncode, result.stderr) == (1, "3\n")  # sys.exit("3") prints it and exits 1
+
+
+def test_root_cause_hint_for_a_debugger_that_read_end_of_file():
+    tail = ["[rank1]:     if self.quitting: raise BdbQuit", "[rank1]: bdb.BdbQuit"]
+    assert debugging.root_cause_hint(1, tail) == [
+        "rank 1 stopped at a debugger without a terminal (bdb.BdbQuit): run with --debug-rank 1 to debug it here"]
+    assert debugging.root_cause_hint(1, ["ValueError: x"]) == []
