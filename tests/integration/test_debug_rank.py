@@ -45,6 +45,22 @@ class _Transcript:
         pass
 
 
+def run_without_terminal(tmp: Path, options, worker_args=(), worker=WORKER, timeout=60):
+    """The launcher with stdin /dev/null and captured output, to its end."""
+    return subprocess.run([sys.executable, *launcher_argv(tmp, options, worker, worker_args)], cwd=str(tmp),
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def print_then(child, expression, value, command) -> int:
+    """At the pdb prompt: ``p expression`` must show ``value``; then ``command``. Returns the job's exit status."""
+    child.sendline(f"p {expression}")
+    child.expect(rf"\r\n{value}\r\n")
+    child.expect(PROMPT)
+    child.sendline(command)
+    return finish(child)
+
+
 def finish(child) -> int:
     child.expect(pexpect.EOF)
     child.close()
@@ -63,11 +79,7 @@ def test_breakpoint_in_rank_1_of_4_step_print_continue(tmp_path):
     child.expect(PROMPT)
     child.sendline("n")
     child.expect(PROMPT)
-    child.sendline("p x")
-    child.expect(r"\r\n42\r\n")
-    child.expect(PROMPT)
-    child.sendline("c")
-    assert finish(child) == 0, child.logfile_read.text
+    assert print_then(child, "x", 42, "c") == 0, child.logfile_read.text
     seen = child.logfile_read.text
     assert "rank 1 x is 42" in seen and "[rank 1]" not in seen  # unprefixed, on the terminal
     logs = rank_logs(tmp_path)
@@ -85,10 +97,7 @@ def test_ctrl_c_at_the_prompt_goes_to_the_debugger_not_the_job(tmp_path):
     child.sendintr()
     child.expect("--KeyboardInterrupt--")
     child.expect(PROMPT)
-    child.sendline("p x")
-    child.expect(r"\r\n41\r\n")
-    child.sendline("c")
-    assert finish(child) == 0, child.logfile_read.text
+    assert print_then(child, "x", 41, "c") == 0, child.logfile_read.text
     assert "Ctrl-C passed to rank 1" in child.logfile_read.text
     assert "rank 0 done" in rank_logs(tmp_path)[0]  # the other rank was never stopped
 
@@ -102,21 +111,14 @@ def test_a_failure_elsewhere_does_not_stop_the_debugged_rank(tmp_path):
     child.expect(PROMPT)
     trigger.touch()
     child.expect("rank 1 holds the terminal")
-    child.sendline("p x")
-    child.expect(r"\r\n41\r\n")
-    child.expect(PROMPT)
-    child.sendline("c")
-    assert finish(child) == 1, child.logfile_read.text
+    assert print_then(child, "x", 41, "c") == 1, child.logfile_read.text
     seen = child.logfile_read.text
     assert "rank 1 x is 42" in seen
     assert "first failure of the last attempt was rank 3" in seen
 
 
 def test_breakpoint_without_debug_rank_prints_a_hint_and_carries_on(tmp_path):
-    result = subprocess.run([sys.executable, *launcher_argv(tmp_path, ["--nproc-per-node", "2"],
-                                                            worker_args=["--break-rank", "1"])],
-                            cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    result = run_without_terminal(tmp_path, ["--nproc-per-node", "2"], ["--break-rank", "1"])
     assert result.returncode == 0, result.stderr
     hints = [line for line in result.stdout.splitlines() if "breakpoint()" in line]
     assert hints == [f"[rank 1] breakpoint() at debug_rank.py:{BREAK_LINE} skipped: ranks have no terminal; run "
@@ -129,11 +131,7 @@ def test_pdb_post_mortem_of_the_rank_that_raises(tmp_path):
                   ["--raise-rank", "2", "--hold", str(tmp_path / "never")])
     child.expect("rank 2 raised; post-mortem debugger")
     child.expect(PROMPT)
-    child.sendline("p x")
-    child.expect(r"\r\n7\r\n")
-    child.expect(PROMPT)
-    child.sendline("q")
-    assert finish(child) == 1, child.logfile_read.text
+    assert print_then(child, "x", 7, "q") == 1, child.logfile_read.text
     seen = child.logfile_read.text
     assert "first failure of the last attempt was rank 2" in seen
     assert "ValueError: rank 2 broke with x=7" in rank_logs(tmp_path)[2]
@@ -148,11 +146,7 @@ def test_torch_distributed_breakpoint_with_gloo(tmp_path):
     child.expect(PROMPT)
     child.sendline("up")
     child.expect(PROMPT)
-    child.sendline("p secret")
-    child.expect(r"\r\n1001\r\n")
-    child.expect(PROMPT)
-    child.sendline("c")
-    assert finish(child) == 0, child.logfile_read.text
+    assert print_then(child, "secret", 1001, "c") == 0, child.logfile_read.text
     assert "rank 1 after the breakpoint: sum 1 secret 1001" in child.logfile_read.text
     assert "rank 0 after the breakpoint: sum 1" in rank_logs(tmp_path)[0]
 
@@ -161,10 +155,8 @@ def test_torch_distributed_breakpoint_with_gloo(tmp_path):
 def test_torch_distributed_breakpoint_without_debug_rank_says_what_to_do(tmp_path):
     # torch's breakpoint opens /dev/stdin itself (no PYTHONBREAKPOINT): the rank without a terminal
     # reads end-of-file, and the root cause says how to give it one.
-    result = subprocess.run([sys.executable, *launcher_argv(tmp_path, ["--nproc-per-node", "2", "--master-port",
-                                                                       "29632"], GLOO_WORKER, ["--rank", "1"])],
-                            cwd=str(tmp_path), env={**os.environ, "PYTHONPATH": str(REPO)},
-                            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
+    result = run_without_terminal(tmp_path, ["--nproc-per-node", "2", "--master-port", "29632"], ["--rank", "1"],
+                                  GLOO_WORKER, timeout=120)
     assert result.returncode == 1
     assert ("rank 1 stopped at a debugger without a terminal (bdb.BdbQuit): run with --debug-rank 1 to debug it "
             "here") in result.stderr
