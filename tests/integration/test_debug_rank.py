@@ -160,3 +160,10 @@ def test_torch_distributed_breakpoint_without_debug_rank_says_what_to_do(tmp_pat
     assert result.returncode == 1
     assert ("rank 1 stopped at a debugger without a terminal (bdb.BdbQuit): run with --debug-rank 1 to debug it "
             "here") in result.stderr
+
+
+def test_pdb_without_a_terminal_says_so_and_the_failure_proceeds(tmp_path):
+    result = run_without_terminal(tmp_path, ["--nproc-per-node", "2", "--pdb"], ["--raise-rank", "1"])
+    assert result.returncode == 1
+    assert "[rank 1] post-mortem debugger not started: the launcher has no terminal" in result.stdout
+    assert "first failure of the last attempt was rank 1" in result.stderr

@@ -233,3 +233,42 @@ def test_root_cause_hint_for_a_debugger_that_read_end_of_file():
     assert debugging.root_cause_hint(1, tail) == [
         "rank 1 stopped at a debugger without a terminal (bdb.BdbQuit): run with --debug-rank 1 to debug it here"]
     assert debugging.root_cause_hint(1, ["ValueError: x"]) == []
+
+
+# -- the options through the CLI (dry run: nothing starts) -------------------------------------
+@pytest.fixture
+def cli(clean_env, restore_launcher_logger, monkeypatch, tmp_path, capsys):
+    from launcher.cli import main
+
+    monkeypatch.setenv("LAUNCHER_RUN_DIR", str(tmp_path / "run"))
+    script = tmp_path / "train.py"
+    script.write_text("")
+
+    def run(*argv):
+        code = main(["run", "--dry-run", "--json", "--nproc-per-node", "2", *argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+    run.script = str(script)
+    return run
+
+
+def test_dry_run_shows_the_wrapper_and_the_debug_variables(cli):
+    import json
+
+    code, out, err = cli("--pdb", "--debug-rank", "1", cli.script, "--lr", "1")
+    assert code == 0, err
+    ranks = json.loads(out)["ranks"]
+    assert ranks[0]["argv"][-4:] == [HOOKS_FILE, cli.script, "--lr", "1"]
+    assert ranks[0]["env"]["PYTHONBREAKPOINT"] == "launcher_rankhooks.breakpoint_hint"
+    assert "PYTHONBREAKPOINT" not in ranks[1]["env"]
+    assert {r["env"]["LAUNCHER_DEBUG_RANK"] for r in ranks} == {"1"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--debug-rank", "2", "TRAIN"), "launcher: --debug-rank 2: not a rank of this machine"),
+    (("--pdb", "--", "true"), "launcher: --pdb needs a Python command: SCRIPT.py, -m MODULE or python SCRIPT ..."),
+])
+def test_bad_debug_options_exit_2_with_one_line(cli, argv, message):
+    code, out, err = cli(*[cli.script if a == "TRAIN" else a for a in argv])
+    assert (code, out) == (2, "")
+    assert err.splitlines()[0] == message
