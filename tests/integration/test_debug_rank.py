@@ -167,3 +167,24 @@ def test_pdb_without_a_terminal_says_so_and_the_failure_proceeds(tmp_path):
     assert result.returncode == 1
     assert "[rank 1] post-mortem debugger not started: the launcher has no terminal" in result.stdout
     assert "first failure of the last attempt was rank 1" in result.stderr
+
+
+def test_terminal_modes_are_put_back_when_the_debugged_rank_dies_at_its_prompt(tmp_path):
+    import json
+    import signal
+    import termios
+
+    def line_mode():
+        lflag = termios.tcgetattr(child.child_fd)[3]
+        return bool(lflag & termios.ECHO), bool(lflag & termios.ICANON)
+
+    child = spawn(tmp_path, ["--nproc-per-node", "2", "--debug-rank", "1"],
+                  ["--break-rank", "1", "--hold", str(tmp_path / "never")])
+    child.expect(PROMPT)
+    assert line_mode() == (False, False)  # pdb's line editor (readline) has the terminal raw
+    ranks = json.loads((tmp_path / "run" / "state.json").read_text())["ranks"]
+    os.kill(next(r["pid"] for r in ranks if r["rank"] == 1), signal.SIGKILL)
+    child.expect(pexpect.EOF)
+    assert line_mode() == (True, True)
+    child.close()
+    assert child.exitstatus == 128 + signal.SIGKILL
