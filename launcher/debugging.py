@@ -37,7 +37,7 @@ DEBUG_REQUEST = "debug-terminal"
 #: A second Ctrl-C this soon after one passed to the debugged rank stops the job instead.
 DOUBLE_PRESS_SECONDS = 2.0
 # Python options that take a value as the next word: ``python -X dev script.py``.
-_PYTHON_VALUE_FLAGS = ("-W", "-X", "-Q")
+_PYTHON_VALUE_FLAGS = ("-W", "-X")
 
 
 def check_options(debug_rank: Optional[int], pdb: bool, command: Sequence[str], local_ranks: Iterable[int]) -> None:
@@ -60,14 +60,13 @@ def postmortem_argv(command: Sequence[str]) -> Tuple[str, ...]:
     Raises:
         UsageError: the command is not a Python interpreter running a script or a module.
     """
-    if command and _is_python(command[0]):
-        index = 1
-        while index < len(command) and command[index].startswith("-") and command[index] != "-m":
-            if command[index] == "-c":
-                break
-            index += 2 if command[index] in _PYTHON_VALUE_FLAGS else 1
-        if index < len(command) and command[index] != "-c" and (command[index] != "-m" or index + 1 < len(command)):
-            return (*command[:index], HOOKS_FILE, *command[index:])
+    command = tuple(command)
+    index = 1 if command and _is_python(command[0]) else len(command)
+    while index < len(command) and command[index].startswith("-") and command[index] not in ("-m", "-c"):
+        index += 2 if command[index] in _PYTHON_VALUE_FLAGS else 1
+    target = command[index:index + 2]  # SCRIPT ..., or -m MODULE
+    if target and target[0] != "-c" and target != ("-m",):
+        return (*command[:index], HOOKS_FILE, *command[index:])
     raise UsageError("--pdb needs a Python command: SCRIPT.py, -m MODULE or python SCRIPT ...",
                      [f"got: {' '.join(command)}"])
 
@@ -208,8 +207,8 @@ class DebugConsole:
             self._granted.add(attempt)
             self.holder, self._holder_pid = rank, _as_int(args.get("pid"))
             self.emit("debugger_attached", attempt=attempt, rank=rank, pid=args.get("pid"))
-            log.warning("rank %d raised: post-mortem debugger on this terminal; the job goes on when it quits",
-                        rank)
+            log.warning("rank %d raised: post-mortem debugger on this terminal; its failure is handled when "
+                        "the debugger quits", rank)
             return {"ok": True, "tty": self._tty}
         self.emit("debugger_refused", rank=rank, reason=error)
         return {"ok": False, "error": error}
