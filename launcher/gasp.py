@@ -65,9 +65,12 @@ class GaspGate:
         if not self.allowed():
             return False
         tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"last_save": self.clock()}, fh)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"last_save": self.clock()}, fh)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a full run dir never costs the ranks their save
+            log.warning("cannot record the dying gasp in %s (%s): saving anyway", self.path, exc.strerror or exc)
         return True
 
 
