@@ -50,3 +50,49 @@ def test_unread_stdout_pipe_does_not_block_the_launcher(launcher, tmp_path):
     assert "Traceback" not in err, err
     assert err.count("is not taking output") == 1, err
     assert f"the console did not take {dropped[0]['bytes']} bytes ({dropped[0]['lines']} lines)" in err
+
+
+def full_pipe():
+    """A pipe whose buffer is already full and that nobody reads: the next write would block."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    try:
+        while True:
+            os.write(write_end, b"x" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(write_end, True)
+    return read_end, write_end
+
+
+def test_unread_stderr_pipe_does_not_block_the_launcher(launcher, tmp_path):
+    """The launcher's own log lines go to a full, unread stderr: the job still runs and restarts, and
+    ends with the rank's exit code."""
+    read_end, write_end = full_pipe()
+    try:
+        launcher.out = open(tmp_path / "stdout.txt", "wb")
+        launcher.err = open(os.devnull, "wb")
+        launcher.proc = subprocess.Popen(
+            launcher.argv(["--nproc-per-node", "2", "--max-restarts", "1"],
+                          ["--fail-rank", "1", "--exit-code", "5", "--fail-attempts", "0,1"]),
+            stdout=launcher.out, stderr=write_end, cwd=str(tmp_path))
+        os.close(write_end)
+        write_end = -1
+        assert launcher.wait(60) == 5
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+    assert [e["attempt"] for e in launcher.events() if e["event"] == "attempt_start"] == [0, 1]
+    assert "[rank 1] rank 1 failing now" in launcher.stdout
+
+
+def test_latest_that_is_a_real_directory_is_left_alone(launcher, tmp_path):
+    """``latest`` is the user's own directory: the run goes on, says once why the link is not updated,
+    and leaves no ``latest.<pid>`` behind."""
+    (launcher.log_dir / "latest").mkdir(parents=True)
+    code = launcher.run(["--nproc-per-node", "1"], ["--run", "0"])
+    assert code == 0, launcher.stderr
+    assert sorted(p.name for p in launcher.log_dir.iterdir() if p.name.startswith("latest")) == ["latest"]
+    assert (launcher.log_dir / "latest").is_dir() and not (launcher.log_dir / "latest").is_symlink()
+    assert launcher.stderr.count("is a directory, not the launcher's link") == 1, launcher.stderr
