@@ -53,7 +53,6 @@ class Console:
         self.limit = limit
         self.fd = -1
         self._write: Callable[[Union[bytes, memoryview]], int] = _closed
-        self._owned: Optional[Union[int, socket.socket]] = None
         self._open(fd)
         self._pending: Deque[memoryview] = collections.deque()
         self._size = 0
@@ -70,15 +69,14 @@ class Console:
         self.fd = fd
         self._write = lambda data: os.write(fd, data)
         if stat.S_ISSOCK(mode):
-            sock = socket.socket(fileno=os.dup(fd))
-            self._owned = sock
+            sock = socket.socket(fileno=os.dup(fd))  # kept alive by the closure below
             self._write = lambda data: sock.send(data, socket.MSG_DONTWAIT)
         elif (stat.S_ISFIFO(mode) or os.isatty(fd)) and os.get_blocking(fd):
             try:
                 own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
             except OSError:  # no /proc, or a pipe whose reader is gone: writes fail at once anyway
                 return
-            self.fd = self._owned = own
+            self.fd = own
             self._write = lambda data: os.write(own, data)
 
     def write(self, data: bytes) -> None:
