@@ -329,3 +329,16 @@ def test_full_disk_log_file_warns_once_and_the_console_goes_on(tmp_path, caplog)
     finally:
         os.close(write_fd)
         out.close()
+
+
+def test_torch_rank_prefix_is_not_doubled_on_the_console(pipes):
+    """torch's excepthook writes "[rank3]: " before each traceback line; the console says "[rank 3] "
+    once, the log file keeps the rank's bytes, and another rank's prefix is left alone."""
+    console = io.BytesIO()
+    p = pipes(console)
+    raw = b"[rank3]: Traceback (most recent call last):\n\n[rank3]: RuntimeError: x\nsee [rank3]: here\n[rank4]: y\n"
+    p.write(raw)
+    p.out.pump()
+    assert console.getvalue() == (b"[rank 3] Traceback (most recent call last):\n[rank 3] \n[rank 3] RuntimeError: x\n"
+                                  b"[rank 3] see [rank3]: here\n[rank 3] [rank4]: y\n")
+    assert p.file_bytes() == raw
