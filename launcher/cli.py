@@ -13,6 +13,7 @@ from typing import Dict, List, Optional
 import click
 
 from launcher import __version__
+from launcher.console import ConsoleHandler, console_stderr
 from launcher.errors import LauncherError
 
 _COMMANDS: Dict[str, str] = {
@@ -74,8 +75,13 @@ class _LauncherFormatter(logging.Formatter):
 
 
 def setup_logging(verbose: int = 0) -> None:
-    """Send the launcher's own log lines to stderr, prefixed ``[launcher]``."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Send the launcher's own log lines to stderr, prefixed ``[launcher]``.
+
+    Through a non-blocking console when stderr is fd 2: a stderr nobody reads (a stopped pipe) must
+    not stop the supervisor in the middle of a log line.
+    """
+    stderr = console_stderr()
+    handler = logging.StreamHandler(sys.stderr) if stderr is None else ConsoleHandler(stderr)
     handler.setFormatter(_LauncherFormatter())
     root = logging.getLogger("launcher")
     root.handlers[:] = [handler]

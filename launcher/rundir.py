@@ -6,12 +6,17 @@ control socket in it lets whoever can open it stop the job. One launcher at a ti
 
 import fcntl
 import json
+import logging
 import os
 import stat
 from typing import Any, Dict, Optional
 
 from launcher import envnames
 from launcher.errors import LauncherError, UsageError
+from launcher.warnonce import WarnOnce
+
+log = logging.getLogger(__name__)
+_write_failed = WarnOnce(log)  # one report per run-dir file that cannot be written
 
 EVENTS = "events.jsonl"
 STATE = "state.json"
@@ -94,18 +99,27 @@ class RunDir:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def write_json(self, name: str, data: Any) -> None:
-        """Atomically replace ``name`` with ``data`` as JSON (temp file + rename)."""
+    def write_json(self, name: str, data: Any) -> bool:
+        """Atomically replace ``name`` with ``data`` as JSON (temp file + rename).
+
+        The run dir records the job; it must not stop it. A write that fails (full disk, I/O error)
+        leaves the old file in place, is reported once per file, and returns False.
+        """
         path = self.file(name)
         tmp = f"{path}.{os.getpid()}.tmp"
         try:
             with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump(data, fh, default=str)
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as exc:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-            raise
+            if not isinstance(exc, OSError):
+                raise
+            _write_failed(name, "cannot write %s (%s): keeping its previous content, the job goes on", path,
+                          exc.strerror or exc)
+            return False
+        return True
 
     def read_json(self, name: str) -> Optional[Any]:
         """Parsed content of ``name``, or None when missing or unreadable."""

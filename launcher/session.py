@@ -12,6 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
+from launcher import console as console_mod
 from launcher import envnames
 from launcher import gasp as gasp_mod
 from launcher import guard as guard_mod
@@ -87,13 +88,21 @@ class Session:
     def _make_log_dir(self) -> None:
         try:
             os.makedirs(self.log_session, exist_ok=True)
-            latest = os.path.join(self.log_root, "latest")
-            tmp = f"{latest}.{os.getpid()}"
-            os.symlink(os.path.basename(self.log_session), tmp)
-            os.replace(tmp, latest)
         except OSError as exc:
             raise UsageError(f"cannot write logs under {self.log_root}: {exc.strerror}",
                              ["pass --log-dir with a writable directory"]) from None
+        latest = os.path.join(self.log_root, "latest")
+        if os.path.isdir(latest) and not os.path.islink(latest):
+            log.warning("%s is a directory, not the launcher's link: not pointing it at this run's logs", latest)
+            return
+        tmp = f"{latest}.{os.getpid()}"
+        try:
+            os.symlink(os.path.basename(self.log_session), tmp)
+            os.replace(tmp, latest)
+        except OSError as exc:  # a convenience link: never worth stopping the job for
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            log.warning("cannot point %s at this run's logs (%s)", latest, exc.strerror or exc)
 
     def run(self) -> int:
         """Supervise the job to its end; returns the exit status."""
@@ -318,6 +327,15 @@ class Session:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
         sys.stdout.flush()
 
+    def _report_console(self) -> None:
+        """After a bounded wait for a slow console: how much output it did not take (the files have it)."""
+        stdout = console_mod.console_stream()
+        stdout.finish(console_mod.CONSOLE_EXIT_WAIT)
+        if stdout.dropped_bytes:
+            self._emit("console_dropped", stream=stdout.name, bytes=stdout.dropped_bytes, lines=stdout.dropped_lines)
+            log.warning("the console did not take %d bytes (%d lines) of rank output: dropped from the console, "
+                        "the rank log files are complete", stdout.dropped_bytes, stdout.dropped_lines)
+
     def __exit__(self, *exc_info: object) -> None:
         if self.group is not None and self.guard is not None:
             self._stop_taskd_manager()
@@ -328,6 +346,7 @@ class Session:
         if self.group is not None:
             self.group.ensure_gone(5.0)
             self.group.close()
+            self._report_console()
         if self.guard is not None:
             self.guard.close()
         if self.events is not None:

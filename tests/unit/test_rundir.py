@@ -230,3 +230,17 @@ def test_default_run_dir_reads_os_environ(monkeypatch):
     assert default_run_dir() == "/run/user/99/launcher"
     monkeypatch.setenv("LAUNCHER_RUN_DIR", "/srv/rd")
     assert default_run_dir() == "/srv/rd"
+
+
+def test_write_on_a_full_disk_warns_once_and_keeps_the_old_content(tmp_path, caplog):
+    rd = RunDir(str(tmp_path / "run"))
+    assert rd.write_json("state.json", {"ok": True}) is True
+    tmp = rd.file(f"state.json.{os.getpid()}.tmp")
+    for _ in range(2):
+        os.symlink("/dev/full", tmp)  # the temp file's writes fail with ENOSPC, as on a full disk
+        with caplog.at_level("WARNING", logger="launcher.rundir"):
+            assert rd.write_json("state.json", {"ok": False}) is False
+        assert not os.path.lexists(tmp)
+    assert rd.read_json("state.json") == {"ok": True}
+    warnings = [r.getMessage() for r in caplog.records if "state.json" in r.getMessage()]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], warnings
