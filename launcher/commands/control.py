@@ -7,6 +7,7 @@ import click
 
 from launcher import rundir as rundir_mod
 from launcher.errors import LauncherError
+from launcher.options import SignalType
 from launcher.prestop import open_run_dir
 
 _RUN_DIR = click.option("--run-dir", type=click.Path(file_okay=False), envvar="LAUNCHER_RUN_DIR",
@@ -18,7 +19,7 @@ _RUN_DIR = click.option("--run-dir", type=click.Path(file_okay=False), envvar="L
 @click.option("--timeout", type=click.FloatRange(min=0),
               help="Without a live supervisor: seconds ranks get before SIGKILL (default: the gasp "
                    "timeout for a 30 s termination grace period).")
-@click.option("--signal", "signame", default="SIGTERM", help="Without a live supervisor: the save signal.")
+@click.option("--signal", "signame", type=SignalType(), default="SIGTERM", help="Without a live supervisor: the save signal.")
 def prestop(run_dir: Optional[str], timeout: Optional[float], signame: str) -> int:
     """Dying gasp: every rank saves its checkpoint; returns when they are done (container preStop).
 

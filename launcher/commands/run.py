@@ -5,7 +5,7 @@ from typing import Any, Callable, Optional
 import click
 
 from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, RunOptions,
-                              env_var_for, load_config)
+                              SignalType, env_var_for, load_config)
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
@@ -55,7 +55,7 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
            "(default: --termination-grace-period minus a margin of 5 s or 10 %).")
 @_opt("--termination-grace-period", type=click.FloatRange(min=1), default=30.0,
       help="The pod's terminationGracePeriodSeconds, which the gasp must fit in.")
-@_opt("--gasp-signal", default="SIGTERM", help="Signal asking a rank to save its dying-gasp checkpoint.")
+@_opt("--gasp-signal", type=SignalType(), default="SIGTERM", help="Signal asking a rank to save its dying-gasp checkpoint.")
 @_opt("--gasp-min-interval", type=click.FloatRange(min=0), default=0.0,
       help="A gasp within this many seconds of the previous one stops the ranks without the save "
            "signal (crash loops; the seed's rule is 60). 0 disables.")

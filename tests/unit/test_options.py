@@ -307,3 +307,48 @@ def test_parse_rank_filter_round_trip(ranks, spaced):
     if spaced:
         text = " " + text.replace(",", " , ") + " "
     assert parse_rank_filter(text) == ordered
+
+
+# --------------------------------------------------------------------------- --gasp-signal (issue #17.6)
+
+@pytest.mark.parametrize("value", ["99", "0", "FOO", "SIGKILL", "kill", "9", "STOP", "19", "-1", ""])
+def test_gasp_signal_refused_at_parse_time_even_with_dry_run(capsys, value):
+    code, _doc, err = dry_run(capsys, "--gasp-signal", value, "--nproc-per-node", "1", "--", "true")
+    assert code == 2
+    assert err.startswith("launcher: --gasp-signal") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value,name", [("SIGUSR1", "SIGUSR1"), ("usr2", "SIGUSR2"), ("15", "SIGTERM"),
+                                        (" term ", "SIGTERM"), ("SIGRTMIN", "SIGRTMIN")])
+def test_gasp_signal_names_and_numbers(value, name):
+    import signal
+
+    from launcher.options import SignalType, parse_signal
+
+    assert parse_signal(value) == int(signal.Signals[name])
+    assert SignalType().convert(value, None, None) == name
+
+
+def test_gasp_signal_from_environment_is_checked_too(capsys, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_GASP_SIGNAL", "99")
+    code, _doc, err = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
+    assert code == 2 and "--gasp-signal '99'" in err
+
+
+@given(st.integers(min_value=-5, max_value=200))
+def test_parse_signal_property(number):
+    import signal
+
+    from launcher.options import UNCATCHABLE, parse_signal
+
+    try:
+        signum = parse_signal(str(number))
+    except UsageError:
+        assert number not in {int(s) for s in signal.Signals} or number in UNCATCHABLE
+    else:
+        assert signum == number and signum not in UNCATCHABLE and signum in {int(s) for s in signal.Signals}
+
+
+def test_prestop_signal_option_checked(capsys):
+    assert main(["prestop", "--signal", "99"]) == 2
+    assert "--signal '99'" in capsys.readouterr().err
