@@ -37,8 +37,8 @@ class RunOptions:
     server_id: Optional[str] = None
     framework: Optional[str] = None
     max_restarts: int = 0
-    restart_backoff: float = 0.0
-    restart_backoff_max: float = 0.0
+    restart_backoff: float = 0.5
+    restart_backoff_max: float = 30.0
     stop_timeout: float = 10.0
     gasp_timeout: Optional[float] = None
     termination_grace_period: float = 30.0

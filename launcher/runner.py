@@ -101,6 +101,34 @@ def parse_rank_filter(text: str) -> Optional[List[int]]:
     return ranks
 
 
+#: ``attempt_<n>`` log directories kept per session besides the first one: a crash loop with a large
+#: ``--max-restarts`` must not fill the disk, and the first and the latest attempts are the telling ones.
+KEEP_ATTEMPT_LOGS = 20
+
+
+def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_LOGS) -> List[int]:
+    """Delete this session's ``attempt_<n>`` log dirs but the first, the newest ``keep`` and ``current``.
+
+    Args:
+        log_session: The session's log directory.
+        current: The attempt about to start (never deleted).
+        keep: Newest attempts kept (``current`` among them).
+
+    Returns:
+        The attempt numbers whose directories were deleted.
+    """
+    try:
+        names = os.listdir(log_session)
+    except OSError:
+        return []
+    numbers = sorted(int(n[8:]) for n in names if n.startswith("attempt_") and n[8:].isdigit())
+    kept = set(numbers[:1]) | set(sorted(set(numbers) | {current})[-keep:]) | {current}
+    removed = [n for n in numbers if n not in kept]
+    for number in removed:
+        shutil.rmtree(os.path.join(log_session, f"attempt_{number}"), ignore_errors=True)
+    return removed
+
+
 def session_name() -> str:
     """Directory name of one launcher invocation's logs: time, then pid (sortable, unique)."""
     return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

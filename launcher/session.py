@@ -24,7 +24,8 @@ from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.runner import format_root_cause, parse_rank_filter, session_name
+from launcher.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
+                             session_name)
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
 
@@ -105,7 +106,8 @@ class Session:
         log.info("recovery strategy: %s", strategy.describe())
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
-                               self.gasp_gate.try_save, strategy, self._in_place_supported())
+                               self.gasp_gate.try_save, strategy, self._in_place_supported(),
+                               backoff_max=self.opts.restart_backoff_max)
         sync = self._coordinator()
         self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
@@ -253,6 +255,9 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             self._refresh_rank_table()
+            removed = prune_attempt_logs(self.log_session, attempt)
+            if removed:
+                self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
                                     gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
         if plan is not None:

@@ -39,6 +39,7 @@ class Supervisor:
         hold: ``() -> reason or None``: why the cluster forbids (re)starting ranks right now.
         sync: Restart generations shared with the other nodes (``launcher.sync.Coordinator``);
             default ``NoSync``: this node decides alone.
+        clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -46,7 +47,8 @@ class Supervisor:
                  on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
                  request_exit: Optional[Callable[[], None]] = None,
-                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None):
+                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -56,6 +58,8 @@ class Supervisor:
         self.request_exit = request_exit or (lambda: None)
         self.hold = hold or (lambda: None)
         self.sync = sync or NoSync()
+        self.clock = clock
+        self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
         self.failures: List[Failure] = []
         self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
         self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
@@ -112,10 +116,15 @@ class Supervisor:
             self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
             return
         self.restarts += 1
+        healthy = attempt.duration >= self.policy.healthy_seconds
+        self._quick_failures = 0 if healthy else self._quick_failures + 1
+        delay = self.policy.restart_delay(self._quick_failures)
         self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
-                  backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
-        if self.policy.backoff:
-            self._wait_quietly(self.policy.backoff)
+                  backoff=delay, ran_for=round(attempt.duration, 3), quick_failures=self._quick_failures,
+                  restarts_left=self.policy.max_restarts - self.restarts)
+        if delay:
+            log.info("%d quick failure(s) in a row: restarting in %.1f s", self._quick_failures, delay)
+            self._wait_quietly(delay)
 
     def _final_result(self, attempts: int, attempt: Optional[_Attempt]) -> RunResult:
         if self._final == "cluster-timeout":
@@ -140,6 +149,7 @@ class Supervisor:
         specs = self.specs_for(number, failed_before)
         workers = {s.rank: Worker(s.rank, s.label, on_change=self._changed(number)) for s in specs}
         attempt = _Attempt(number, workers)
+        started = self.clock()
         self.emit("attempt_start", attempt=number, ranks=[s.rank for s in specs])
         self.group.start(specs, number)
         pids = self.group.pids()
@@ -154,6 +164,7 @@ class Supervisor:
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)
+        attempt.duration = self.clock() - started
         self.emit("attempt_end", attempt=number, failed=attempt.failure is not None)
         return attempt
 
@@ -394,9 +405,9 @@ class Supervisor:
 
     def _wait_quietly(self, seconds: float) -> bool:
         """Wait ``seconds`` (backoff, barrier), honouring stop signals and requests; False once the run ends."""
-        deadline = time.monotonic() + seconds
-        while self._final is None and time.monotonic() < deadline:
-            self._idle_event(self.group.wait_event(deadline - time.monotonic()))
+        deadline = self.clock() + seconds
+        while self._final is None and self.clock() < deadline:
+            self._idle_event(self.group.wait_event(deadline - self.clock()))
         return self._final is None
 
     def _idle_event(self, event: Optional[Event]) -> None:

@@ -46,8 +46,11 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Environment flavour for the ranks (default: $framework, else pytorch).")
 @_opt("--max-restarts", type=click.IntRange(min=0), default=0,
       help="Restart the local group this many times after a rank fails.")
-@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.0,
-      help="Seconds to wait between a failure and the restart.")
+@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.5,
+      help="Crash-loop backoff: a restart is immediate, unless the attempt before it also failed "
+           "within 60 s of its start; then the delay starts at this many seconds and doubles.")
+@_opt("--restart-backoff-max", type=click.FloatRange(min=0), default=30.0,
+      help="Cap of the crash-loop backoff delay (0: always restart at once).")
 @_opt("--stop-timeout", type=click.FloatRange(min=0), default=10.0,
       help="Seconds between SIGTERM and SIGKILL when stopping the group after a failure.")
 @_opt("--gasp-timeout", "--grace-period", type=click.FloatRange(min=0),
