@@ -40,7 +40,8 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This node's index (with --nproc-per-node).")
 @_opt("--master-addr", help="Rendezvous address (default: the server hosting rank 0 / 127.0.0.1).")
 @_opt("--master-port", type=click.IntRange(1, 65535),
-      help="Rendezvous port (default 29500; MindSpore scheduler 8118).")
+      help="Rendezvous port (default: a free port for a one-node job; across nodes 29500, "
+           "MindSpore scheduler 8118).")
 @_opt("--server-id", help="This server's address in the rank table (default $XDL_IP, $POD_IP, host addresses).")
 @_opt("--framework", type=click.Choice(FRAMEWORKS, case_sensitive=False),
       help="Environment flavour for the ranks (default: $framework, else pytorch).")

@@ -46,7 +46,7 @@ def test_defaults(capsys):
     code, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
     assert code == 0
     assert env0(doc)["TORCHELASTIC_MAX_RESTARTS"] == "0"
-    assert doc["master_port"] == 29500
+    assert doc["master_port"] not in (None, 29500)  # one node: a free port (issue #10.3)
     assert doc["master_addr"] == "127.0.0.1"
     assert doc["framework"] == "pytorch"
     assert len(doc["ranks"]) == 1
