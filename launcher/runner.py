@@ -11,7 +11,7 @@ from typing import List, Mapping, Optional, Sequence
 from launcher import envnames, topology
 from launcher.errors import UsageError
 from launcher.options import RunOptions, check_sync_options
-from launcher.rundir import default_run_dir
+from launcher.rundir import base_dir
 from launcher.rankenv import EnvContext, WorkerSpec
 from launcher.recovery import resolve_strategy
 from launcher.topology import Topology
@@ -25,7 +25,7 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     framework = opts.resolved_framework(environ)
     check_command(opts.command, environ)
     topo = resolve_topology(opts, framework, environ)
-    run_dir = os.path.abspath(opts.run_dir or default_run_dir(environ))
+    run_dir = choose_run_dir(opts, environ)
     run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or uuid.uuid4().hex[:12]
     ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
                      run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
@@ -39,10 +39,26 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     if opts.dry_run:
         print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0
+    if not (opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)):
+        from launcher import jobs
+
+        jobs.prune(os.path.dirname(run_dir), exclude=[os.path.basename(run_dir)])
     from launcher.session import Session  # the spawning machinery is not needed for --dry-run
 
     with Session(opts, ctx) as session:
         return session.run()
+
+
+def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:
+    """``--run-dir`` (or ``LAUNCHER_RUN_DIR``), else a run dir of the job's own under the base dir:
+    ``<base>/<job name>`` (``launcher.jobs.job_name``), so two jobs on one machine never share one."""
+    explicit = opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)
+    if explicit:
+        return os.path.abspath(explicit)
+    from launcher.jobs import job_name
+
+    chosen_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID)
+    return os.path.join(os.path.abspath(base_dir(dict(environ))), job_name(opts.job_name, chosen_id))
 
 
 def preview_first_attempt(opts: RunOptions, ctx: EnvContext):

@@ -68,12 +68,13 @@ class Session:
                        run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
-                                "log_dir": self.log_session}
+                                "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
+                                "gasp_signal": self.opts.gasp_signal}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         self.guard = guard_mod.OrphanGuard()
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
-        self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
+        self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
@@ -324,4 +325,4 @@ class Session:
         if self.events is not None:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
-        self.run_dir.unlock()
+        self.run_dir.close()

@@ -304,6 +304,7 @@ class Supervisor:
             request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
                            "ranks": {w.rank: w.state.value for w in workers}}, final=True)
         elif request.command == "gasp":
+            request.reply({"ok": True, "accepted": True})  # at once: prestop's proof of a live loop
             self._waiters.append(request)
             if self._final is None and attempt is not None:
                 self._gasp(attempt, "prestop")

@@ -67,8 +67,10 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).")
 @_opt("--console-ranks", default="all", help="Ranks whose output is shown on the console: all, none, or 0,3,5-7.")
 @_opt("--run-dir", type=click.Path(file_okay=False),
-      help="Private state directory: pid, state, events.jsonl (default $XDG_RUNTIME_DIR/launcher "
-           "or /tmp/launcher-<uid>).")
+      help="Private state directory: pid, state, events.jsonl (default: <base>/<job name>, base "
+           "$XDG_RUNTIME_DIR/launcher or /tmp/launcher-<uid>).")
+@_opt("--job-name", help="Name of the job's run dir under the base (default: --run-id or $MINDX_TASK_ID "
+                         "when given, else <date>-<time>-<pid>); `launcher prestop --job NAME` finds it.")
 @_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else generated).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),
       help="Root of <root>/device<RANK_ID>/group_info.pb (default <run-dir>/group_info).")

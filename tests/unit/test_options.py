@@ -5,6 +5,8 @@ default < config file < ``LAUNCHER_*`` environment < command line.
 """
 
 import json
+import os
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -258,9 +260,29 @@ def test_resolved_framework_unknown(name):
 
 def test_dry_run_uses_default_run_dir(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--job-name", "exp-1", "--", "true")
+    assert doc["run_dir"] == str(tmp_path / "launcher" / "exp-1")
+    assert env0(doc)["GROUP_INFO_FILE"] == str(tmp_path / "launcher" / "exp-1" / "group_info" / "device0" /
+                                               "group_info.pb")
+
+
+def test_each_job_gets_its_own_run_dir_under_the_base(capsys, monkeypatch, tmp_path):
+    """Issue #10.3: two jobs without --run-dir no longer share /tmp/launcher-<uid>."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
-    assert doc["run_dir"] == str(tmp_path / "launcher")
-    assert env0(doc)["GROUP_INFO_FILE"] == str(tmp_path / "launcher" / "group_info" / "device0" / "group_info.pb")
+    assert os.path.dirname(doc["run_dir"]) == str(tmp_path / "launcher")
+    assert re.fullmatch(rf"\d{{8}}-\d{{6}}-{os.getpid()}", os.path.basename(doc["run_dir"]))
+    _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--run-id", "exp/7", "--", "true")
+    assert doc["run_dir"] == str(tmp_path / "launcher" / "exp_7")
+    monkeypatch.setenv("MINDX_TASK_ID", "task-9")
+    _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
+    assert doc["run_dir"] == str(tmp_path / "launcher" / "task-9")
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".hidden", "x y"])
+def test_bad_job_name_refused(capsys, name):
+    code, _doc, err = dry_run(capsys, "--nproc-per-node", "1", "--job-name", name, "--", "true")
+    assert code == 2 and err.startswith("launcher: --job-name")
 
 
 # --------------------------------------------------------------------------- --console-ranks

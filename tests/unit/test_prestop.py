@@ -57,12 +57,12 @@ def assert_not_signalled(proc):
 
 def test_open_run_dir_returns_the_absolute_checked_path(run_dir, monkeypatch):
     monkeypatch.chdir(run_dir.parent)
-    assert open_run_dir("run") == str(run_dir)
+    assert open_run_dir("run").path == str(run_dir)
 
 
 def test_open_run_dir_defaults_to_launcher_run_dir(run_dir, monkeypatch):
     monkeypatch.setenv("LAUNCHER_RUN_DIR", str(run_dir))
-    assert open_run_dir(None) == str(run_dir)
+    assert open_run_dir(None).path == str(run_dir)
 
 
 def test_open_run_dir_missing_is_none(tmp_path):
