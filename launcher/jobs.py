@@ -10,10 +10,8 @@ listing). Run dirs of ended jobs are kept for their events and logs, the newest 
 import fcntl
 import os
 import re
-import shutil
 import time
-from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from launcher import envnames
 from launcher import rundir as rundir_mod
@@ -24,8 +22,7 @@ KEEP_DEAD = 10
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]")
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(NamedTuple):
     """One run dir under the base dir.
 
     Attributes:
@@ -209,5 +206,7 @@ def _remove(home: "rundir_mod.RunDir", name: str) -> bool:
     finally:
         if lock is not None:
             os.close(lock)
+    import shutil
+
     shutil.rmtree(hidden, dir_fd=home.fd, ignore_errors=True)
     return True

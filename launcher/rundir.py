@@ -13,15 +13,12 @@ it are opened, renamed and removed relative to that directory fd with ``O_NOFOLL
 import errno
 import fcntl
 import json
-import logging
 import os
 import stat
 from typing import Any, Dict, Optional
 
 from launcher import envnames
 from launcher.errors import LauncherError, UsageError
-
-log = logging.getLogger(__name__)
 
 EVENTS = "events.jsonl"
 STATE = "state.json"
@@ -266,10 +263,12 @@ def _flock(fd: int) -> None:
         return
     except BlockingIOError:
         pass
+    import logging  # not before: launcher prestop pays every import before its gasp
+
     from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
     def reason(state) -> None:
-        log.debug("run dir lock held (attempt %d): a probe, or another launcher", state.attempt_number)
+        logging.getLogger(__name__).debug("run dir lock held (attempt %d): a probe, or another launcher", state.attempt_number)
 
     for attempt in Retrying(retry=retry_if_exception_type(BlockingIOError), stop=stop_after_attempt(5),
                             wait=wait_fixed(0.02), before_sleep=reason, reraise=True):
