@@ -173,7 +173,7 @@ def prune(base: str, keep: int = KEEP_DEAD, exclude: Sequence[str] = ()) -> List
     """Remove the run dirs of all but the newest ``keep`` jobs that no launcher holds.
 
     Each is locked first (a launcher starting on it meanwhile keeps it), renamed to a hidden name
-    and removed relative to the base dir's fd (``shutil.rmtree`` never follows symlinks). The base
+    relative to the base dir's fd, then removed (``shutil.rmtree`` never follows symlinks). The base
     dir must pass the run dir checks (ours, private, safe ancestors); otherwise nothing is removed.
 
     Returns:
@@ -208,5 +208,7 @@ def _remove(home: "rundir_mod.RunDir", name: str) -> bool:
             os.close(lock)
     import shutil
 
-    shutil.rmtree(hidden, dir_fd=home.fd, ignore_errors=True)
+    # By path (rmtree's dir_fd is Python 3.11+): the base dir passed the checks, so nobody else can
+    # swap it, and rmtree itself never follows a symlink.
+    shutil.rmtree(os.path.join(home.path, hidden), ignore_errors=True)
     return True

@@ -60,11 +60,9 @@ def check_ancestors(path: str) -> None:
             continue
         following = os.path.join(current, name)
         try:
-            st = os.lstat(following)
+            st = _lstat(path, following)
         except FileNotFoundError:
             return
-        except OSError as exc:
-            raise UsageError(f"run dir {path}: cannot inspect {following}: {exc.strerror}") from None
         if stat.S_ISLNK(st.st_mode):
             hops += 1
             target = os.readlink(following)
@@ -77,6 +75,16 @@ def check_ancestors(path: str) -> None:
             raise UsageError(f"run dir {path}: {following} is not a directory")
         _check_trusted(path, following, st)
         current = following
+
+
+def _lstat(run_dir: str, path: str) -> os.stat_result:
+    """``os.lstat(path)``; FileNotFoundError as is, other errors as a UsageError about ``run_dir``."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UsageError(f"run dir {run_dir}: cannot inspect {path}: {exc.strerror}") from None
 
 
 def _check_trusted(run_dir: str, path: str, st: os.stat_result) -> None:
@@ -99,13 +107,7 @@ def check_private(path: str, st: Optional[os.stat_result] = None) -> None:
     Raises:
         UsageError: wrong owner or permissions, or not a directory.
     """
-    if st is None:
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise UsageError(f"run dir {path}: {exc.strerror}") from None
+    st = _lstat(path, path) if st is None else st
     if not stat.S_ISDIR(st.st_mode):
         raise UsageError(f"run dir {path} is not a directory")
     if st.st_uid != os.geteuid():

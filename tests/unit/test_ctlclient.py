@@ -182,6 +182,21 @@ def test_a_reset_connection_is_a_launcher_error(fake):
     fake.serve(lambda conn: conn.recv(1, socket.MSG_PEEK), read_request=False)
     with pytest.raises(LauncherError):
         list(request(fake.path, "gasp", timeout=5))
+def client_thread(path, command, **kwargs):
+    """``request(path, command, **kwargs)`` in a started thread; the dict gets its answers or error."""
+    outcome = {}
+
+    def client():
+        try:
+            outcome["answers"] = list(request(path, command, **kwargs))
+        except LauncherError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 def test_the_timeout_covers_a_supervisor_that_does_not_accept(run_dir):
     path = os.path.join(run_dir, "control.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -196,16 +211,7 @@ def test_the_timeout_covers_a_supervisor_that_does_not_accept(run_dir):
             filler.connect(path)
         except BlockingIOError:
             break
-    outcome = {}
-
-    def client():
-        try:
-            outcome["answers"] = list(request(path, "status", timeout=0.3))
-        except LauncherError as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=client, daemon=True)
-    thread.start()
+    thread, _outcome = client_thread(path, "status", timeout=0.3)
     thread.join(2)
     blocked = thread.is_alive()
     listener.close()  # wakes a blocked connect with ECONNREFUSED
@@ -222,16 +228,7 @@ def test_a_stopped_supervisor_is_no_supervisor_within_the_first_answer_deadline(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
         listener.bind(path)
         listener.listen(4)  # never accepts, never reads: what a stopped process does
-        outcome = {}
-
-        def client():
-            try:
-                outcome["answers"] = list(request(path, "gasp", first_timeout=0.3))
-            except LauncherError as exc:
-                outcome["error"] = exc
-
-        thread = threading.Thread(target=client, daemon=True)
-        thread.start()
+        thread, outcome = client_thread(path, "gasp", first_timeout=0.3)
         thread.join(5)
         assert not thread.is_alive(), "request() still waiting 5 s after a 0.3 s first-answer deadline"
     assert isinstance(outcome.get("error"), NoSupervisor)
