@@ -89,12 +89,15 @@ def scan(base: str, details: bool = True) -> List[Job]:
         entries = [e for e in os.scandir(base) if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
     except (FileNotFoundError, NotADirectoryError):
         return []
-    jobs = [_job(entry.name, entry.path, details) for entry in entries]
-    return sorted(jobs, key=lambda j: (j.started or 0, j.name)) if details else jobs
+    found = [job for job in (_job(entry.name, entry.path, details) for entry in entries) if job is not None]
+    return sorted(found, key=lambda j: (j.started or 0, j.name)) if details else found
 
 
-def _job(name: str, path: str, details: bool) -> Job:
+def _job(name: str, path: str, details: bool) -> Optional[Job]:
+    """The job in ``path``, or None for a directory no launcher ever locked (not a run dir)."""
     live = _locked(path)
+    if live is None:
+        return None
     if not details:
         return Job(name, path, live)
     record = _launcher_record(path)
@@ -102,12 +105,12 @@ def _job(name: str, path: str, details: bool) -> Job:
                _number(record.get("ended"), float))
 
 
-def _locked(path: str) -> bool:
-    """Whether a launcher holds ``path``'s lock (a shared probe, released at once)."""
+def _locked(path: str) -> Optional[bool]:
+    """Whether a launcher holds ``path``'s lock (a shared probe, released at once); None: no lock file."""
     try:
         fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         return False
@@ -161,7 +164,7 @@ def resolve(run_dir: Optional[str], job: Optional[str], environ: Optional[Mappin
 
 
 def _described(jobs: Sequence[Job]) -> List[Job]:
-    return [_job(j.name, j.run_dir, True) for j in jobs]
+    return [described for described in (_job(j.name, j.run_dir, True) for j in jobs) if described is not None]
 
 
 def orphaned(base: str) -> List[Job]:
@@ -191,21 +194,19 @@ def prune(base: str, keep: int = KEEP_DEAD, exclude: Sequence[str] = ()) -> List
 
 
 def _remove(home: "rundir_mod.RunDir", name: str) -> bool:
+    hidden = f".{name}.removing-{os.getpid()}"
     try:
         lock = os.open(os.path.join(name, rundir_mod.LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
                        dir_fd=home.fd)
-    except OSError:
-        lock = None  # never locked: not a launcher's run dir we are racing
+    except OSError:  # gone meanwhile
+        return False
     try:
-        if lock is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        hidden = f".{name}.removing-{os.getpid()}"
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         home.replace(name, hidden)
-    except OSError:  # held by a launcher that just started, or gone already
+    except OSError:  # held by a launcher that just started on it
         return False
     finally:
-        if lock is not None:
-            os.close(lock)
+        os.close(lock)
     import shutil
 
     # By path (rmtree's dir_fd is Python 3.11+): the base dir passed the checks, so nobody else can

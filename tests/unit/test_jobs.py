@@ -36,6 +36,7 @@ def test_scan_tells_live_from_ended_and_died_jobs(base):
     make_job(base, "a-ended", 1, ended=2)
     make_job(base, "c-died", 2)
     (base / ".hidden").mkdir()
+    (base / "logs").mkdir()  # what the run dir of an older launcher at the base itself left: no lock, no job
     os.symlink(str(base / "a-ended"), str(base / "z-link"))
     found = jobs.scan(str(base))
     assert [(j.name, j.status, j.pid) for j in found] == [("a-ended", "ended", 101), ("c-died", "died", 102),
