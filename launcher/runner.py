@@ -122,13 +122,16 @@ def parse_rank_filter(text: str) -> Optional[List[int]]:
 KEEP_ATTEMPT_LOGS = 20
 
 
-def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_LOGS) -> List[int]:
-    """Delete this session's ``attempt_<n>`` log dirs but the first, the newest ``keep`` and ``current``.
+def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_LOGS,
+                       in_use: Sequence[str] = ()) -> List[int]:
+    """Delete this session's ``attempt_<n>`` log dirs but the first, the newest ``keep``, ``current``
+    and those holding a log in use.
 
     Args:
         log_session: The session's log directory.
         current: The attempt about to start (never deleted).
         keep: Newest attempts kept (``current`` among them).
+        in_use: Log files of running ranks (with recover-in-place, ranks of an older attempt).
 
     Returns:
         The attempt numbers whose directories were deleted.
@@ -138,8 +141,9 @@ def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_
     except OSError:
         return []
     numbers = sorted(int(n[8:]) for n in names if n.startswith("attempt_") and n[8:].isdigit())
+    busy = {os.path.basename(os.path.dirname(path)) for path in in_use}
     kept = set(numbers[:1]) | set(sorted(set(numbers) | {current})[-keep:]) | {current}
-    removed = [n for n in numbers if n not in kept]
+    removed = [n for n in numbers if n not in kept and f"attempt_{n}" not in busy]
     for number in removed:
         shutil.rmtree(os.path.join(log_session, f"attempt_{number}"), ignore_errors=True)
     return removed

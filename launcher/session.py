@@ -256,7 +256,7 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             self._refresh_rank_table()
-            removed = prune_attempt_logs(self.log_session, attempt)
+            removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
             if removed:
                 self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
