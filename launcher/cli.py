@@ -20,6 +20,7 @@ _COMMANDS: Dict[str, str] = {
     "run": "launcher.commands.run:run",
     "prestop": "launcher.commands.control:prestop",
     "exit": "launcher.commands.control:exit_",
+    "jobs": "launcher.commands.control:jobs",
     "plan": "launcher.commands.plan:plan",
     "ranktable": "launcher.commands.ranktable:ranktable",
 }
@@ -28,6 +29,7 @@ _HELP: Dict[str, str] = {
     "run": "Start, supervise and restart the ranks of a training job.",
     "prestop": "Make every rank save its dying-gasp checkpoint (container preStop).",
     "exit": "Ask the running job to save and stop at a step boundary.",
+    "jobs": "List this user's running and recent jobs on this machine.",
     "plan": "Print the restore plan a (re)start would use, without starting anything.",
     "ranktable": "Show, validate and generate rank tables (hccl.json).",
 }

@@ -25,7 +25,8 @@ from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
 from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.runner import format_root_cause, parse_rank_filter, session_name
+from launcher.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
+                             session_name)
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
 
@@ -72,12 +73,13 @@ class Session:
                        run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
-                                "log_dir": self.log_session}
+                                "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
+                                "gasp_signal": self.opts.gasp_signal}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         self.guard = guard_mod.OrphanGuard()
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
-        self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
+        self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
@@ -117,7 +119,8 @@ class Session:
         log.info("recovery strategy: %s", strategy.describe())
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
-                               self.gasp_gate.try_save, strategy, self._in_place_supported())
+                               self.gasp_gate.try_save, strategy, self._in_place_supported(),
+                               backoff_max=self.opts.restart_backoff_max)
         sync = self._coordinator()
         self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
@@ -270,6 +273,9 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             self._refresh_rank_table()
+            removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
+            if removed:
+                self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
                                     gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
         if plan is not None:
@@ -352,7 +358,7 @@ class Session:
         if self.events is not None:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
-        self.run_dir.unlock()
+        self.run_dir.close()
 
 
 def resume_summary(plan: "RestorePlan") -> str:
