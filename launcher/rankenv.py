@@ -137,6 +137,9 @@ def _torchrun_env(ctx: EnvContext, rank: int, local_rank: int, attempt: int) -> 
     }
     if local_world > 1 and ev.OMP_NUM_THREADS not in ctx.base_env:
         env[ev.OMP_NUM_THREADS] = "1"  # torchrun's rule: avoid N ranks x all cores threads
+    if ev.TORCH_NCCL_ASYNC_ERROR_HANDLING not in ctx.base_env:
+        # torchrun's agent default: a failed NCCL collective aborts the rank instead of hanging it.
+        env[ev.TORCH_NCCL_ASYNC_ERROR_HANDLING] = "1"
     return env
 
 

@@ -75,7 +75,7 @@ def test_pytorch_env_is_exactly_the_torchrun_and_legacy_contract():
         "ROLE_NAME": "default", "MASTER_ADDR": "172.16.0.5", "MASTER_PORT": "29500",
         "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "OMP_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # legacy Ascend
         "RANK_ID": "6", "RANK_SIZE": "8", "DEVICE_ID": "0", "ASCEND_DEVICE_ID": "0", "DEVICE_NUM": "4",
         "SERVER_ID": "1", "SERVER_NUM": "2", "JOB_ID": "job-42", "RANK_TABLE_FILE": TABLE_FILE,
@@ -130,6 +130,12 @@ def test_omp_num_threads_set_to_1_when_unset_and_several_local_ranks():
 def test_omp_num_threads_left_alone_when_already_set(value):
     env = env_for(make_ctx(file_topology(0), base_env={"OMP_NUM_THREADS": value}), 0)
     assert "OMP_NUM_THREADS" not in env  # the spawned rank inherits the user's value
+
+
+@pytest.mark.parametrize("value", ["0", "3"])
+def test_nccl_async_error_handling_left_alone_when_already_set(value):
+    env = env_for(make_ctx(file_topology(0), base_env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": value}), 0)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env  # torchrun too keeps the user's value
 
 
 def test_omp_num_threads_not_set_with_a_single_local_rank():
