@@ -152,7 +152,8 @@ def _ms_common_env(ctx: EnvContext) -> Dict[str, str]:
         ev.MS_LOCAL_WORKER: str(len(topo.server.devices)),
         ev.MS_NODE_RANK: str(topo.server_index),
         ev.MS_SERVER_NUM: "0",
-        ev.MS_TOPO_TIMEOUT: ctx.base_env.get(ev.MS_TOPO_TIMEOUT, "900"),
+        # msrun's --cluster_time_out default, which it exports as MS_TOPO_TIMEOUT.
+        ev.MS_TOPO_TIMEOUT: ctx.base_env.get(ev.MS_TOPO_TIMEOUT, "600"),
     }
 
 
@@ -165,7 +166,9 @@ def _ms_worker_env(ctx: EnvContext, rank: int) -> Dict[str, str]:
 def scheduler_env(ctx: EnvContext, attempt: int) -> Dict[str, str]:
     """Variables for the MindSpore dynamic-cluster scheduler process (``MS_ROLE=MS_SCHED``)."""
     env = _ms_common_env(ctx)
-    env.update({ev.MS_ROLE: ev.MS_ROLE_SCHED, ev.LAUNCHER_RUN_DIR: ctx.run_dir,
+    # msrun gives its scheduler RANK_ID=0 and RANK_SIZE: scripts read them before mindspore's init().
+    env.update({ev.MS_ROLE: ev.MS_ROLE_SCHED, ev.RANK_ID: "0", ev.RANK_SIZE: str(ctx.topology.table.world_size),
+                ev.LAUNCHER_RUN_DIR: ctx.run_dir,
                 ev.LAUNCHER_ATTEMPT: str(attempt), ev.JOB_ID: ctx.run_id})
     env.update(ctx.extra)
     return env

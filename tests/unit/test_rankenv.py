@@ -234,8 +234,8 @@ def test_mindspore_dynamic_cluster_scheduler_only_on_the_server_hosting_rank0():
     sched = specs0[0].env
     assert sched == {
         "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "10.1.1.1", "MS_SCHED_PORT": "8118", "MS_WORKER_NUM": "4",
-        "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "900",
-        "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job",
+        "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "600",
+        "RANK_ID": "0", "RANK_SIZE": "4", "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job",
     }
 
 
@@ -265,11 +265,13 @@ def test_mindspore_topo_timeout_taken_from_the_launcher_environment():
     assert {s.env["MS_TOPO_TIMEOUT"] for s in specs} == {"60"}
 
 
-def test_scheduler_env_gets_context_extra_but_no_rank_variables():
+def test_scheduler_env_gets_context_extra_and_msruns_rank_variables():
     ctx = make_ctx(dynamic_topology(0), framework="mindspore", extra={"LAUNCHER_GRACEFUL_EXIT_FILE": "/g.json"})
     env = scheduler_env(ctx, 0)
     assert env["LAUNCHER_GRACEFUL_EXIT_FILE"] == "/g.json"
-    assert not {"RANK_ID", "DEVICE_ID", "LOCAL_RANK", "MS_NODE_ID", "RANK_TABLE_FILE"} & set(env)
+    # msrun: "For Scheduler, 'RANK_ID' is always 0" (process_entity/_api.py), and RANK_SIZE is exported.
+    assert (env["RANK_ID"], env["RANK_SIZE"]) == ("0", env["MS_WORKER_NUM"])
+    assert not {"DEVICE_ID", "LOCAL_RANK", "MS_NODE_ID", "RANK_TABLE_FILE"} & set(env)
 
 
 # --------------------------------------------------------------------------- group info, HCCL_IF_IP
