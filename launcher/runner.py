@@ -73,7 +73,8 @@ def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str
     if path is not None:
         from launcher.ranktable.wait import wait_for_rank_table
 
-        table = wait_for_rank_table(path, timeout=opts.rank_table_timeout)
+        # Absolute: ranks get it as RANK_TABLE_FILE and may change directory before opening it.
+        table = wait_for_rank_table(os.path.abspath(path), timeout=opts.rank_table_timeout)
     return topology.resolve(opts, framework, environ, table)
 
 
