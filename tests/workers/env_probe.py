@@ -4,13 +4,14 @@ Run under torchrun, msrun or ``launcher run``; the test compares the dumps. Impo
 the standard library (torch is loaded only for ``--mode record-raise``), so it starts fast.
 
 argv: ``--out DIR`` (one ``<rank>.json`` per process, ``sched.json`` for MindSpore's scheduler),
-``--mode ok|exit3|kill|raise|record-raise`` (what the failing rank does), ``--fail-rank R`` (which rank
+``--mode ok|exit3|kill|raise|raise-noisy|record-raise`` (what the failing rank does), ``--fail-rank R`` (which rank
 fails; the others exit 0), ``--ranks N`` (the failing rank first waits until ranks 0..N-1 printed their
 last line, so every tool shows the same output), then anything: extra arguments are recorded as they
 arrived.
 """
 
 import argparse
+import atexit
 import json
 import os
 import signal
@@ -59,6 +60,9 @@ def fail(mode: str, rank: str) -> None:
         sys.exit(3)
     if mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if mode == "raise-noisy":  # shutdown output after the traceback pushes it out of the log's last lines
+        atexit.register(lambda: print("".join(f"shutting down worker {i}\n" for i in range(20)), end=""))
+        mode = "raise"
     if mode == "raise":
         raise ValueError(f"probe failure on rank {rank}")
     if mode == "record-raise":
