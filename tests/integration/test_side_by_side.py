@@ -21,7 +21,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 import pytest
 
@@ -155,22 +155,31 @@ def launcher_argv(tmp: Path, options: Sequence[str], command: Sequence[str]) -> 
             str(tmp / "run"), "--log-dir", str(tmp / "logs"), *options, "--", *command]
 
 
-@pytest.fixture(scope="module")
-def torch_runs(tmp_path_factory):
-    """``{(tool, mode): Run}``, each run once per module (torchrun costs seconds per start)."""
+def cached_runs(tmp_path_factory, prefix: str, argv_for):
+    """``get(tool, mode) -> Run``, each run once per module (the real tools cost seconds per start).
+
+    ``argv_for(tool, mode, tmp)`` gives the command line; the run's files live in ``tmp``.
+    """
     cache = {}
 
     def get(tool: str, mode: str) -> Run:
         if (tool, mode) not in cache:
-            tmp = tmp_path_factory.mktemp(f"{tool}-{mode}")
-            if tool == "torchrun":
-                argv = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(NPROC), *probe_args(mode)]
-            else:
-                argv = launcher_argv(tmp, [], [sys.executable, *probe_args(mode)])
-            cache[tool, mode] = run_probe(argv, tmp / OUT)
+            tmp = tmp_path_factory.mktemp(f"{prefix}{tool}-{mode}")
+            cache[tool, mode] = run_probe(argv_for(tool, mode, tmp), tmp / OUT)
         return cache[tool, mode]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def torch_runs(tmp_path_factory):
+    """torchrun and ``launcher run`` over the probe, per mode."""
+    def argv_for(tool: str, mode: str, tmp: Path) -> List[str]:
+        if tool == "torchrun":
+            return [str(TORCHRUN), "--standalone", "--nproc-per-node", str(NPROC), *probe_args(mode)]
+        return launcher_argv(tmp, [], [sys.executable, *probe_args(mode)])
+
+    return cached_runs(tmp_path_factory, "", argv_for)
 
 
 # =============================================================================== torchrun
@@ -312,22 +321,17 @@ def ms_runs(tmp_path_factory):
     """``{(tool, mode): Run}`` for msrun and ``launcher run --framework mindspore``, each run once."""
     if importlib.util.find_spec("mindspore") is None:  # not imported here: it changes os.environ
         pytest.skip("mindspore is not installed")
-    cache, ports = {}, {}
+    ports = {}
 
-    def get(tool: str, mode: str) -> Run:
-        if (tool, mode) not in cache:
-            tmp = tmp_path_factory.mktemp(f"ms-{tool}-{mode}")
-            port = ports.setdefault(mode, str(free_port()))  # the same for both tools, run one after the other
-            if tool == "msrun":
-                argv = [str(MSRUN), "--worker_num", str(NPROC), "--local_worker_num", str(NPROC), "--master_port",
-                        port, "--join", "True", "--log_dir", str(tmp / "mslogs"), *probe_args(mode)]
-            else:
-                argv = launcher_argv(tmp, ["--framework", "mindspore", "--master-port", port],
-                                     [sys.executable, *probe_args(mode)])
-            cache[tool, mode] = run_probe(argv, tmp / OUT)
-        return cache[tool, mode]
+    def argv_for(tool: str, mode: str, tmp: Path) -> List[str]:
+        port = ports.setdefault(mode, str(free_port()))  # the same for both tools, run one after the other
+        if tool == "msrun":
+            return [str(MSRUN), "--worker_num", str(NPROC), "--local_worker_num", str(NPROC), "--master_port",
+                    port, "--join", "True", "--log_dir", str(tmp / "mslogs"), *probe_args(mode)]
+        return launcher_argv(tmp, ["--framework", "mindspore", "--master-port", port],
+                             [sys.executable, *probe_args(mode)])
 
-    return get
+    return cached_runs(tmp_path_factory, "ms-", argv_for)
 
 
 def test_msrun_variables(ms_runs):
