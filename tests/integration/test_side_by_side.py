@@ -57,6 +57,25 @@ TORCHRUN_ONLY = {
                                       "and so inherited; it configures the agent, not the rank",
 }
 
+# ----------------------------------------------------------------------------- the launcher's additions
+#: Variables the launcher gives a rank on top of the tool's, by design (README, "What each rank gets"):
+#: the legacy Ascend contract, so one script runs under the MindX scripts and torchrun alike, and the
+#: launcher's own. GROUP_INFO_FILE (only with --group-info-root) and MS_ENABLE_GRACEFUL_EXIT (only
+#: with --graceful-exit) are deliberately absent: a plain job must not get them.
+LAUNCHER_ADDS = ("RANK_ID", "RANK_SIZE", "DEVICE_ID", "ASCEND_DEVICE_ID", "DEVICE_NUM", "SERVER_ID", "SERVER_NUM",
+                 "JOB_ID", "PYTHONUNBUFFERED", "LAUNCHER_RUN_DIR", "LAUNCHER_ATTEMPT", "LAUNCHER_GRACEFUL_EXIT_FILE",
+                 "LAUNCHER_GASP_SAVE_ALLOWED")
+#: On top of LAUNCHER_ADDS for MindSpore: the Ascend Operator's names for what msrun passes on its command
+#: line, LOCAL_RANK, and torch's error file (set for every framework; harmless without torch).
+LAUNCHER_ADDS_MS = ("LOCAL_RANK", "MS_LOCAL_WORKER", "MS_NODE_RANK", "MS_SERVER_NUM", "TORCHELASTIC_ERROR_FILE")
+
+
+def launcher_extras(ours: dict, theirs: dict) -> set:
+    """Variables the launcher's rank has that the tool's has not (neither from the common base)."""
+    base = tool_env()
+    return {k for k, v in ours.items() if k not in theirs and base.get(k) != v}
+
+
 # ----------------------------------------------------------------------------- msrun's variables
 #: Variables a worker gets with the same value under msrun and the launcher.
 MSRUN_WORKER_EQUAL = ("MS_ROLE", "MS_SCHED_HOST", "MS_SCHED_PORT", "MS_WORKER_NUM", "MS_NODE_ID",
@@ -199,6 +218,7 @@ def test_torchrun_variables(torch_runs):
             assert name in t_env and name in o_env, name
         for name in TORCHRUN_ONLY:
             assert name in t_env and name not in o_env, name
+        assert launcher_extras(o_env, t_env) <= set(LAUNCHER_ADDS), sorted(launcher_extras(o_env, t_env))
         for env in (t_env, o_env):
             assert socket.gethostbyname(env["MASTER_ADDR"]) == "127.0.0.1"
             assert 0 < int(env["MASTER_PORT"]) < 65536
@@ -346,6 +366,8 @@ def test_msrun_variables(ms_runs):
         unclassified = added - set(equal) - set(MSRUN_IMPORT_SIDE_EFFECTS)
         assert not unclassified, f"msrun sets {sorted(unclassified)} for {name}: classify them"
         assert {k: o_env.get(k) for k in equal} == {k: t_env.get(k) for k in equal}, name
+        extras = launcher_extras(o_env, t_env) - set(MSRUN_IMPORT_SIDE_EFFECTS)
+        assert extras <= set(LAUNCHER_ADDS + LAUNCHER_ADDS_MS), (name, sorted(extras))
         assert theirs.dumps[name]["argv"] == ours.dumps[name]["argv"] == probe_args("ok")
         assert (theirs.dumps[name]["cwd"], ours.dumps[name]["cwd"]) == (theirs.cwd, ours.cwd)
 
