@@ -45,6 +45,8 @@ class RunOptions:
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
     group_info_root: Optional[str] = None
+    graceful_exit: bool = False
+    hccl_if_ip: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
@@ -112,14 +114,16 @@ def check_sync_options(run_id: str, chosen: bool, server_count: int) -> None:
 
     Args:
         run_id: The job's run id.
-        chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than generated).
+        chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than derived).
         server_count: Servers in the rank table.
 
     Raises:
-        UsageError: a generated run id with several servers, or a run id that is not a file name.
+        UsageError: a derived run id with several servers, or a run id that is not a file name.
     """
+    # The derived id is the same on every node, but also for every rerun of the same command on the
+    # same table: a rerun would meet the previous run's barriers under DIR/<run-id>/.
     if not chosen and server_count > 1:
-        raise UsageError("--sync-dir with several servers needs the same run id on every node",
+        raise UsageError("--sync-dir with several servers needs the same run id on every node, unique to this run",
                          ["pass --run-id ID (or set MINDX_TASK_ID) identically to every launcher of the job"])
     if "/" in run_id or run_id in (".", ".."):
         raise UsageError(f"--run-id {run_id!r} cannot name a directory under --sync-dir", ["use a run id without '/'"])

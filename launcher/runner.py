@@ -4,15 +4,14 @@ import json
 import logging
 import os
 import shutil
-import uuid
 from datetime import datetime
 from typing import Callable, List, Mapping, Optional, Sequence
 
-from launcher import envnames, topology
+from launcher import envnames, hostfacts, topology
 from launcher.errors import UsageError
 from launcher.options import RunOptions, check_sync_options
 from launcher.rundir import default_run_dir
-from launcher.rankenv import EnvContext, WorkerSpec
+from launcher.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
 from launcher.recovery import resolve_strategy
 from launcher.topology import Topology
 
@@ -26,11 +25,13 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     check_command(opts.command, environ)
     topo = resolve_topology(opts, framework, environ)
     run_dir = os.path.abspath(opts.run_dir or default_run_dir(environ))
-    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or uuid.uuid4().hex[:12]
+    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or derived_run_id(topo, opts.command)
     ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
-                     run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
-                                                                       os.path.join(run_dir, "group_info")),
-                     base_env=environ)
+                     run_dir=run_dir,
+                     group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
+                     base_env=environ, visible_devices=hostfacts.visible_devices(environ),
+                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip)
+    check_visible_devices(ctx)
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
     if opts.sync_dir:

@@ -77,8 +77,7 @@ class Session:
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
-        for device in self.ctx.topology.server.devices:  # kept across restarts: ranks write here
-            os.makedirs(os.path.join(self.ctx.group_info_root, f"device{device.rank_id}"), exist_ok=True)
+        self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
 
     def _make_log_dir(self) -> None:
@@ -238,7 +237,11 @@ class Session:
         log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
                     table.revision, list(topo.server.ranks), list(new.server.ranks))
         self.ctx = dataclasses.replace(self.ctx, topology=new)
-        for rank in new.server.ranks:
+        self._make_group_info_dirs(new.server.ranks)
+
+    def _make_group_info_dirs(self, ranks) -> None:
+        """``--group-info-root`` only: the ranks write ``device<r>/group_info.pb`` there, kept across restarts."""
+        for rank in ranks if self.ctx.group_info_root else ():
             os.makedirs(os.path.join(self.ctx.group_info_root, f"device{rank}"), exist_ok=True)
 
     def _in_place_supported(self) -> bool:

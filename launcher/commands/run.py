@@ -16,6 +16,17 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[st
     return value
 
 
+def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    import ipaddress
+
+    if value:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not an IPv4 or IPv6 address") from None
+    return value
+
+
 def _opt(*decls: str, **kwargs: Any) -> Callable:
     """A ``run`` option that can also be set as ``LAUNCHER_<NAME>`` in the environment."""
     name = decls[0].lstrip("-").replace("-", "_")
@@ -65,9 +76,17 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--run-dir", type=click.Path(file_okay=False),
       help="Private state directory: pid, state, events.jsonl (default $XDG_RUNTIME_DIR/launcher "
            "or /tmp/launcher-<uid>).")
-@_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else generated).")
+@_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else a digest of "
+                        "what every node of the job shares: rank table or master/nnodes, and the command).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),
-      help="Root of <root>/device<RANK_ID>/group_info.pb (default <run-dir>/group_info).")
+      help="Hybrid-parallel restore: every rank gets GROUP_INFO_FILE=<root>/device<RANK_ID>/group_info.pb "
+           "and the restore plan reads them (default: no GROUP_INFO_FILE).")
+@_opt("--graceful-exit", is_flag=True,
+      help="Framework graceful exit on request: MindSpore ranks get MS_ENABLE_GRACEFUL_EXIT=1, which "
+           "OnRequestExit needs (an MS_ENABLE_GRACEFUL_EXIT already set is kept).")
+@_opt("--hccl-if-ip", callback=_ip_address,
+      help="HCCL_IF_IP for every rank (default: XDL_IP with host networking, else unset; an HCCL_IF_IP "
+           "already set is kept).")
 @_opt("--checkpoint-dir", type=click.Path(file_okay=False),
       help="Checkpoints as <dir>/rank_<r>/...: compute a restore plan before every (re)start and "
            "hand each rank RESTORE_RANKS, RESTORE_RANKS_MAP and LAUNCHER_RESUME_*.")

@@ -214,8 +214,61 @@ def test_dry_run_with_rank_table_option_and_xdl_ip(capsys, tmp_path, monkeypatch
     assert doc["master_addr"] == "172.16.0.5"
     for r in doc["ranks"]:
         assert r["env"]["RANK_TABLE_FILE"] == table
-        assert r["env"]["HCCL_IF_IP"] == "10.0.0.1"
+        assert "HCCL_IF_IP" not in r["env"]  # 10.0.0.1 is no address of this machine: no host networking
         assert r["env"]["WORLD_SIZE"] == "4"
+
+
+def test_dry_run_device_ids_are_logical_among_the_visible_npus(capsys, tmp_path, monkeypatch):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("XDL_IP", "10.0.0.11")
+    monkeypatch.setenv("ASCEND_VISIBLE_DEVICES", "Ascend910-2,Ascend910-3")  # the Ascend Operator's form
+    doc = dry_json(capsys, "--rank-table", table, "--rank-table-timeout", "0", "--", "true")
+    assert [r["env"]["DEVICE_ID"] for r in doc["ranks"]] == ["0", "1"]
+    assert [r["env"]["LAUNCHER_PHYSICAL_DEVICE_ID"] for r in doc["ranks"]] == ["2", "3"]
+
+
+@pytest.mark.parametrize("visible, message", [("0-1", "rank 2: device_id 2"), ("2,x", "'x'")])
+def test_npus_the_container_does_not_see_exit_2(capsys, tmp_path, monkeypatch, visible, message):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("XDL_IP", "10.0.0.11")
+    monkeypatch.setenv("ASCEND_VISIBLE_DEVICES", visible)
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--rank-table", table, "--rank-table-timeout", "0", "--", "true")
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ([], {}, None), (["--hccl-if-ip", "10.1.1.1"], {}, "10.1.1.1"), ([], {"LAUNCHER_HCCL_IF_IP": "10.2.2.2"}, "10.2.2.2"),
+    (["--hccl-if-ip", "10.1.1.1"], {"HCCL_IF_IP": "10.3.3.3"}, None),  # the operator's own value is inherited
+])
+def test_dry_run_hccl_if_ip_option(capsys, monkeypatch, args, env, expected):
+    monkeypatch.delenv("HCCL_IF_IP", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    doc = dry_json(capsys, "--nproc-per-node", "1", *args, "--", "true")
+    assert doc["ranks"][0]["env"].get("HCCL_IF_IP") == expected
+
+
+def test_hccl_if_ip_must_be_an_address(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--hccl-if-ip", "eth0", "--", "true")
+    assert code == 2 and "'eth0' is not an IPv4 or IPv6 address" in err
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ([], {}, None), (["--graceful-exit"], {}, "1"), ([], {"LAUNCHER_GRACEFUL_EXIT": "1"}, "1"),
+])
+def test_dry_run_graceful_exit_option(capsys, monkeypatch, args, env, expected):
+    monkeypatch.delenv("MS_ENABLE_GRACEFUL_EXIT", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    doc = dry_json(capsys, "--nproc-per-node", "1", "--framework", "mindspore", *args, "--", "true")
+    assert {r["env"].get("MS_ENABLE_GRACEFUL_EXIT") for r in doc["ranks"] if r["rank"] >= 0} == {expected}
+
+
+def test_dry_run_two_nodes_derive_the_same_job_id(capsys):
+    ids = [{r["env"]["JOB_ID"] for r in dry_json(capsys, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank",
+                                                  str(node), "--master-addr", "10.0.0.1", "--", "true")["ranks"]}
+           for node in (0, 1)]
+    assert ids[0] == ids[1] and len(ids[0]) == 1
 
 
 def test_dry_run_with_rank_table_file_env_and_pod_ip(capsys, tmp_path, monkeypatch):

@@ -260,7 +260,7 @@ def test_dry_run_uses_default_run_dir(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
     assert doc["run_dir"] == str(tmp_path / "launcher")
-    assert env0(doc)["GROUP_INFO_FILE"] == str(tmp_path / "launcher" / "group_info" / "device0" / "group_info.pb")
+    assert "GROUP_INFO_FILE" not in env0(doc)  # only with --group-info-root
 
 
 # --------------------------------------------------------------------------- --console-ranks
