@@ -47,6 +47,9 @@ class RankOutput:
         self.read_fd = read_fd
         self.log_fd = log_fd
         self.prefix = f"[{label}] ".encode()
+        # torch prefixes an uncaught exception's lines with "[rank3]: " (its excepthook, installed by
+        # init_process_group, whatever the launcher): said once, as "[rank 3] ", on the console.
+        self._doubled = self.prefix + f"[{label.replace(' ', '')}]: ".encode()
         self._newline_prefix = b"\n" + self.prefix
         self._return_prefix = lambda _match: b"\r" + self.prefix
         self.console = console
@@ -107,6 +110,8 @@ class RankOutput:
         self._partial = data[cut:]
 
     def _emit(self, data: bytes) -> None:
+        if self._doubled in data:
+            data = data.replace(self._doubled, self.prefix)
         try:
             self.console.write(data)
             self.console.flush()

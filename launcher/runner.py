@@ -64,7 +64,10 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise UsageError(f"command not found or not executable: {program}")
     elif shutil.which(program, path=environ.get("PATH")) is None:
-        raise UsageError(f"command not found: {program}", ["(searched $PATH)"])
+        here = os.path.isfile(program)  # the shell's habit: a file here runs only as ./NAME
+        raise UsageError(f"command not found: {program}",
+                         [f"(searched $PATH; to run the file in this directory, write ./{program})" if here
+                          else "(searched $PATH)"])
 
 
 def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:

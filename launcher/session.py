@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
 from launcher import envnames
 from launcher import gasp as gasp_mod
@@ -27,6 +27,9 @@ from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
+
+if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
+    from launcher.restore.plan import RestorePlan
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +58,7 @@ class Session:
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
+        self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
 
     def __enter__(self) -> "Session":
         self.run_dir.lock()
@@ -109,7 +113,8 @@ class Session:
         self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync)
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync,
+                                resume_note=self._resume_note)
         try:
             result = supervisor.run()
         except BaseException:
@@ -281,9 +286,15 @@ class Session:
         self._emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                    restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
                    warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
-        log.info("restore plan: %s", plan.reason)
+        self.plans[attempt] = plan
+        if not attempt:  # a restart says it in its own line (Supervisor)
+            log.info("restore plan: %s", resume_summary(plan))
         for warning in plan.warnings:
             log.warning("restore plan: %s", warning)
+
+    def _resume_note(self, attempt: int) -> str:
+        plan = self.plans.get(attempt)
+        return resume_summary(plan) if plan is not None else "no restore plan (no --checkpoint-dir)"
 
     def _log_path(self, spec: WorkerSpec, attempt: int) -> str:
         name = "scheduler.log" if spec.role == ROLE_SCHEDULER else f"rank_{spec.rank}.log"
@@ -324,3 +335,16 @@ class Session:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
         self.run_dir.unlock()
+
+
+def resume_summary(plan: "RestorePlan") -> str:
+    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
+    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
+
+    if plan.kind == KIND_BREAKPOINT:
+        ranks = plan.restore_ranks
+        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(str(r) for r in ranks)}")
+    if plan.kind == KIND_PERIODIC:
+        return f"resuming from the step-{plan.step} periodic checkpoints"
+    return f"starting from scratch ({plan.reason})"

@@ -39,6 +39,7 @@ class Supervisor:
         hold: ``() -> reason or None``: why the cluster forbids (re)starting ranks right now.
         sync: Restart generations shared with the other nodes (``launcher.sync.Coordinator``);
             default ``NoSync``: this node decides alone.
+        resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -46,7 +47,8 @@ class Supervisor:
                  on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
                  request_exit: Optional[Callable[[], None]] = None,
-                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None):
+                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
+                 resume_note: Optional[Callable[[int], str]] = None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -56,6 +58,8 @@ class Supervisor:
         self.request_exit = request_exit or (lambda: None)
         self.hold = hold or (lambda: None)
         self.sync = sync or NoSync()
+        self.resume_note = resume_note
+        self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self.failures: List[Failure] = []
         self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
         self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
@@ -110,8 +114,12 @@ class Supervisor:
         self.attempt_no += 1
         if attempt.cluster_stop is not None:
             self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
+            self._restart_note = f"restarting as the cluster asks ({attempt.cluster_stop})"
             return
         self.restarts += 1
+        failure = attempt.failure
+        self._restart_note = (f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after "
+                              f"{failure.label} failed ({failure.info.describe()})")
         self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
                   backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
         if self.policy.backoff:
@@ -138,6 +146,10 @@ class Supervisor:
     # -- one attempt --------------------------------------------------------------------------
     def _run_attempt(self, number: int, failed_before: Sequence[int]) -> _Attempt:
         specs = self.specs_for(number, failed_before)
+        if self._restart_note is not None:
+            note = self.resume_note(number) if self.resume_note else None
+            log.info("%s%s", self._restart_note, f"; {note}" if note else "")
+            self._restart_note = None
         workers = {s.rank: Worker(s.rank, s.label, on_change=self._changed(number)) for s in specs}
         attempt = _Attempt(number, workers)
         self.emit("attempt_start", attempt=number, ranks=[s.rank for s in specs])
@@ -165,8 +177,8 @@ class Supervisor:
             if event.signum in GASP_TRIGGERS:
                 self._gasp(attempt, f"signal {signal.Signals(event.signum).name}")
             else:
-                log.info("received %s: forwarding to the ranks (grace %.0f s)",
-                         signal.Signals(event.signum).name, self.policy.grace_period)
+                log.info("Ctrl-C: stopping the ranks (up to %.0f s to save and exit); Ctrl-C again to kill "
+                         "them now", self.policy.grace_period)
                 self._final = "signal"
                 self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
         elif isinstance(event, ControlRequest):
@@ -370,10 +382,15 @@ class Supervisor:
                     worker.transition(WorkerState.STOPPED)
             elif isinstance(event, SignalReceived):
                 # Never a second signal to a rank that is saving; a second Ctrl-C means "now".
+                first = self._signal is None
                 self._on_signal(event.signum)
                 self._final = self._final or ("gasp" if event.signum in GASP_TRIGGERS else "signal")
                 if event.signum == signal.SIGINT and self._signal == signal.SIGINT and not killed:
-                    deadline = time.monotonic()
+                    if first:
+                        log.info("Ctrl-C: no restart; Ctrl-C again to kill the ranks now")
+                    else:
+                        log.warning("Ctrl-C again: killing the ranks now")
+                        deadline = time.monotonic()
             elif isinstance(event, ControlRequest):
                 self._on_request(None, event)
             elif isinstance(event, ClusterUpdate):

@@ -107,10 +107,15 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class ScanResult:
-    """Complete checkpoints per rank (index = rank) and what was ignored, and why."""
+    """Complete checkpoints per rank (index = rank) and what was ignored, and why.
+
+    ``absent`` says why there was nothing to scan when that is normal (a job's first start, before
+    the directory exists): not a warning, the plan's reason.
+    """
 
     checkpoints: Tuple[Tuple[Checkpoint, ...], ...]
     warnings: Tuple[str, ...] = ()
+    absent: str = ""
 
 
 def compile_patterns(pattern: Optional[str],
@@ -363,9 +368,9 @@ def scan_checkpoints(checkpoint_dir: str, world_size: int,
     try:
         dirs = _rank_dirs(checkpoint_dir, world_size, notes)
     except FileNotFoundError:
-        # Normal for a job's first start; said anyway, since it is also what a mistyped path does.
-        return ScanResult(tuple(() for _ in range(world_size)),
-                          (f"checkpoints: {checkpoint_dir} does not exist (yet)",))
+        # Normal for a job's first start; the plan's reason says it, since it is also what a mistyped
+        # path does.
+        return ScanResult(tuple(() for _ in range(world_size)), absent=f"{checkpoint_dir} does not exist yet")
     except OSError as exc:
         return ScanResult(tuple(() for _ in range(world_size)),
                           (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))

@@ -308,3 +308,16 @@ def test_tail_lines_reads_only_the_end_and_survives_bad_utf8(tmp_path):
     lines = tail_lines(str(path), 10, max_bytes=64)
     assert lines[-2:] == ["bad \ufffd\ufffd", "last"]
     assert len("".join(lines)) < 64
+
+
+def test_torch_rank_prefix_is_not_doubled_on_the_console(pipes):
+    """torch's excepthook writes "[rank3]: " before each traceback line; the console says "[rank 3] "
+    once, the log file keeps the rank's bytes, and another rank's prefix is left alone."""
+    console = io.BytesIO()
+    p = pipes(console)
+    raw = b"[rank3]: Traceback (most recent call last):\n\n[rank3]: RuntimeError: x\nsee [rank3]: here\n[rank4]: y\n"
+    p.write(raw)
+    p.out.pump()
+    assert console.getvalue() == (b"[rank 3] Traceback (most recent call last):\n[rank 3] \n[rank 3] RuntimeError: x\n"
+                                  b"[rank 3] see [rank3]: here\n[rank 3] [rank4]: y\n")
+    assert p.file_bytes() == raw

@@ -348,3 +348,35 @@ def test_sync_leave_after_a_restart_uses_the_new_generation():
     result = sup.run()
     assert result.reason == "cluster-timeout"
     assert group.calls[-1] == ("sync_leave", 1, "cluster-timeout", 1)
+
+
+def test_restart_line_says_why_and_what_the_ranks_resume_from(caplog):
+    scripts = [[exited(1, -9), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    group = ScriptedGroup(scripts)
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
+                     resume_note=lambda attempt: f"resuming from plan {attempt}")
+    with caplog.at_level("INFO", logger="launcher.supervisor"):
+        assert sup.run().exit_code == 0
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("restarting")] == [
+        "restarting (restart 1 of 3) after rank 1 failed (killed by SIGKILL); resuming from plan 1"]
+
+
+def test_first_ctrl_c_says_a_second_kills_now(caplog):
+    scripts = [[SignalReceived(signal.SIGINT), SignalReceived(signal.SIGINT), None, exited(0, -9), exited(1, -9)]]
+    with caplog.at_level("INFO", logger="launcher.supervisor"):
+        supervise(scripts, grace_period=1000)
+    messages = [r.getMessage() for r in caplog.records]
+    first = next(i for i, m in enumerate(messages) if m.startswith("Ctrl-C:"))
+    assert messages[first] == ("Ctrl-C: stopping the ranks (up to 1000 s to save and exit); Ctrl-C again to kill "
+                               "them now")
+    assert "Ctrl-C again: killing the ranks now" in messages[first + 1:]
+
+
+def test_one_ctrl_c_while_stopping_after_a_failure_does_not_kill(caplog):
+    # rank 1 fails; rank 0 is stopping (SIGTERM) when the first Ctrl-C comes: no restart, no SIGKILL yet.
+    scripts = [[exited(1, 1), SignalReceived(signal.SIGINT), exited(0, -15)], []]
+    with caplog.at_level("INFO", logger="launcher.supervisor"):
+        result, group, _, _ = supervise(scripts, max_restarts=3, stop_timeout=1000)
+    assert not [c for c in group.calls if c[0] == "kill"]
+    assert [c[0] for c in group.calls].count("start") == 1 and result.reason == "signal"
+    assert "Ctrl-C: no restart; Ctrl-C again to kill the ranks now" in [r.getMessage() for r in caplog.records]
