@@ -23,7 +23,9 @@ REPO = DATA.parents[1]
 def dry_run(framework: str, tmp_path: Path) -> Dict[int, Dict[str, str]]:
     """``launcher run --dry-run --json`` on the table's rank table, from a directory where its path is
     relative (the ranks must still get an absolute RANK_TABLE_FILE); rank -> env."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK_TABLE_FILE", "MINDX_TASK_ID", "framework")}
+    # Without the variables the launcher reads or inherits: the dry run shows only what it sets itself.
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK_TABLE_FILE", "MINDX_TASK_ID", "framework", "PYTHONUNBUFFERED", "HCCL_IF_IP")}
     env.update(XDL_IP=TABLE["server_ip"], POD_IP=TABLE["server_ip"],
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
     proc = subprocess.run([sys.executable, "-m", "launcher", "run", "--dry-run", "--json", "--framework", framework,
