@@ -25,8 +25,8 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--group-info-root",
-                                                             "--sync-dir", "--sync-timeout", "--taskd",
-                                                             "--taskd-port")),
+                                                             "--graceful-exit", "--hccl-if-ip", "--sync-dir",
+                                                             "--sync-timeout", "--taskd", "--taskd-port")),
     ("Other options", ("--config", "--dry-run", "--json", "--help")),
 )
 
