@@ -40,6 +40,7 @@ TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 PYTHON_EXEC = "PYTHON_EXEC"  # read: the interpreter for a COMMAND ending in .py, as in torchrun
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # torchrun runs `python -u`; the legacy scripts export it
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------

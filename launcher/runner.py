@@ -5,7 +5,7 @@ import logging
 import os
 import shutil
 from datetime import datetime
-from typing import List, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
 from launcher import envnames, hostfacts, topology
 from launcher.errors import UsageError
@@ -93,7 +93,8 @@ def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str
     if path is not None:
         from launcher.ranktable.wait import wait_for_rank_table
 
-        table = wait_for_rank_table(path, timeout=opts.rank_table_timeout)
+        # Absolute: ranks get it as RANK_TABLE_FILE and may change directory before opening it.
+        table = wait_for_rank_table(os.path.abspath(path), timeout=opts.rank_table_timeout)
     return topology.resolve(opts, framework, environ, table)
 
 
@@ -190,8 +191,20 @@ def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], plan: object, as
             print(f"  {key}={rank['env'][key]}")
 
 
-def format_root_cause(result, log_lines: int = 10) -> List[str]:
-    """The root-cause summary: which rank failed first, how, when, and the end of its log."""
+def format_root_cause(result, log_lines: int = 10,
+                      error_file: Callable[[object], Optional[str]] = lambda failure: None) -> List[str]:
+    """The root-cause summary: which rank failed first, how, when, and why.
+
+    Why, as torchrun shows it: the exception and traceback from the rank's ``TORCHELASTIC_ERROR_FILE``
+    (written by torch's ``@record``), else the last traceback in the rank's log, else the log's last
+    ``log_lines`` lines.
+
+    Args:
+        result: The supervisor's ``RunResult``.
+        log_lines: Lines of the log shown when the rank left no traceback.
+        error_file: ``failure -> path`` of that rank's error file (None when it has none).
+    """
+    from launcher.errorfile import explain_failure
     from launcher.output import tail_lines
 
     cause = result.root_cause
@@ -204,7 +217,15 @@ def format_root_cause(result, log_lines: int = 10) -> List[str]:
     if earlier:
         lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
                                                        for f in earlier))
-    if cause.log_path:
+    found = explain_failure(error_file(cause), cause.log_path)
+    if found is not None:
+        lines.append(f"exception: {found.message}")
+        if found.traceback:
+            lines.append(f"traceback (from {found.source}):")
+            lines.extend(f"    {line}" for line in found.traceback)
+        if cause.log_path and found.source != cause.log_path:
+            lines.append(f"log: {cause.log_path}")
+    elif cause.log_path:
         tail = tail_lines(cause.log_path, log_lines)
         lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
         lines.extend(f"    {line}" for line in tail)

@@ -23,7 +23,7 @@ from launcher.events import EventLog
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
-from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
+from launcher.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
                              session_name)
@@ -327,7 +327,8 @@ class Session:
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
         elif result.reason == "failed":
-            for line in format_root_cause(result):
+            error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
+            for line in format_root_cause(result, error_file=error_file):
                 log.error("%s", line)
         else:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
