@@ -46,13 +46,19 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
     per_rank = {}
     control_socket = os.path.join(ctx.run_dir, CONTROL_SOCKET)
     for device in ctx.topology.server.devices:
-        error_file = os.path.join(log_session, f"attempt_{attempt}", f"rank_{device.rank_id}_error.json")
-        per_rank[device.rank_id] = {**common, envnames.TORCHELASTIC_ERROR_FILE: error_file,
+        per_rank[device.rank_id] = {**common,
+                                    envnames.TORCHELASTIC_ERROR_FILE: error_file_path(log_session, attempt,
+                                                                                      device.rank_id),
                                     **(plan.env_for(device.rank_id) if plan is not None else {}),
                                     **debugging.rank_env(ctx.base_env, device.rank_id, opts.debug_rank, opts.pdb,
                                                          control_socket)}
     command = debugging.postmortem_argv(opts.command) if opts.pdb else opts.command
     return worker_specs(ctx, command, attempt, per_rank), plan
+
+
+def error_file_path(log_session: str, attempt: int, rank: int) -> str:
+    """Where rank ``rank`` of ``attempt`` finds ``TORCHELASTIC_ERROR_FILE`` (torch's ``@record`` writes it)."""
+    return os.path.join(log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
 
 
 def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:

@@ -5,8 +5,11 @@ file > defaults. Click implements exactly this order when the config file is loa
 context's ``default_map`` by an eager option, which is what ``load_config_into_context`` does.
 """
 
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
+
+import click
 
 from launcher import envnames
 from launcher.errors import UsageError
@@ -34,7 +37,8 @@ class RunOptions:
     server_id: Optional[str] = None
     framework: Optional[str] = None
     max_restarts: int = 0
-    restart_backoff: float = 0.0
+    restart_backoff: float = 0.5
+    restart_backoff_max: float = 30.0
     stop_timeout: float = 10.0
     gasp_timeout: Optional[float] = None
     termination_grace_period: float = 30.0
@@ -44,6 +48,7 @@ class RunOptions:
     console_ranks: str = "all"
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
+    job_name: Optional[str] = None
     group_info_root: Optional[str] = None
     graceful_exit: bool = False
     hccl_if_ip: Optional[str] = None
@@ -85,13 +90,42 @@ class RunOptions:
 
     def resolved_gasp_signal(self) -> int:
         """The gasp signal as a number (``SIGTERM``, ``TERM`` or ``15``)."""
-        import signal
+        return parse_signal(self.gasp_signal)
 
-        name = self.gasp_signal.strip().upper()
-        try:
-            return int(name) if name.isdigit() else int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
-        except (AttributeError, ValueError):
-            raise UsageError(f"--gasp-signal {self.gasp_signal!r} is not a signal name") from None
+
+#: Signals a process cannot catch: a "save" signal must be one the rank can handle.
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+
+def parse_signal(text: Any, option: str = "--gasp-signal") -> int:
+    """A catchable signal's number from its name (``SIGUSR1``, ``usr1``) or number (``10``).
+
+    Raises:
+        UsageError: not a signal of this system (0, 99, ``FOO``), or SIGKILL / SIGSTOP.
+    """
+    name = str(text).strip().upper()
+    try:
+        if name.isdigit():
+            signum = signal.Signals(int(name))
+        else:
+            signum = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except (KeyError, ValueError):
+        raise UsageError(f"{option} {text!r} is not a signal name or number of this system",
+                         ["e.g. SIGTERM, USR1 or 10"]) from None
+    if signum in UNCATCHABLE:
+        raise UsageError(f"{option} {signum.name}: a rank cannot catch it, so it can never save",
+                         ["use a catchable signal such as SIGTERM or SIGUSR1"])
+    return int(signum)
+
+
+class SignalType(click.ParamType):
+    """Click type for a save signal: checked at parse time (``--dry-run`` too); the value is its name."""
+
+    name = "signal"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
+        option = param.opts[0] if param is not None and param.opts else "signal"
+        return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
 
 
 def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple[int, ...]:

@@ -230,6 +230,9 @@ def _torchrun_env(ctx: EnvContext, rank: int, local_rank: int, attempt: int) -> 
     }
     if local_world > 1 and ev.OMP_NUM_THREADS not in ctx.base_env:
         env[ev.OMP_NUM_THREADS] = "1"  # torchrun's rule: avoid N ranks x all cores threads
+    if ev.TORCH_NCCL_ASYNC_ERROR_HANDLING not in ctx.base_env:
+        # torchrun's agent default: a failed NCCL collective aborts the rank instead of hanging it.
+        env[ev.TORCH_NCCL_ASYNC_ERROR_HANDLING] = "1"
     return env
 
 
@@ -255,8 +258,10 @@ def _ms_worker_env(ctx: EnvContext, rank: int) -> Dict[str, str]:
 def scheduler_env(ctx: EnvContext, attempt: int) -> Dict[str, str]:
     """Variables for the MindSpore dynamic-cluster scheduler process (``MS_ROLE=MS_SCHED``)."""
     env = _ms_common_env(ctx)
-    env.update({ev.MS_ROLE: ev.MS_ROLE_SCHED, ev.LAUNCHER_RUN_DIR: ctx.run_dir,
-                ev.LAUNCHER_ATTEMPT: str(attempt), ev.JOB_ID: ctx.run_id, **_unbuffered(ctx)})
+    # msrun gives its scheduler RANK_ID=0 and RANK_SIZE: scripts read them before mindspore's init().
+    env.update({ev.MS_ROLE: ev.MS_ROLE_SCHED, ev.RANK_ID: "0", ev.RANK_SIZE: str(ctx.topology.table.world_size),
+                ev.LAUNCHER_RUN_DIR: ctx.run_dir, ev.LAUNCHER_ATTEMPT: str(attempt), ev.JOB_ID: ctx.run_id,
+                **_unbuffered(ctx)})
     env.update(ctx.extra)
     return env
 

@@ -12,6 +12,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
+from launcher import console as console_mod
 from launcher import envnames
 from launcher import gasp as gasp_mod
 from launcher import guard as guard_mod
@@ -22,9 +23,10 @@ from launcher.events import EventLog
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
-from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
+from launcher.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.runner import format_root_cause, parse_rank_filter, session_name
+from launcher.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
+                             session_name)
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
 
@@ -72,7 +74,8 @@ class Session:
                        run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
-                                "log_dir": self.log_session}
+                                "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
+                                "gasp_signal": self.opts.gasp_signal}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         self.guard = guard_mod.OrphanGuard()
@@ -82,7 +85,7 @@ class Session:
             self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self._emit)
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard,
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
-        self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
+        self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
@@ -93,13 +96,21 @@ class Session:
     def _make_log_dir(self) -> None:
         try:
             os.makedirs(self.log_session, exist_ok=True)
-            latest = os.path.join(self.log_root, "latest")
-            tmp = f"{latest}.{os.getpid()}"
-            os.symlink(os.path.basename(self.log_session), tmp)
-            os.replace(tmp, latest)
         except OSError as exc:
             raise UsageError(f"cannot write logs under {self.log_root}: {exc.strerror}",
                              ["pass --log-dir with a writable directory"]) from None
+        latest = os.path.join(self.log_root, "latest")
+        if os.path.isdir(latest) and not os.path.islink(latest):
+            log.warning("%s is a directory, not the launcher's link: not pointing it at this run's logs", latest)
+            return
+        tmp = f"{latest}.{os.getpid()}"
+        try:
+            os.symlink(os.path.basename(self.log_session), tmp)
+            os.replace(tmp, latest)
+        except OSError as exc:  # a convenience link: never worth stopping the job for
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            log.warning("cannot point %s at this run's logs (%s)", latest, exc.strerror or exc)
 
     def run(self) -> int:
         """Supervise the job to its end; returns the exit status."""
@@ -114,7 +125,8 @@ class Session:
         log.info("recovery strategy: %s", strategy.describe())
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
-                               self.gasp_gate.try_save, strategy, self._in_place_supported())
+                               self.gasp_gate.try_save, strategy, self._in_place_supported(),
+                               backoff_max=self.opts.restart_backoff_max)
         sync = self._coordinator()
         self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
@@ -267,6 +279,9 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             self._refresh_rank_table()
+            removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
+            if removed:
+                self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
                                     gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
         if plan is not None:
@@ -318,11 +333,21 @@ class Session:
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
         elif result.reason == "failed":
-            for line in format_root_cause(result):
+            error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
+            for line in format_root_cause(result, error_file=error_file):
                 log.error("%s", line)
         else:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
         sys.stdout.flush()
+
+    def _report_console(self) -> None:
+        """After a bounded wait for a slow console: how much output it did not take (the files have it)."""
+        stdout = console_mod.console_stream()
+        stdout.finish(console_mod.CONSOLE_EXIT_WAIT)
+        if stdout.dropped_bytes:
+            self._emit("console_dropped", stream=stdout.name, bytes=stdout.dropped_bytes, lines=stdout.dropped_lines)
+            log.warning("the console did not take %d bytes (%d lines) of rank output: dropped from the console, "
+                        "the rank log files are complete", stdout.dropped_bytes, stdout.dropped_lines)
 
     def __exit__(self, *exc_info: object) -> None:
         if self.group is not None and self.guard is not None:
@@ -334,6 +359,7 @@ class Session:
         if self.group is not None:
             self.group.ensure_gone(5.0)
             self.group.close()
+            self._report_console()
         if self.guard is not None:
             self.guard.close()
         if self.debug is not None:
@@ -341,7 +367,7 @@ class Session:
         if self.events is not None:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
-        self.run_dir.unlock()
+        self.run_dir.close()
 
 
 def resume_summary(plan: "RestorePlan") -> str:

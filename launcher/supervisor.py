@@ -41,6 +41,7 @@ class Supervisor:
         sync: Restart generations shared with the other nodes (``launcher.sync.Coordinator``);
             default ``NoSync``: this node decides alone.
         resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
+        clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
         debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
     """
 
@@ -50,7 +51,8 @@ class Supervisor:
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
                  request_exit: Optional[Callable[[], None]] = None,
                  hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
-                 resume_note: Optional[Callable[[int], str]] = None, debug: Optional[DebugConsole] = None):
+                 resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic,
+                 debug: Optional[DebugConsole] = None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -63,6 +65,8 @@ class Supervisor:
         self.resume_note = resume_note
         self.debug = debug
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
+        self.clock = clock
+        self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
         self.failures: List[Failure] = []
         self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
         self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
@@ -123,10 +127,15 @@ class Supervisor:
         failure = attempt.failure
         self._restart_note = (f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after "
                               f"{failure.label} failed ({failure.info.describe()})")
+        healthy = attempt.duration >= self.policy.healthy_seconds
+        self._quick_failures = 0 if healthy else self._quick_failures + 1
+        delay = self.policy.restart_delay(self._quick_failures)
         self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
-                  backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
-        if self.policy.backoff:
-            self._wait_quietly(self.policy.backoff)
+                  backoff=delay, ran_for=round(attempt.duration, 3), quick_failures=self._quick_failures,
+                  restarts_left=self.policy.max_restarts - self.restarts)
+        if delay:
+            log.info("%d quick failure(s) in a row: restarting in %.1f s", self._quick_failures, delay)
+            self._wait_quietly(delay)
 
     def _final_result(self, attempts: int, attempt: Optional[_Attempt]) -> RunResult:
         if self._final == "cluster-timeout":
@@ -155,6 +164,7 @@ class Supervisor:
             self._restart_note = None
         workers = {s.rank: Worker(s.rank, s.label, on_change=self._changed(number)) for s in specs}
         attempt = _Attempt(number, workers)
+        started = self.clock()
         self.emit("attempt_start", attempt=number, ranks=[s.rank for s in specs])
         self.group.start(specs, number)
         pids = self.group.pids()
@@ -169,6 +179,7 @@ class Supervisor:
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)
+        attempt.duration = self.clock() - started
         self.emit("attempt_end", attempt=number, failed=attempt.failure is not None)
         return attempt
 
@@ -315,6 +326,7 @@ class Supervisor:
             request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
                            "ranks": {w.rank: w.state.value for w in workers}}, final=True)
         elif request.command == "gasp":
+            request.reply({"ok": True, "accepted": True})  # at once: prestop's proof of a live loop
             self._waiters.append(request)
             if self._final is None and attempt is not None:
                 self._gasp(attempt, "prestop")
@@ -445,9 +457,9 @@ class Supervisor:
 
     def _wait_quietly(self, seconds: float) -> bool:
         """Wait ``seconds`` (backoff, barrier), honouring stop signals and requests; False once the run ends."""
-        deadline = time.monotonic() + seconds
-        while self._final is None and time.monotonic() < deadline:
-            self._idle_event(self.group.wait_event(deadline - time.monotonic()))
+        deadline = self.clock() + seconds
+        while self._final is None and self.clock() < deadline:
+            self._idle_event(self.group.wait_event(deadline - self.clock()))
         return self._final is None
 
     def _idle_event(self, event: Optional[Event]) -> None:

@@ -7,7 +7,7 @@ import click
 
 from launcher.commands import torchrun
 from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, RunOptions,
-                              env_var_for, load_config)
+                              SignalType, env_var_for, load_config)
 
 log = logging.getLogger(__name__)
 
@@ -18,10 +18,11 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Local runs, torchrun style (no rank table)", ("--nproc-per-node", "--nnodes", "--node-rank",
                                                      "--master-addr", "--master-port")),
     ("How COMMAND runs", ("--no-python", "--module")),
-    ("Supervision and restarts", ("--max-restarts", "--restart-backoff", "--stop-timeout", "--recover-strategy",
+    ("Supervision and restarts", ("--max-restarts", "--restart-backoff", "--restart-backoff-max", "--stop-timeout",
+                                  "--recover-strategy",
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
                                   "--gasp-min-interval", "--graceful-exit")),
-    ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--run-id")),
+    ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id")),
     ("Debugging a rank", ("--debug-rank", "--pdb")),
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
@@ -146,14 +147,18 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This machine's index, from 0 (with --nproc-per-node).")
 @_opt("--master-addr", help="Address of the machine running rank 0 (default: from the rank table, else 127.0.0.1).")
 @_opt("--master-port", type=click.IntRange(1, 65535),
-      help="Port rank 0 listens on (default 29500; MindSpore 8118).")
+      help="Port rank 0 listens on (default: a free port for a one-machine job; across machines 29500, "
+           "MindSpore 8118).")
 @_opt("--server-id", help="This machine's address in the rank table (default $XDL_IP, $POD_IP, its own addresses).")
 @_opt("--framework", type=click.Choice(FRAMEWORKS, case_sensitive=False),
       help="Which framework's environment variables the ranks get (default: $framework, else pytorch).")
 @_opt("--max-restarts", type=click.IntRange(min=0), default=0,
       help="Restart the ranks of this machine up to N times after one fails.")
-@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.0,
-      help="Seconds to wait before each restart.")
+@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.5,
+      help="Crash-loop backoff: a restart is immediate, unless the attempt before it also failed "
+           "within 60 s of its start; then the delay starts at this many seconds and doubles.")
+@_opt("--restart-backoff-max", type=click.FloatRange(min=0), default=30.0,
+      help="Cap of the crash-loop backoff delay (0: always restart at once).")
 @_opt("--stop-timeout", type=click.FloatRange(min=0), default=10.0,
       help="After a rank fails: seconds the others get to exit after SIGTERM, before SIGKILL.")
 @_opt("--gasp-timeout", "--grace-period", type=click.FloatRange(min=0),
@@ -161,7 +166,8 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
            "checkpoint and exit, before SIGKILL (default: --termination-grace-period minus 5 s or 10 %).")
 @_opt("--termination-grace-period", type=click.FloatRange(min=1), default=30.0,
       help="Seconds Kubernetes gives the pod to stop (terminationGracePeriodSeconds); the save must fit.")
-@_opt("--gasp-signal", default="SIGTERM", help="Signal asking a rank to save a checkpoint and exit.")
+@_opt("--gasp-signal", type=SignalType(), default="SIGTERM",
+      help="Signal asking a rank to save a checkpoint and exit (a catchable signal, by name or number).")
 @_opt("--gasp-min-interval", type=click.FloatRange(min=0), default=0.0,
       help="Stopped again within this many seconds (a crash loop): stop the ranks without asking them "
            "to save. 0: always ask.")
@@ -169,8 +175,10 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).")
 @_opt("--console-ranks", default="all", help="Ranks whose output is shown here: all, none, or a list like 0,3,5-7.")
 @_opt("--run-dir", type=click.Path(file_okay=False),
-      help="The launcher's own state: pid, rank states, events.jsonl (default $XDG_RUNTIME_DIR/launcher "
-           "or /tmp/launcher-<uid>).")
+      help="The launcher's own state: pid, rank states, events.jsonl (default: <base>/<job name>, base "
+           "$XDG_RUNTIME_DIR/launcher or /tmp/launcher-<uid>).")
+@_opt("--job-name", help="Name of the job's run dir under the base (default: --run-id or $MINDX_TASK_ID "
+                         "when given, else <date>-<time>-<pid>); `launcher prestop --job NAME` finds it.")
 @_opt("--run-id", help="The job's id, the same on every machine (default $MINDX_TASK_ID, else a digest of "
                         "what every machine of the job shares: the rank table or master address, and the command).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),

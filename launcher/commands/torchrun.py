@@ -138,15 +138,6 @@ def npu_count(dev: str = "/dev") -> int:
         return 0
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` now (``--standalone``; rank 0 binds it moments later)."""
-    import socket  # only for --standalone
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 def translate(kwargs: Dict[str, Any], explicit: Sequence[str]) -> Dict[str, Any]:
     """Turn the torchrun options in ``kwargs`` into ``run``'s own; refuse the ones it has no use for.
 
@@ -197,7 +188,7 @@ def _standalone(kwargs: Dict[str, Any], explicit: Sequence[str]) -> List[str]:
     if "nproc_per_node" not in explicit:
         kwargs["nproc_per_node"] = 1  # torchrun's default
     kwargs["master_addr"] = kwargs.get("master_addr") or "127.0.0.1"
-    kwargs["master_port"] = kwargs.get("master_port") or free_port()
+    # No --master-port: topology.resolve picks a free port, as for every one-node job.
     return []
 
 

@@ -77,7 +77,7 @@ def test_pytorch_env_is_exactly_the_torchrun_and_legacy_contract():
         "ROLE_NAME": "default", "MASTER_ADDR": "172.16.0.5", "MASTER_PORT": "29500",
         "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "OMP_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # legacy Ascend
         "RANK_ID": "6", "RANK_SIZE": "8", "DEVICE_ID": "2", "ASCEND_DEVICE_ID": "2", "DEVICE_NUM": "4",
         "SERVER_ID": "1", "SERVER_NUM": "2", "JOB_ID": "job-42", "RANK_TABLE_FILE": TABLE_FILE,
@@ -133,6 +133,12 @@ def test_omp_num_threads_set_to_1_when_unset_and_several_local_ranks():
 def test_omp_num_threads_left_alone_when_already_set(value):
     env = env_for(make_ctx(file_topology(0), base_env={"OMP_NUM_THREADS": value}), 0)
     assert "OMP_NUM_THREADS" not in env  # the spawned rank inherits the user's value
+
+
+@pytest.mark.parametrize("value", ["0", "3"])
+def test_nccl_async_error_handling_left_alone_when_already_set(value):
+    env = env_for(make_ctx(file_topology(0), base_env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": value}), 0)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env  # torchrun too keeps the user's value
 
 
 def test_omp_num_threads_not_set_with_a_single_local_rank():
@@ -233,7 +239,8 @@ def test_mindspore_dynamic_cluster_scheduler_only_on_the_server_hosting_rank0():
     assert sched == {
         "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "10.1.1.1", "MS_SCHED_PORT": "8118", "MS_WORKER_NUM": "4",
         "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "600",
-        "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job", "PYTHONUNBUFFERED": "1",
+        "RANK_ID": "0", "RANK_SIZE": "4", "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job",
+        "PYTHONUNBUFFERED": "1",
     }
 
 
@@ -263,11 +270,13 @@ def test_mindspore_topo_timeout_taken_from_the_launcher_environment():
     assert {s.env["MS_TOPO_TIMEOUT"] for s in specs} == {"60"}
 
 
-def test_scheduler_env_gets_context_extra_but_no_rank_variables():
+def test_scheduler_env_gets_context_extra_and_msruns_rank_variables():
     ctx = make_ctx(dynamic_topology(0), framework="mindspore", extra={"LAUNCHER_GRACEFUL_EXIT_FILE": "/g.json"})
     env = scheduler_env(ctx, 0)
     assert env["LAUNCHER_GRACEFUL_EXIT_FILE"] == "/g.json"
-    assert not {"RANK_ID", "DEVICE_ID", "LOCAL_RANK", "MS_NODE_ID", "RANK_TABLE_FILE"} & set(env)
+    # msrun: "For Scheduler, 'RANK_ID' is always 0" (process_entity/_api.py), and RANK_SIZE is exported.
+    assert (env["RANK_ID"], env["RANK_SIZE"]) == ("0", env["MS_WORKER_NUM"])
+    assert not {"DEVICE_ID", "LOCAL_RANK", "MS_NODE_ID", "RANK_TABLE_FILE"} & set(env)
 
 
 # --------------------------------------------------------------------------- group info, HCCL_IF_IP
