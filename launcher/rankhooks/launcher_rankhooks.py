@@ -41,6 +41,16 @@ def breakpoint_hint(*_args, **_kwargs):
     sys.stderr.flush()
 
 
+def _connect(sock, path):
+    """Connect through the directory's fd, as the launcher binds: a unix socket path must be short."""
+    dir_fd = os.open(os.path.dirname(path) or ".", os.O_RDONLY)
+    try:
+        via_fd = "/proc/self/fd/{}".format(dir_fd)
+        sock.connect(os.path.join(via_fd, os.path.basename(path)) if os.path.isdir(via_fd) else path)
+    finally:
+        os.close(dir_fd)
+
+
 def _ask_for_terminal():
     """The launcher's terminal path, or None with the reason it gave (or why it could not be asked)."""
     path = os.environ.get("LAUNCHER_CONTROL_SOCKET")
@@ -50,7 +60,7 @@ def _ask_for_terminal():
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(30.0)
-            sock.connect(path)
+            _connect(sock, path)
             sock.sendall((json.dumps(request) + "\n").encode())
             answer = json.loads(sock.makefile("rb").readline() or b"{}")
     except (OSError, ValueError) as exc:

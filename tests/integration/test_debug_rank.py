@@ -127,7 +127,9 @@ def test_breakpoint_without_debug_rank_prints_a_hint_and_carries_on(tmp_path):
 
 
 def test_pdb_post_mortem_of_the_rank_that_raises(tmp_path):
-    child = spawn(tmp_path, ["--nproc-per-node", "4", "--pdb"],
+    # A run dir too long for a unix socket path: the rank connects through the directory's fd.
+    run_dir = tmp_path / ("r" * 100)
+    child = spawn(tmp_path, ["--nproc-per-node", "4", "--pdb", "--run-dir", str(run_dir)],
                   ["--raise-rank", "2", "--hold", str(tmp_path / "never")])
     child.expect("rank 2 raised; post-mortem debugger")
     child.expect(PROMPT)
