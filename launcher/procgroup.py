@@ -127,8 +127,11 @@ class LocalProcessGroup(ProcessGroup):
         read_fd = target = -1
         terminal = self._on_terminal(spec)
         if terminal:  # still its own session: the terminal's Ctrl-C reaches the launcher, which passes it on
-            os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
-                             f"its output is there, not in this file\n".encode())
+            try:
+                os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
+                                 f"its output is there, not in this file\n".encode())
+            except OSError:  # a full disk: the note is a courtesy, the rank starts anyway
+                pass
             stdio = {}
         else:
             if self._on_console(spec):
