@@ -49,6 +49,13 @@ def test_missing_file(tmp_path):
         load_rank_table(tmp_path / "nope.json")
 
 
+def test_directory_is_not_a_rank_table(tmp_path):
+    with pytest.raises(RankTableError, match="is a directory, not a regular file"):
+        load_rank_table(tmp_path)
+
+
 def test_unreadable_file(tmp_path):
+    path = tmp_path / "hccl.json"
+    path.symlink_to(path)  # a loop: open() fails with ELOOP
     with pytest.raises(RankTableError, match="cannot read rank table"):
-        load_rank_table(tmp_path)  # a directory
+        load_rank_table(path)

@@ -88,9 +88,10 @@ def test_timeout_on_missing_file_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("content, seen", [
-    (COMPLETE[:10].encode(), r"incomplete JSON \(line 1 column \d+: .*\)"),
-    (b"", "empty file"),
-    (b'{"status": "\xe5', "incomplete UTF-8 text"),  # cut inside a multi-byte character
+    (COMPLETE[:10].encode(), r"rank table is not valid JSON: line 1 column \d+: .*"),
+    (b"", "rank table is empty"),
+    # cut inside a multi-byte character
+    (b'{"status": "\xe5', r"rank table is not UTF-8 \(byte 0xe5 at offset 12, line 1: unexpected end of data\)"),
     (INITIALIZING.encode(), 'status "initializing"'),
 ])
 def test_partial_states_are_retried_until_the_timeout(tmp_path, content, seen):
@@ -108,8 +109,17 @@ def test_zero_timeout_is_one_attempt(tmp_path, progress):
 
 
 def test_unreadable_path_is_retried(tmp_path):
-    with pytest.raises(LauncherError, match="last saw cannot read file"):
-        wait_for_rank_table(tmp_path, timeout=0.05, **FAST)  # a directory
+    path = tmp_path / "hccl.json"
+    path.symlink_to(path)  # open() fails (ELOOP) until the cluster writes the file
+    with pytest.raises(LauncherError, match="last saw cannot read file") as info:
+        wait_for_rank_table(path, timeout=0.05, **FAST)
+    assert not isinstance(info.value, UsageError)
+
+
+def test_directory_fails_at_once(tmp_path):
+    """Not a regular file: nothing the cluster writes will change that, so no wait (exit 2)."""
+    with pytest.raises(RankTableError, match="is a directory, not a regular file"):
+        wait_for_rank_table(tmp_path, timeout=30, **FAST)
 
 
 def test_invalid_completed_table_fails_at_once(tmp_path):
