@@ -240,8 +240,9 @@ def read_yaml(path: str, what: str, limit: int) -> Any:
 
     path = os.fspath(path)
     text = decode_text(read_bytes(path, what, limit), path, what)
-    loader = _bounded_loader(yaml)(text)
+    loader = None
     try:
+        loader = _bounded_loader(yaml)(text)  # the reader refuses unprintable characters right here
         return loader.get_single_data()
     except yaml.YAMLError as exc:
         raise InputFileError(what, path, f"is not valid YAML: {brief(exc)}") from None
@@ -250,7 +251,8 @@ def read_yaml(path: str, what: str, limit: int) -> Any:
     except ValueError as exc:  # a constructor's int() or date() refused the value
         raise InputFileError(what, path, _value_problem(text, exc)) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 _LOADER: Any = None
