@@ -256,7 +256,11 @@ def read_snapshot(path: str) -> Snapshot:
     """
     for _attempt in range(_SNAPSHOT_ATTEMPTS):
         real = os.path.realpath(path)
-        data = _read_optional(real, RESET_JSON, LIMIT_REPORT)
+        try:
+            data = _read_optional(real, RESET_JSON, LIMIT_REPORT)
+        except InputFileError as exc:  # named as configured: the resolved path alone is a riddle
+            raise InputFileError(RESET_JSON, path if real == os.path.abspath(path) else f"{path} (-> {real})",
+                                 exc.problem) from None
         restart_type = _read_optional(os.path.join(os.path.dirname(real), RESTART_TYPE_FILE), RESTART_TYPE_FILE,
                                       LIMIT_LINE)
         if restart_type is None and os.path.dirname(real) != os.path.dirname(os.path.abspath(path)):
