@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import threading
 import time
 
@@ -120,6 +121,46 @@ def test_directory_fails_at_once(tmp_path):
     """Not a regular file: nothing the cluster writes will change that, so no wait (exit 2)."""
     with pytest.raises(RankTableError, match="is a directory, not a regular file"):
         wait_for_rank_table(tmp_path, timeout=30, **FAST)
+
+
+def test_missing_directory_fails_at_once(tmp_path, progress):
+    """A mistyped --rank-table: the cluster mounts the directory before the container starts."""
+    path = tmp_path / "no-such-dir" / "hccl.json"
+    with pytest.raises(RankTableError, match=f"directory {tmp_path / 'no-such-dir'} does not exist"):
+        wait_for_rank_table(path, timeout=30, **FAST)
+    assert progress == []
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: p.symlink_to("/dev/zero"), "is a character device, not a regular file"),
+    (lambda p: p.write_bytes(b"[" * 100 + b"]" * 100), "nests arrays or objects deeper than 64 levels"),
+    (lambda p: p.write_bytes('{"server_id": "caf\u00e9"}'.encode("latin-1")), "is not UTF-8"),
+    (lambda p: p.write_bytes(b'{"rank_count": ' + b"1" * 5000 + b"}"), "has an integer of more than 4300"),
+])
+def test_files_no_rewrite_can_fix_fail_at_once(tmp_path, make, problem):
+    path = tmp_path / "hccl.json"
+    make(path)
+    with pytest.raises(RankTableError) as info:
+        wait_for_rank_table(path, timeout=30, **FAST)
+    assert info.value.message.startswith(f"rank table {path} {problem}")
+
+
+def test_missing_file_progress_every_30_s_by_default(tmp_path, progress, monkeypatch):
+    """Ten lines in a 300 s wait, not sixty; the clock is simulated, nothing sleeps."""
+    from launcher.ranktable import wait as wait_mod
+
+    now = [0.0]
+    monkeypatch.setattr(wait_mod.time, "monotonic", lambda: now[0])
+
+    def fake_sleep(seconds):
+        now[0] += seconds
+
+    monkeypatch.setattr(wait_mod, "_sleep", fake_sleep)
+    with pytest.raises(LauncherError, match="last saw file not found"):
+        wait_for_rank_table(tmp_path / "hccl.json", timeout=300)
+    assert len(progress) == 10
+    assert progress[1].getMessage().endswith("file not found (30 s of 300 s)")
 
 
 def test_invalid_completed_table_fails_at_once(tmp_path):
