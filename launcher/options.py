@@ -13,6 +13,7 @@ import click
 
 from launcher import envnames
 from launcher.errors import UsageError
+from launcher.inputfiles import LIMIT_CONFIG, InputFileError, brief, read_yaml
 
 FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
 DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
@@ -176,17 +177,15 @@ def load_config(path: str) -> Dict[str, Any]:
     Keys may be spelled with dashes or underscores (``max-restarts`` or ``max_restarts``).
 
     Raises:
-        UsageError: unreadable file, malformed YAML, or schema violations (one line each, with path).
+        UsageError: unreadable file (not a regular file, too big, not UTF-8), malformed or too deep
+            YAML (one line), or schema violations (one line each, with path).
     """
-    import yaml  # only paid for when a config file is used
-
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        data = read_yaml(path, "config file", LIMIT_CONFIG)
     except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"config file {path} is not valid YAML", [str(exc).replace("\n", " ")]) from None
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
     if data is None:
         return {}
     if isinstance(data, dict):
@@ -208,7 +207,8 @@ def _schema_problems(data: Any) -> list:
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-            problems.extend(f"{path}.{key}: unknown option" for key in sorted(error.instance) if key not in known)
+            problems.extend(f"{path}.{brief(key, 80)}: unknown option"
+                            for key in sorted(error.instance) if key not in known)
         else:
-            problems.append(f"{path}: {error.message}")
+            problems.append(f"{path}: {brief(error.message)}")
     return problems

@@ -242,17 +242,25 @@ class Session:
         topo = self.ctx.topology
         if not topo.table_file:
             return
+        from launcher.inputfiles import InputFileError
+        from launcher.ranktable.files import read_version
+
         try:
-            with open(os.path.join(os.path.dirname(topo.table_file), "version"), encoding="utf-8") as fh:
-                revision = fh.read().strip()
-        except OSError:
+            revision = read_version(topo.table_file)
+        except InputFileError as exc:  # a bad file during the run: say so, keep the table we have
+            log.warning("%s; keeping the rank table of version %s", exc, topo.table.revision)
             return
-        if revision == (topo.table.revision or ""):
+        if revision is None or revision == (topo.table.revision or ""):
             return
         from launcher import topology
+        from launcher.ranktable import RankTableError
         from launcher.ranktable.wait import wait_for_rank_table
 
-        table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+        try:
+            table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+        except RankTableError as exc:
+            log.warning("%s; keeping the rank table of version %s", exc.message, topo.table.revision)
+            return
         new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
         self._emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
                    old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),

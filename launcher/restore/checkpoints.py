@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
 
 from launcher.errors import UsageError
+from launcher.inputfiles import open_regular, read_line
 
 logger = logging.getLogger(__name__)
 
@@ -190,18 +191,17 @@ def verify_digest(path: str) -> Optional[bool]:
     """Check ``path`` against its ``<path>.sha256`` sidecar: True if it matches, False if it does not
     (or the file cannot be read), None when there is no (readable, well-formed) sidecar."""
     try:
-        with open(path + DIGEST_SUFFIX, encoding="ascii") as fh:
-            expected = fh.read(200).split()[0].lower()
-    except (OSError, UnicodeDecodeError, IndexError):
+        expected = (read_line(path + DIGEST_SUFFIX, "checkpoint digest") or "").split()[0].lower()
+    except (OSError, ValueError, IndexError):  # InputFileError is a ValueError (FIFO, too big, not text)
         return None
     if len(expected) != 64 or any(ch not in "0123456789abcdef" for ch in expected):
         return None
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path, "checkpoint"), "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
-    except OSError:
+    except (OSError, ValueError):
         return False
     return digest.hexdigest() == expected
 

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.procs import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 LAST_WORDS = str(REPO / "tests" / "workers" / "last_words.py")
 
@@ -26,10 +28,12 @@ def test_a_sigkilled_ranks_last_line_is_in_its_log(tmp_path):
 
 
 def test_the_run_uses_the_job_id_the_dry_run_shows(tmp_path):
-    dry = launcher(tmp_path, "--dry-run", "--json")
+    # A fixed port: without one a one-node job gets a free port, and with it a fresh job id, per invocation.
+    port = str(free_port())
+    dry = launcher(tmp_path, "--master-port", port, "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     planned = {r["env"]["JOB_ID"] for r in json.loads(dry.stdout)["ranks"]}
     assert len(planned) == 1
-    run = launcher(tmp_path)
+    run = launcher(tmp_path, "--master-port", port)
     ran = set(re.findall(r"last words of rank 0 job (\S+)", run.stdout))
     assert ran == planned, run.stdout + run.stderr
