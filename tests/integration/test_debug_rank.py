@@ -133,6 +133,9 @@ def test_pdb_post_mortem_of_the_rank_that_raises(tmp_path):
                   ["--raise-rank", "2", "--hold", str(tmp_path / "never")])
     child.expect("rank 2 raised; post-mortem debugger")
     child.expect(PROMPT)
+    child.sendintr()  # goes to the rank in post-mortem, not to the job
+    child.expect("--KeyboardInterrupt--")
+    child.expect(PROMPT)
     assert print_then(child, "x", 7, "q") == 1, child.logfile_read.text
     seen = child.logfile_read.text
     assert "first failure of the last attempt was rank 2" in seen
