@@ -215,13 +215,21 @@ class DebugConsole:
 
     def restore_terminal(self) -> None:
         """Put back the terminal modes saved at start (a killed debugger may leave them raw)."""
-        if self._saved is not None:
-            import termios
+        if self._saved is None:
+            return
+        import termios
 
+        try:
+            if termios.tcgetattr(self._fd) == self._saved:
+                return
+            # Blocked SIGTTOU: a launcher in a background job is not stopped by this write.
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
             try:
                 termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
-            except (OSError, termios.error):
-                pass
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        except (OSError, termios.error):
+            pass
 
 
 def _termios_get(fd: int):
