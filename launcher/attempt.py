@@ -9,9 +9,10 @@ run shows exactly what a start would give each rank.
 import os
 from typing import Dict, List, Sequence, Tuple
 
-from launcher import envnames
+from launcher import debugging, envnames
 from launcher.gasp import GRACEFUL_EXIT_FILE
 from launcher.options import RunOptions
+from launcher.rundir import CONTROL_SOCKET
 from launcher.rankenv import EnvContext, WorkerSpec, worker_specs
 
 PLAN_FILE = "restore_plan.json"
@@ -43,12 +44,16 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
         # (examples/mindspore/README.md), so an msrun script must not get it unasked.
         common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
     per_rank = {}
+    control_socket = os.path.join(ctx.run_dir, CONTROL_SOCKET)
     for device in ctx.topology.server.devices:
         per_rank[device.rank_id] = {**common,
                                     envnames.TORCHELASTIC_ERROR_FILE: error_file_path(log_session, attempt,
                                                                                       device.rank_id),
-                                    **(plan.env_for(device.rank_id) if plan is not None else {})}
-    return worker_specs(ctx, opts.command, attempt, per_rank), plan
+                                    **(plan.env_for(device.rank_id) if plan is not None else {}),
+                                    **debugging.rank_env(ctx.base_env, device.rank_id, opts.debug_rank, opts.pdb,
+                                                         control_socket)}
+    command = debugging.postmortem_argv(opts.command) if opts.pdb else opts.command
+    return worker_specs(ctx, command, attempt, per_rank), plan
 
 
 def error_file_path(log_session: str, attempt: int, rank: int) -> str:

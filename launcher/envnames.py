@@ -42,6 +42,8 @@ PYTHON_EXEC = "PYTHON_EXEC"  # read: the interpreter for a COMMAND ending in .py
 OMP_NUM_THREADS = "OMP_NUM_THREADS"
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # torchrun runs `python -u`; the legacy scripts export it
+PYTHONBREAKPOINT = "PYTHONBREAKPOINT"  # ranks without the terminal: breakpoint() prints a hint
+PYTHONPATH = "PYTHONPATH"
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------
 MS_ROLE = "MS_ROLE"
@@ -81,6 +83,8 @@ LAUNCHER_RESUME_SOURCE_RANK = "LAUNCHER_RESUME_SOURCE_RANK"
 LAUNCHER_RESUME_CHECKPOINT = "LAUNCHER_RESUME_CHECKPOINT"
 LAUNCHER_RESUME_STEP = "LAUNCHER_RESUME_STEP"
 LAUNCHER_RESUME_KIND = "LAUNCHER_RESUME_KIND"  # "breakpoint" or "periodic"
+LAUNCHER_DEBUG_RANK = "LAUNCHER_DEBUG_RANK"  # --debug-rank: the rank holding the terminal
+LAUNCHER_CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"  # --pdb: where a failing rank asks for the terminal
 
 # --- Options of `launcher run` read from the environment (LAUNCHER_<OPTION>) -------------------
 ENV_PREFIX = "LAUNCHER_"

@@ -67,6 +67,8 @@ class RunOptions:
     sync_timeout: float = 300.0
     taskd: str = "auto"
     taskd_port: int = TASKD_DEFAULT_PORT
+    debug_rank: Optional[int] = None
+    pdb: bool = False
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)

@@ -77,12 +77,16 @@ class LocalProcessGroup(ProcessGroup):
         log_path: ``(spec, attempt) -> path`` of the rank's log file.
         on_console: ``spec -> bool``: whether the rank's output is also shown on the console.
         orphan_guard: Kills the ranks' process groups if the launcher dies; optional.
+        on_terminal: ``spec -> bool``: whether the rank gets the launcher's own stdin, stdout and
+            stderr (``--debug-rank``) instead of /dev/null and its log; optional.
     """
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
-                 orphan_guard: Optional[guard_mod.OrphanGuard] = None):
+                 orphan_guard: Optional[guard_mod.OrphanGuard] = None,
+                 on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False):
         self._log_path = log_path
         self._on_console = on_console
+        self._on_terminal = on_terminal
         self._guard = orphan_guard
         self._selector = selectors.DefaultSelector()
         self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
@@ -121,12 +125,21 @@ class LocalProcessGroup(ProcessGroup):
         log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
         read_fd = target = -1
-        if self._on_console(spec):
-            read_fd, target = os.pipe()
+        terminal = self._on_terminal(spec)
+        if terminal:  # still its own session: the terminal's Ctrl-C reaches the launcher, which passes it on
+            try:
+                os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
+                                 f"its output is there, not in this file\n".encode())
+            except OSError:  # a full disk: the note is a courtesy, the rank starts anyway
+                pass
+            stdio = {}
+        else:
+            if self._on_console(spec):
+                read_fd, target = os.pipe()
+            stdio = dict(stdin=subprocess.DEVNULL, stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT)
         try:
             proc = subprocess.Popen(
-                list(spec.argv), env={**base, **spec.env}, stdin=subprocess.DEVNULL,
-                stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT,
+                list(spec.argv), env={**base, **spec.env}, **stdio,
                 start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
         except OSError:
             for fd in (log_fd, read_fd, target):

@@ -7,7 +7,7 @@ import shutil
 from datetime import datetime
 from typing import Callable, List, Mapping, Optional, Sequence
 
-from launcher import envnames, hostfacts, topology
+from launcher import debugging, envnames, hostfacts, topology
 from launcher.errors import UsageError
 from launcher.options import RunOptions, check_sync_options
 from launcher.rundir import base_dir
@@ -34,6 +34,7 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     check_visible_devices(ctx)
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
+    debugging.check_options(opts.debug_rank, opts.pdb, opts.command, topo.server.ranks)
     if opts.sync_dir:
         check_sync_options(run_id, bool(opts.run_id or environ.get(envnames.MINDX_TASK_ID)),
                            topo.table.server_count)
@@ -229,4 +230,5 @@ def format_root_cause(result, log_lines: int = 10,
         tail = tail_lines(cause.log_path, log_lines)
         lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
         lines.extend(f"    {line}" for line in tail)
+        lines.extend(debugging.root_cause_hint(cause.rank, tail))
     return lines

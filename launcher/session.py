@@ -54,6 +54,7 @@ class Session:
         self.events: Optional[EventLog] = None
         self.guard: Optional[guard_mod.OrphanGuard] = None
         self.group: Optional[LocalProcessGroup] = None
+        self.debug = None  # launcher.debugging.DebugConsole with --debug-rank / --pdb
         self.control: Optional[ControlServer] = None
         self.follower = None  # reset.json follower, when the cluster provides the file
         self.taskd_env: Dict[str, str] = {}
@@ -78,7 +79,12 @@ class Session:
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         self.guard = guard_mod.OrphanGuard()
-        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
+        if self.opts.debug_rank is not None or self.opts.pdb:
+            from launcher.debugging import DebugConsole
+
+            self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self._emit)
+        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard,
+                                       lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
         self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
@@ -126,7 +132,7 @@ class Session:
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync,
-                                resume_note=self._resume_note)
+                                resume_note=self._resume_note, debug=self.debug)
         try:
             result = supervisor.run()
         except BaseException:
@@ -364,6 +370,8 @@ class Session:
             self._report_console()
         if self.guard is not None:
             self.guard.close()
+        if self.debug is not None:
+            self.debug.restore_terminal()
         if self.events is not None:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})

@@ -11,6 +11,7 @@ import signal
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
+from launcher.debugging import DEBUG_REQUEST, DebugConsole
 from launcher.procgroup import ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
 from launcher.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate, RestartPolicy,
                              RunResult)
@@ -41,6 +42,7 @@ class Supervisor:
             default ``NoSync``: this node decides alone.
         resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
         clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
+        debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -49,7 +51,8 @@ class Supervisor:
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
                  request_exit: Optional[Callable[[], None]] = None,
                  hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
-                 resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic):
+                 resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic,
+                 debug: Optional[DebugConsole] = None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -60,6 +63,7 @@ class Supervisor:
         self.hold = hold or (lambda: None)
         self.sync = sync or NoSync()
         self.resume_note = resume_note
+        self.debug = debug
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self.clock = clock
         self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
@@ -183,6 +187,8 @@ class Supervisor:
         if isinstance(event, RankExited):
             self._on_exit(attempt, event)
         elif isinstance(event, SignalReceived):
+            if self._to_debugger(event.signum):
+                return
             self._on_signal(event.signum)
             if event.signum in GASP_TRIGGERS:
                 self._gasp(attempt, f"signal {signal.Signals(event.signum).name}")
@@ -302,6 +308,11 @@ class Supervisor:
         self.emit("rank_spawned", attempt=self.attempt_no, rank=spec.rank, pid=self.group.pids().get(spec.rank))
         return True
 
+    def _to_debugger(self, signum: int) -> bool:
+        """Ctrl-C while a rank holds the terminal: it goes to that rank (pdb breaks), not to the job."""
+        return (signum == signal.SIGINT and self.debug is not None
+                and self.debug.interrupt(self.group.pids(), self.group.signal_main))
+
     def _on_signal(self, signum: int) -> None:
         self.emit("signal_received", signal=signal.Signals(signum).name)
         if self._signal is None:
@@ -329,6 +340,9 @@ class Supervisor:
                 self.request_exit()
                 self.emit("graceful_exit_requested")
                 log.info("graceful exit requested: ranks stop at their next step boundary; no restarts")
+        elif request.command == DEBUG_REQUEST and self.debug is not None:
+            request.reply(self.debug.request(request.args, attempt.number if attempt else None,
+                                             bool(attempt and attempt.failure)), final=True)
         else:
             request.reply({"ok": False, "error": f"unknown request {request.command!r}"}, final=True)
 
@@ -372,27 +386,37 @@ class Supervisor:
         # Auxiliary processes (the MindSpore scheduler, rank < 0) are signalled only after the
         # ranks have exited: a scheduler gone first leaves the workers hanging in their teardown.
         late = [w for w in stopping if w.rank < 0]
-        self.group.signal_main([w.rank for w in stopping if w.rank >= 0] or ranks, signum)
+        spared = self._debugged(ranks)
+        main = [w.rank for w in stopping if w.rank >= 0] or ranks
+        self.group.signal_main([rank for rank in main if rank not in spared], signum)
         late = late if len(late) < len(stopping) else []
         deadline, killed = time.monotonic() + timeout, False
         while any(w.state is WorkerState.STOPPING for w in stopping):
             if late and all(w.done for w in stopping if w.rank >= 0):
                 self.group.signal_main([w.rank for w in late], signum)
                 late = []
-            event = self.group.wait_event(max(0.0, deadline - time.monotonic()))
+            left = [w for w in stopping if w.state is WorkerState.STOPPING and w.rank not in spared]
+            # No deadline for a rank at a debugger prompt: it ends when the user quits it.
+            event = self.group.wait_event(max(0.0, deadline - time.monotonic()) if left or killed else None)
             if event is None:
                 if killed:  # SIGKILL sent and still not reaped (uninterruptible sleep?)
                     self._abandon(attempt, [w for w in stopping if w.state is WorkerState.STOPPING])
                     break
                 killed, deadline = True, time.monotonic() + KILL_SETTLE_SECONDS
-                self._kill(attempt, [w for w in stopping if w.state is WorkerState.STOPPING])
+                self._kill(attempt, left)
             elif isinstance(event, RankExited):
                 worker = attempt.workers.get(event.rank)
                 if worker is not None and worker.state is WorkerState.STOPPING:
                     worker.exit = event.info
                     worker.transition(WorkerState.STOPPED)
+            elif isinstance(event, SignalReceived) and spared and self._to_debugger(event.signum):
+                continue
             elif isinstance(event, SignalReceived):
                 # Never a second signal to a rank that is saving; a second Ctrl-C means "now".
+                if spared and event.signum == signal.SIGINT:  # Ctrl-C twice: kill the debugged rank too
+                    self._on_signal(event.signum)
+                    spared, deadline = set(), time.monotonic()
+                    continue
                 first = self._signal is None
                 self._on_signal(event.signum)
                 self._final = self._final or ("gasp" if event.signum in GASP_TRIGGERS else "signal")
@@ -406,6 +430,17 @@ class Supervisor:
                 self._on_request(None, event)
             elif isinstance(event, ClusterUpdate):
                 self._on_cluster(None, event.change)
+
+    def _debugged(self, ranks: List[int]) -> set:
+        """The rank among ``ranks`` a stop must leave alone: it holds the terminal, and the stop is the
+        launcher's own doing (a failure elsewhere), not the user's (Ctrl-C) or the pod's (SIGTERM)."""
+        if self.debug is None or self._final in ("signal", "gasp"):
+            return set()
+        spared = self.debug.holding(self.group.pids()) & set(ranks)
+        if spared:
+            log.warning("rank %s holds the terminal (debugger): not stopped, no deadline; the job ends when "
+                        "it exits (Ctrl-C twice to kill it)", ", ".join(map(str, sorted(spared))))
+        return spared
 
     def _kill(self, attempt: _Attempt, workers: List[Worker]) -> None:
         ranks = [w.rank for w in workers]

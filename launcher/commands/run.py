@@ -23,6 +23,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
                                   "--gasp-min-interval", "--graceful-exit")),
     ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id")),
+    ("Debugging a rank", ("--debug-rank", "--pdb")),
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
@@ -215,6 +216,12 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")
 @_opt("--taskd-port", type=click.IntRange(1, 65535), default=TASKD_DEFAULT_PORT,
       help="The TaskD manager's port, checked free before it starts.")
+@_opt("--debug-rank", type=click.IntRange(min=0),
+      help="Give rank N this terminal (stdin, stdout, stderr, unprefixed) for breakpoint() / pdb; Ctrl-C "
+           "goes to it first, and a stop after another rank fails leaves it alone until it exits.")
+@_opt("--pdb", is_flag=True,
+      help="Post-mortem: the first rank that raises runs pdb on this terminal before the job is stopped "
+           "(Python commands only).")
 @_opt("--dry-run", is_flag=True, help="Print every rank's command line and environment; start nothing.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
