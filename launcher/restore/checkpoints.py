@@ -39,8 +39,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
 
-from launcher.errors import UsageError
-from launcher.inputfiles import open_regular, read_line
+from launcher.common.errors import UsageError
+from launcher.common.inputfiles import open_regular, read_line
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.gasp``: the crash-loop gate, the gasp timeout, the graceful-exit file,
+"""Unit tests for ``launcher.control.gasp``: the crash-loop gate, the gasp timeout, the graceful-exit file,
 and the supervisor-less gasp (pid + create-time verification, signal, wait, SIGKILL).
 
 The gate runs on a fake clock against a state file in ``tmp_path``; a hypothesis model checks it over
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import gasp
-from launcher.gasp import GaspGate, RecordedRank, default_gasp_timeout, fallback_gasp, verified_ranks
+from launcher.control import gasp
+from launcher.control.gasp import GaspGate, RecordedRank, default_gasp_timeout, fallback_gasp, verified_ranks
 from tests.helpers.procs import RankSpawner, wait_until
 
 
@@ -256,7 +256,7 @@ def test_full_run_dir_never_refuses_the_save(tmp_path, caplog):
     path = tmp_path / "gasp.json"
     os.symlink("/dev/full", f"{path}.{os.getpid()}.tmp")  # writes fail with ENOSPC, as on a full disk
     gate = gasp.GaspGate(str(path), 60.0, clock=lambda: 1000.0)
-    with caplog.at_level("WARNING", logger="launcher.gasp"):
+    with caplog.at_level("WARNING", logger="launcher.control.gasp"):
         assert gate.try_save() is True
     assert "saving anyway" in caplog.text and "No space left on device" in caplog.text
     assert os.listdir(tmp_path) == []  # no temp file left behind
@@ -265,6 +265,6 @@ def test_full_run_dir_never_refuses_the_save(tmp_path, caplog):
 def test_write_graceful_exit_on_a_full_disk_warns(tmp_path, caplog):
     path = tmp_path / "graceful_exit.json"
     os.symlink("/dev/full", f"{path}.{os.getpid()}.tmp")
-    with caplog.at_level("WARNING", logger="launcher.gasp"):
+    with caplog.at_level("WARNING", logger="launcher.control.gasp"):
         assert gasp.write_graceful_exit(str(path), 1) is False
     assert "No space left on device" in caplog.text and os.listdir(tmp_path) == []

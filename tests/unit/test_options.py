@@ -1,6 +1,6 @@
-"""Unit tests for ``launcher.options`` (config file, precedence, defaults) and ``--console-ranks`` parsing.
+"""Unit tests for ``launcher.jobspec.options`` (config file, precedence, defaults) and ``--console-ranks`` parsing.
 
-Precedence is checked end to end through ``launcher.cli.main(["run", "--dry-run", "--json", ...])``:
+Precedence is checked end to end through ``launcher.commands.cli.main(["run", "--dry-run", "--json", ...])``:
 default < config file < ``LAUNCHER_*`` environment < command line.
 """
 
@@ -12,11 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
-from launcher.errors import UsageError
-from launcher.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
+from launcher.commands.cli import main
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
                               load_config)
-from launcher.runner import parse_rank_filter
+from launcher.run.runner import parse_rank_filter
 
 
 @pytest.fixture(autouse=True)
@@ -344,7 +344,7 @@ def test_gasp_signal_refused_at_parse_time_even_with_dry_run(capsys, value):
 def test_gasp_signal_names_and_numbers(value, name):
     import signal
 
-    from launcher.options import SignalType, parse_signal
+    from launcher.jobspec.options import SignalType, parse_signal
 
     assert parse_signal(value) == int(signal.Signals[name])
     assert SignalType().convert(value, None, None) == name
@@ -360,7 +360,7 @@ def test_gasp_signal_from_environment_is_checked_too(capsys, monkeypatch):
 def test_parse_signal_property(number):
     import signal
 
-    from launcher.options import UNCATCHABLE, parse_signal
+    from launcher.jobspec.options import UNCATCHABLE, parse_signal
 
     try:
         signum = parse_signal(str(number))

@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from launcher.filewatch import PathWatcher
-from launcher.procgroup import LocalProcessGroup
+from launcher.common.filewatch import PathWatcher
+from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.restore.faults import parse_reset_json
-from launcher.resetjson import (EMPTY, ResetChange, ResetFollower, ResetState, changes, loads_reset, parse_reset,
+from launcher.cluster.resetjson import (EMPTY, ResetChange, ResetFollower, ResetState, changes, loads_reset, parse_reset,
                                 read_reset)
 from tests.helpers.configmap import ConfigMapDir
 
@@ -192,7 +192,7 @@ def test_follower_keeps_the_last_good_state_and_warns_once(follow, caplog):
     cm.write("reset.json", json.dumps({"RetryTime": 1}))
     follower, watcher = start()
     good = follower.current
-    caplog.set_level(logging.WARNING, logger="launcher.resetjson")
+    caplog.set_level(logging.WARNING, logger="launcher.cluster.resetjson")
     for content in ("{broken", "{broken", '{"RankList": [{"RankId": "x"}]}', '{"RankList": [{"RankId": "x"}]}'):
         cm.write("reset.json", content)
         watcher.on_change()

@@ -1,11 +1,11 @@
-"""Unit tests for ``launcher.runner``: the failure summary (``format_root_cause``) and bounded attempt log
+"""Unit tests for ``launcher.run.runner``: the failure summary (``format_root_cause``) and bounded attempt log
 directories (``prune_attempt_logs``, issue #17.6)."""
 
 import json
 
-from launcher.policy import Failure, RunResult
-from launcher.runner import format_root_cause, prune_attempt_logs
-from launcher.states import ExitInfo
+from launcher.supervision.policy import Failure, RunResult
+from launcher.run.runner import format_root_cause, prune_attempt_logs
+from launcher.supervision.states import ExitInfo
 
 TRACEBACK = ["Traceback (most recent call last):", '  File "/job/train.py", line 12, in main',
              "    step()", "ValueError: loss is nan"]

@@ -1,4 +1,4 @@
-"""Restart generations through a shared directory (``launcher.sync``), with a tmp dir and no processes.
+"""Restart generations through a shared directory (``launcher.cluster.sync``), with a tmp dir and no processes.
 
 Two or three :class:`Coordinator` objects on one tmp dir play the nodes of a job; the event loop is a
 fake (``call_later`` records callbacks, the test runs them) and so is the clock (``wait`` advances it).
@@ -10,12 +10,12 @@ from typing import Callable, List, Optional
 
 import pytest
 
-from launcher.cli import main
-from launcher.errors import UsageError
-from launcher.options import check_sync_options as check_options
-from launcher.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
-from launcher.states import ExitInfo
-from launcher.sync import Coordinator, Generation, SyncDir
+from launcher.commands.cli import main
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import check_sync_options as check_options
+from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
+from launcher.supervision.states import ExitInfo
+from launcher.cluster.sync import Coordinator, Generation, SyncDir
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
 
@@ -334,7 +334,7 @@ def test_run_refuses_a_generated_run_id_with_several_nodes(clean_env, restore_la
 
 def test_sync_options_from_the_environment_and_the_config_file(clean_env, restore_launcher_logger, tmp_path,
                                                                  capsys, monkeypatch):
-    from launcher.options import load_config
+    from launcher.jobspec.options import load_config
 
     config = tmp_path / "launcher.yaml"
     config.write_text("sync-dir: /shared/sync\nsync_timeout: 30\n")
