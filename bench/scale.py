@@ -104,7 +104,7 @@ def diagnostics(doc: dict, table, settings: Settings) -> Dict[str, float]:
     """Where the misses come from: validation split into JSON Schema and semantic checks, and the
     all-servers environments again with the table's quadratic lookups memoised (patched in this
     process only, restored afterwards)."""
-    from launcher.jobspec.ranktable.parse import semantic_problems
+    from launcher.jobspec.ranktable.walk import semantic_problems
     from launcher.jobspec.ranktable.validate import _validator  # pylint: disable=protected-access
 
     def schema_only() -> None:

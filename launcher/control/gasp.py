@@ -18,16 +18,6 @@ log = logging.getLogger(__name__)
 
 GASP_STATE = "gasp.json"
 GRACEFUL_EXIT_FILE = "graceful_exit.json"
-#: Seconds kept free inside terminationGracePeriodSeconds for SIGKILL, reaping and prestop's return.
-MIN_MARGIN = 5.0
-
-
-def default_gasp_timeout(termination_grace_period: float) -> float:
-    """Gasp timeout that fits the pod's grace period with a safety margin (5 s or 10 %, the larger)."""
-    margin = max(MIN_MARGIN, 0.1 * termination_grace_period)
-    return max(1.0, termination_grace_period - margin)
-
-
 class GaspGate:
     """Remembers when the last gasp sent the save signal (in the run dir, across launcher restarts).
 

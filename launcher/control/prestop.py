@@ -108,7 +108,7 @@ def _recorded_gasp_timeout(record: Dict[str, Any]) -> float:
     try:
         return max(0.0, float(record["gasp_timeout"]))
     except (KeyError, TypeError, ValueError):
-        from launcher.control.gasp import default_gasp_timeout
+        from launcher.jobspec.options import default_gasp_timeout
 
         return default_gasp_timeout(30.0)
 

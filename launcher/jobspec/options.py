@@ -7,7 +7,7 @@ context's ``default_map`` by an eager option, which is what ``load_config_into_c
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -83,8 +83,6 @@ class RunOptions:
 
     def resolved_gasp_timeout(self) -> float:
         """``--gasp-timeout``, else what fits inside ``--termination-grace-period`` with a margin."""
-        from launcher.control.gasp import default_gasp_timeout
-
         if self.gasp_timeout is not None:
             return self.gasp_timeout
         return default_gasp_timeout(self.termination_grace_period)
@@ -96,6 +94,17 @@ class RunOptions:
 
 #: Signals a process cannot catch: a "save" signal must be one the rank can handle.
 UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+
+#: Seconds kept free inside terminationGracePeriodSeconds for SIGKILL, reaping and prestop's return
+#: (the gasp timeout is an option default, so it lives with the options, below the control layer).
+MIN_MARGIN = 5.0
+
+
+def default_gasp_timeout(termination_grace_period: float) -> float:
+    """Gasp timeout that fits the pod's grace period with a safety margin (5 s or 10 %, the larger)."""
+    margin = max(MIN_MARGIN, 0.1 * termination_grace_period)
+    return max(1.0, termination_grace_period - margin)
 
 
 def parse_signal(text: Any, option: str = "--gasp-signal") -> int:
@@ -212,3 +221,27 @@ def _schema_problems(data: Any) -> list:
         else:
             problems.append(f"{path}: {brief(error.message)}")
     return problems
+
+
+def parse_rank_filter(text: str) -> Optional[List[int]]:
+    """``all`` -> None (every rank), ``none`` -> [], ``0,3,5-7`` -> [0, 3, 5, 6, 7].
+
+    Raises:
+        UsageError: malformed list.
+    """
+    text = text.strip().lower()
+    if text == "all":
+        return None
+    if text == "none":
+        return []
+    ranks: List[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            low, dash, high = part.partition("-")
+            first, last = int(low), int(high if dash else low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            ranks.extend(range(first, last + 1))
+    except ValueError:
+        raise UsageError(f"--console-ranks {text!r}: expected all, none, or a list like 0,3,5-7") from None
+    return ranks

@@ -20,13 +20,12 @@ from launcher.common import rundir as rundir_mod
 from launcher.control.server import ControlServer
 from launcher.common.errors import LauncherError, UsageError
 from launcher.monitoring.events import EventLog
-from launcher.jobspec.options import DEFAULT_RESET_JSON, RunOptions
+from launcher.jobspec.options import DEFAULT_RESET_JSON, RunOptions, parse_rank_filter
 from launcher.supervision.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.run.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
-                             session_name)
+from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervision.supervisor import Supervisor
 

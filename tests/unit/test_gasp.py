@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.control import gasp
-from launcher.control.gasp import GaspGate, RecordedRank, default_gasp_timeout, fallback_gasp, verified_ranks
+from launcher.control.gasp import GaspGate, RecordedRank, fallback_gasp, verified_ranks
 from tests.helpers.procs import RankSpawner, wait_until
 
 
@@ -140,28 +140,6 @@ def test_gate_matches_a_model_over_any_gasp_sequence(interval, steps):
             assert gate.try_save() is expected
             if expected:
                 last = clock.now
-
-
-# -- the gasp timeout --------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("grace, timeout", [(30, 25), (50, 45), (100, 90), (300, 270), (6, 1), (5.5, 1),
-                                            (3, 1), (0, 1)])
-def test_default_gasp_timeout_keeps_5s_or_10_percent(grace, timeout):
-    assert default_gasp_timeout(grace) == pytest.approx(timeout)
-
-
-@given(st.floats(6, 1e6))
-def test_default_gasp_timeout_plus_margin_fits_the_grace_period(grace):
-    timeout = default_gasp_timeout(grace)
-    assert timeout >= 1.0
-    assert timeout + gasp.MIN_MARGIN <= grace + 1e-9 * grace
-    assert timeout <= 0.9 * grace + 1e-9 * grace
-
-
-@given(st.floats(0, 1e6), st.floats(0, 1e6))
-def test_default_gasp_timeout_is_monotonic_with_a_1s_floor(a, b):
-    low, high = sorted((a, b))
-    assert 1.0 <= default_gasp_timeout(low) <= default_gasp_timeout(high)
 
 
 # -- the graceful-exit file --------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from launcher.commands.cli import main
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
                               load_config)
-from launcher.run.runner import parse_rank_filter
+from launcher.jobspec import options
+from launcher.jobspec.options import default_gasp_timeout, parse_rank_filter
 
 
 @pytest.fixture(autouse=True)
@@ -373,3 +374,25 @@ def test_parse_signal_property(number):
 def test_prestop_signal_option_checked(capsys):
     assert main(["prestop", "--signal", "99"]) == 2
     assert "--signal '99'" in capsys.readouterr().err
+
+
+# -- the gasp timeout --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("grace, timeout", [(30, 25), (50, 45), (100, 90), (300, 270), (6, 1), (5.5, 1),
+                                            (3, 1), (0, 1)])
+def test_default_gasp_timeout_keeps_5s_or_10_percent(grace, timeout):
+    assert default_gasp_timeout(grace) == pytest.approx(timeout)
+
+
+@given(st.floats(6, 1e6))
+def test_default_gasp_timeout_plus_margin_fits_the_grace_period(grace):
+    timeout = default_gasp_timeout(grace)
+    assert timeout >= 1.0
+    assert timeout + options.MIN_MARGIN <= grace + 1e-9 * grace
+    assert timeout <= 0.9 * grace + 1e-9 * grace
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6))
+def test_default_gasp_timeout_is_monotonic_with_a_1s_floor(a, b):
+    low, high = sorted((a, b))
+    assert 1.0 <= default_gasp_timeout(low) <= default_gasp_timeout(high)

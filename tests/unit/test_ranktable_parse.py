@@ -135,7 +135,7 @@ def test_non_object_is_rejected():
 
 
 def test_parse_error_text_is_the_fallback(monkeypatch):
-    monkeypatch.setattr("launcher.jobspec.ranktable.validate.validate_rank_table", lambda data: [])
+    monkeypatch.setattr("launcher.jobspec.ranktable.parse.validate_rank_table", lambda data: [])
     data = good("v1.0-two-servers.json")
     data["server_list"][0]["device"][0]["rank_id"] = 0
     with pytest.raises(RankTableError) as info:

@@ -3,6 +3,8 @@
 Parsing (:func:`parse_rank_table`, :func:`load_rank_table`) is fast and dependency-free; the full
 JSON Schema check (:func:`validate_rank_table`) imports jsonschema only when called, and waiting
 (:func:`wait_for_rank_table`) imports tenacity only when called.
+
+May import: ``launcher.common`` only; ``parse`` -> ``validate`` -> ``walk`` -> ``model``, no cycle.
 """
 
 from launcher.jobspec.ranktable.files import load_rank_table, load_rank_table_document, read_rank_table_file

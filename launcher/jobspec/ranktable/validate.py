@@ -2,7 +2,7 @@
 
 The structure is checked against the JSON Schema of the table's version (``schemas/ranktable-<v>
 .schema.json``); the rules a schema cannot express come from the same walk the parser uses
-(:func:`launcher.jobspec.ranktable.parse.semantic_problems`), so both always agree on what is wrong.
+(:func:`launcher.jobspec.ranktable.walk.semantic_problems`), so both always agree on what is wrong.
 jsonschema is imported only here, and only when a table is validated.
 """
 
@@ -11,7 +11,7 @@ import reprlib
 from functools import lru_cache
 from typing import Any, Iterable, List, Mapping, Union
 
-from launcher.jobspec.ranktable.parse import semantic_problems, version_problem
+from launcher.jobspec.ranktable.walk import semantic_problems, version_problem
 from launcher.common.resources import load_schema
 
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

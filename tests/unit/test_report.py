@@ -4,7 +4,7 @@ directories (``prune_attempt_logs``, issue #17.6)."""
 import json
 
 from launcher.supervision.policy import Failure, RunResult
-from launcher.run.runner import format_root_cause, prune_attempt_logs
+from launcher.run.report import format_root_cause, prune_attempt_logs
 from launcher.supervision.states import ExitInfo
 
 TRACEBACK = ["Traceback (most recent call last):", '  File "/job/train.py", line 12, in main',
