@@ -1,13 +1,10 @@
-"""``reset.json``: MindCluster's recovery instructions for the job, parsed, followed and decided upon.
+"""``reset.json``: MindCluster's recovery instructions for the job, read and parsed.
 
 MindCluster (ClusterD / the Volcano plugin) writes the ``reset-config-<job>`` ConfigMap, mounted at
 ``/user/restore/reset/config/``: key ``reset.json`` (ascend-contracts.md section 3), key ``checkCode``
-and, beside them, ``restartType`` (``podReschedule`` | ``hotReset``). Three layers here:
-
-* :func:`parse_reset` / :func:`read_reset`: content -> :class:`ResetState` (ValueError if malformed);
-* :class:`ResetFollower`: re-reads on every change seen by a :class:`launcher.common.filewatch.PathWatcher`,
-  keeps the last good state across malformed content and reports real changes;
-* :func:`changes`: the pure decision of what a state transition asks the supervisor to do.
+and, beside them, ``restartType`` (``podReschedule`` | ``hotReset``). Here:
+:func:`parse_reset` / :func:`read_reset`: content -> :class:`ResetState` (ValueError if malformed).
+Following the file during a run and deciding on its changes is :mod:`launcher.cluster.resetfollow`.
 
 The fault-rank reader of the restore planner (:mod:`launcher.restore.faults`) shares the rank id
 rule and the status vocabulary with this module.
@@ -16,7 +13,7 @@ rule and the status vocabulary with this module.
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, FrozenSet, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Iterable, List, Optional, Set, Tuple, Union
 
 from launcher.common.inputfiles import LIMIT_LINE, LIMIT_REPORT, InputFileError, brief, loads_json, read_bytes
 from launcher.jobspec.options import DEFAULT_RESET_JSON as DEFAULT_RESET_JSON_PATH
@@ -40,8 +37,8 @@ def int_rank(value: Any) -> int:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_RESET_JSON_PATH", "RESTART_TYPE_FILE", "KNOWN_STATUSES", "ResetState", "ResetChange",
-           "EMPTY", "parse_reset", "loads_reset", "read_snapshot", "read_reset", "ResetFollower", "changes"]
+__all__ = ["DEFAULT_RESET_JSON_PATH", "RESTART_TYPE_FILE", "KNOWN_STATUSES", "ResetState", "EMPTY", "parse_reset",
+           "loads_reset", "read_snapshot", "read_reset"]
 
 #: The sibling key/file saying how the job is restarted (``podReschedule`` | ``hotReset``).
 RESTART_TYPE_FILE = "restartType"
@@ -290,123 +287,3 @@ def read_reset(path: str = DEFAULT_RESET_JSON_PATH) -> Optional[ResetState]:
         raise
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
-
-
-# -- following ------------------------------------------------------------------------------------
-class ResetFollower:
-    """Keeps the current good state of ``reset.json`` and reports its real changes.
-
-    Args:
-        path: The ``reset.json`` path.
-        watcher_factory: ``(path, on_change) -> watcher`` with a ``close()``, normally
-            ``lambda p, cb: PathWatcher(p, cb, group.add_reader, group.remove_reader, group.call_later,
-            group.cancel)``.
-        on_update: ``(new_state, previous_state)``, called from the event loop only when the parsed state
-            differs from the current one (``previous_state`` is None if there was none). It is not called
-            for the state read at construction: read :attr:`current` then.
-
-    Missing or empty content keeps the current state (a reader can catch an in-place write half done,
-    and a ConfigMap starts empty). Malformed content keeps it too, with one warning per distinct content.
-    """
-
-    def __init__(self, path: str, watcher_factory: Callable[[str, Callable[[], None]], Any],
-                 on_update: Callable[[ResetState, Optional[ResetState]], None]):
-        self.path = path
-        self._on_update = on_update
-        self._current: Optional[ResetState] = None
-        self._snapshot: Optional[Snapshot] = None
-        self._error: Optional[str] = None
-        self._watcher = watcher_factory(path, self.refresh)  # first: a change after the read is seen
-        self._load(notify=False)
-
-    @property
-    def current(self) -> Optional[ResetState]:
-        """The last good state, or None if no good content was ever read."""
-        return self._current
-
-    def refresh(self) -> None:
-        """Re-read now (the watcher calls this; the supervisor may too, e.g. before a restart)."""
-        self._load(notify=True)
-
-    def close(self) -> None:
-        """Stop watching."""
-        self._watcher.close()
-
-    def _load(self, notify: bool) -> None:
-        try:
-            snapshot = read_snapshot(self.path)
-        except OSError as exc:
-            self._warn_once(f"cannot read {self.path}: {exc}; keeping the last good state")
-            return
-        except InputFileError as exc:  # a FIFO or /dev/zero where the file was: never opened or read
-            self._warn_once(f"{exc}; keeping the last good state")
-            return
-        self._error = None
-        if snapshot == self._snapshot:
-            return  # same bytes: nothing to do, and nothing to warn about again
-        self._snapshot = snapshot
-        try:
-            state = loads_reset(*snapshot, self.path)
-        except InputFileError as exc:
-            log.warning("%s is malformed (%s); keeping the last good state", self.path, exc.problem)
-            return
-        except ValueError as exc:
-            log.warning("%s is malformed (%s); keeping the last good state", self.path, exc)
-            return
-        if state is None:
-            log.info("%s is missing or empty; keeping the last state", self.path)
-            return
-        for warning in state.warnings:
-            log.warning("%s: %s", self.path, warning)
-        previous, self._current = self._current, state
-        if notify and state != previous:
-            self._on_update(state, previous)
-
-    def _warn_once(self, message: str) -> None:
-        if message != self._error:
-            log.warning("%s", message)
-            self._error = message
-        self._snapshot = None  # read again in full once the file is readable
-
-
-# -- decisions ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ResetChange:
-    """What a transition of ``reset.json`` asks of this node's supervisor.
-
-    Attributes:
-        newly_faulty_local: local ranks that are unrecovered/fault/failed now and were not before.
-        recovered_all: every listed rank is recovered now, and was not before.
-        retry_bumped: ``RetryTime`` increased.
-        graceful_exit_requested: ``GracefulExit`` went from 0 to 1.
-        hold: the new state forbids (re)starting workers (FaultFlushing, or a local rank in ``fault``).
-    """
-
-    newly_faulty_local: FrozenSet[int]
-    recovered_all: bool
-    retry_bumped: bool
-    graceful_exit_requested: bool
-    hold: bool
-
-    @property
-    def restart(self) -> bool:
-        """The job-wide recovery finished or was re-triggered: restart with a fresh restore plan."""
-        return self.recovered_all or self.retry_bumped
-
-
-def changes(old: Optional[ResetState], new: ResetState, local_ranks: Iterable[int]) -> ResetChange:
-    """The decision for the transition ``old -> new`` (pure). ``old`` None means :data:`EMPTY`.
-
-    Args:
-        old: The previous state, or None if there was none.
-        new: The new state.
-        local_ranks: Global rank ids of the ranks on this node; other ranks never count as local.
-    """
-    before = EMPTY if old is None else old
-    local = set(local_ranks)
-    return ResetChange(
-        newly_faulty_local=frozenset(new.faulty(local) - before.faulty(local)),
-        recovered_all=new.all_recovered() and not before.all_recovered(),
-        retry_bumped=new.retry_time > before.retry_time,
-        graceful_exit_requested=new.graceful_exit and not before.graceful_exit,
-        hold=new.hold(local))

@@ -21,13 +21,18 @@ import json
 import logging
 import os
 import platform
+import signal
 import socket
+import subprocess
 import sys
+import time
 from typing import Dict, List, Mapping, Optional
 
 from launcher.common import envnames
 from launcher.common.errors import LauncherError, UsageError
+from launcher.common import rundir as rundir_mod
 from launcher.jobspec.options import TASKD_DEFAULT_PORT
+from launcher.supervision.integration import Host, Integration
 
 log = logging.getLogger(__name__)
 
@@ -253,3 +258,56 @@ def sidecar_argv(config: dict, events_path: str, run_id: str, pod_ip: Optional[s
     if pod_ip:
         argv += ["--pod-ip", pod_ip]
     return argv
+
+
+class TaskdManager(Integration):
+    """The TaskD manager sidecar: started before the ranks on the server hosting global rank 0 only,
+    stopped after them (SIGTERM to its group, SIGKILL after 5 s). Its exit is reported, never fatal."""
+
+    name = "TaskD manager sidecar"
+
+    def __init__(self) -> None:
+        self.sidecar: Optional[subprocess.Popen] = None
+        self._host: Optional[Host] = None
+
+    def start(self, host: Host) -> None:
+        """Start the sidecar when TaskD is on (``host.taskd_env``) and this server hosts rank 0."""
+        if not host.taskd_env or not host.ctx.topology.hosts_rank0:
+            return
+        self._host = host
+        opts, ctx = host.opts, host.ctx
+        check_port_free(opts.taskd_port)
+        topo = ctx.topology
+        config = manager_config(ctx.base_env.get(envnames.MINDX_TASK_ID) or ctx.run_id,
+                                topo.table.server_count, len(topo.server.devices))
+        argv = sidecar_argv(config, host.run_dir.file(rundir_mod.EVENTS), ctx.run_id,
+                            pod_ip=ctx.base_env.get(envnames.POD_IP) or topo.table.master_addr)
+        log_path = os.path.join(host.log_session, "taskd_manager.log")
+        with open(log_path, "ab") as out:
+            self.sidecar = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                            start_new_session=True, close_fds=True)
+        host.guard.watch(self.sidecar.pid)
+        host.group.watch_pid(self.sidecar.pid, self._exited)
+        host.emit("taskd_sidecar_started", pid=self.sidecar.pid, config=config, log=log_path)
+        log.info("TaskD manager started (pid %d, log %s)", self.sidecar.pid, log_path)
+
+    def _exited(self, info) -> None:
+        self.sidecar.returncode = info.returncode
+        self._host.emit("taskd_sidecar_exited", returncode=info.returncode)
+        if info.returncode != 0:
+            # Reported, never fatal: training goes on without process-level recovery.
+            log.warning("the TaskD manager sidecar exited (%s); training continues without it", info.describe())
+
+    def stop(self) -> None:
+        """After the ranks: SIGTERM the sidecar's group, SIGKILL it after 5 s."""
+        if self.sidecar is None or self.sidecar.returncode is not None:
+            return
+        group = self._host.group
+        os.killpg(self.sidecar.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while self.sidecar.returncode is None and time.monotonic() < deadline:
+            group.wait_event(0.05)
+        if self.sidecar.returncode is None:
+            os.killpg(self.sidecar.pid, signal.SIGKILL)
+            group.wait_event(1.0)
+        self._host.guard.forget(self.sidecar.pid)

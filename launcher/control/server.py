@@ -11,8 +11,9 @@ import logging
 import os
 import socket
 import struct
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
+from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import ControlRequest
 
 log = logging.getLogger(__name__)
@@ -129,3 +130,22 @@ def _same_user(conn: socket.socket) -> bool:
         return True  # no SO_PEERCRED here: the 0700 run dir is the protection
     _pid, uid, _gid = struct.unpack("3i", creds)
     return uid == os.geteuid()
+
+
+class ControlChannel(Integration):
+    """The control socket as an integration of ``launcher run``: listening until the run ends."""
+
+    name = "control server"
+
+    def __init__(self) -> None:
+        self.server: Optional[ControlServer] = None
+
+    def start(self, host: Host) -> None:
+        """Listen on the run dir's socket; requests reach the supervisor as events of its loop."""
+        group = host.group
+        self.server = ControlServer(host.run_dir.socket_address(), group.add_reader, group.remove_reader, group.post)
+
+    def stop(self) -> None:
+        """Close the socket (a later ``launcher prestop`` finds no supervisor)."""
+        if self.server is not None:
+            self.server.close()

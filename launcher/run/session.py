@@ -6,8 +6,6 @@ Everything set up here is torn down in ``__exit__``, whatever happened in betwee
 import dataclasses
 import logging
 import os
-import signal
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
@@ -17,16 +15,20 @@ from launcher.common import envnames
 from launcher.control import gasp as gasp_mod
 from launcher.supervision import guard as guard_mod
 from launcher.common import rundir as rundir_mod
-from launcher.control.server import ControlServer
-from launcher.common.errors import LauncherError, UsageError
+from launcher.cluster.resetfollow import ResetJsonFollower
+from launcher.cluster.syncjoin import SyncCoordination
+from launcher.cluster.taskd import TaskdManager
+from launcher.control.server import ControlChannel
+from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
-from launcher.jobspec.options import DEFAULT_RESET_JSON, RunOptions, parse_rank_filter
-from launcher.supervision.procgroup import ClusterUpdate, LocalProcessGroup
+from launcher.jobspec.options import RunOptions, parse_rank_filter
+from launcher.supervision.integration import Integrations
+from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
-from launcher.supervision.policy import NoSync, RestartPolicy, RunResult
+from launcher.supervision.policy import RestartPolicy, RunResult
 from launcher.supervision.supervisor import Supervisor
 
 if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
@@ -54,10 +56,12 @@ class Session:
         self.guard: Optional[guard_mod.OrphanGuard] = None
         self.group: Optional[LocalProcessGroup] = None
         self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
-        self.control: Optional[ControlServer] = None
-        self.follower = None  # reset.json follower, when the cluster provides the file
         self.taskd_env: Dict[str, str] = {}
-        self.sidecar: Optional[subprocess.Popen] = None
+        # What runs beside the ranks (launcher.supervision.integration): started in this order before
+        # the first attempt, stopped in reverse when the session ends. A new one is one line here.
+        self.reset = ResetJsonFollower()
+        self.sync = SyncCoordination()
+        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager()])
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
@@ -69,7 +73,7 @@ class Session:
         previous = self.run_dir.read_json(rundir_mod.LAUNCHER)
         if previous and not previous.get("ended"):
             # The launcher before us on this run dir never reached its end (SIGKILL, OOM, node loss).
-            self._emit("unclean_previous_run", previous_pid=previous.get("pid"), started=previous.get("started"),
+            self.emit("unclean_previous_run", previous_pid=previous.get("pid"), started=previous.get("started"),
                        run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
@@ -81,13 +85,10 @@ class Session:
         if self.opts.debug_rank is not None or self.opts.pdb:
             from launcher.supervision.debugging import DebugConsole
 
-            self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self._emit)
+            self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard,
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
-        self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
-                                     self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
-        self._follow_reset_json()
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
@@ -114,7 +115,7 @@ class Session:
     def run(self) -> int:
         """Supervise the job to its end; returns the exit status."""
         topo = self.ctx.topology
-        self._emit("start", argv=list(self.opts.command), framework=self.ctx.framework, source=topo.source,
+        self.emit("start", argv=list(self.opts.command), framework=self.ctx.framework, source=topo.source,
                    world_size=topo.table.world_size, server=topo.server.server_id,
                    local_ranks=list(topo.server.ranks), max_restarts=self.opts.max_restarts,
                    log_dir=self.log_session)
@@ -126,115 +127,23 @@ class Session:
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
                                self.gasp_gate.try_save, strategy, self._in_place_supported(),
                                backoff_max=self.opts.restart_backoff_max)
-        sync = self._coordinator()
-        self._start_taskd_manager()
-        supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
+        self.integrations.start(self)
+        self._warn_uncoordinated()
+        supervisor = Supervisor(self.group, self._specs_for, policy, self.emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync,
-                                resume_note=self._resume_note, debug=self.debug)
-        try:
-            result = supervisor.run()
-        except BaseException:
-            if sync is not None:  # the other nodes stop now instead of at their --sync-timeout
-                sync.leave(supervisor.attempt_no, RunResult(1, "launcher-error", 0), quiet=True)
-            raise
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
+                                self.sync.coordinator, resume_note=self._resume_note, debug=self.debug)
+        result = supervisor.run()
         self._report(result)
         return result.exit_code
 
-    def _coordinator(self) -> Optional[NoSync]:
-        """``--sync-dir``: restart generations shared with the other launchers (launcher.cluster.sync), or None."""
+    def _warn_uncoordinated(self) -> None:
+        """Several servers, neither --sync-dir nor reset.json: say that restarts stay node-local."""
         topo = self.ctx.topology
-        if not self.opts.sync_dir:
-            if topo.table.server_count > 1 and self.follower is None:
-                self._emit("sync_disabled", server_count=topo.table.server_count)
-                log.warning("%d servers and no --sync-dir: restarts are not coordinated across the nodes "
-                            "(see docs/multinode.md)", topo.table.server_count)
-            return None
-        from launcher.cluster.sync import Coordinator, SyncDir
-
-        names = [server.server_id for server in topo.table.servers]
-        try:
-            files = SyncDir.join(self.opts.sync_dir, self.ctx.run_id, topo.server_index, names)
-        except (OSError, LauncherError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else exc.message
-            raise UsageError(f"cannot use --sync-dir {self.opts.sync_dir}: {reason}",
-                             ["it must be a directory every node of the job can write"]) from None
-        self._emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
-                   timeout=self.opts.sync_timeout)
-        log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
-        return Coordinator(files, self.opts.sync_timeout, self._emit, self.group.call_later, self.group.cancel,
-                           self.group.post)
-
-    def _start_taskd_manager(self) -> None:
-        """The TaskD manager sidecar, before the ranks, on the server hosting global rank 0 only."""
-        if not self.taskd_env or not self.ctx.topology.hosts_rank0:
-            return
-        from launcher.cluster import taskd
-
-        taskd.check_port_free(self.opts.taskd_port)
-        topo = self.ctx.topology
-        config = taskd.manager_config(self.ctx.base_env.get(envnames.MINDX_TASK_ID) or self.ctx.run_id,
-                                      topo.table.server_count, len(topo.server.devices))
-        argv = taskd.sidecar_argv(config, self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id,
-                                  pod_ip=self.ctx.base_env.get(envnames.POD_IP) or topo.table.master_addr)
-        log_path = os.path.join(self.log_session, "taskd_manager.log")
-        with open(log_path, "ab") as out:
-            self.sidecar = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True, close_fds=True)
-        self.guard.watch(self.sidecar.pid)
-        self.group.watch_pid(self.sidecar.pid, self._sidecar_exited)
-        self._emit("taskd_sidecar_started", pid=self.sidecar.pid, config=config, log=log_path)
-        log.info("TaskD manager started (pid %d, log %s)", self.sidecar.pid, log_path)
-
-    def _sidecar_exited(self, info) -> None:
-        self.sidecar.returncode = info.returncode
-        self._emit("taskd_sidecar_exited", returncode=info.returncode)
-        if info.returncode != 0:
-            # Reported, never fatal: training goes on without process-level recovery.
-            log.warning("the TaskD manager sidecar exited (%s); training continues without it", info.describe())
-
-    def _stop_taskd_manager(self) -> None:
-        """After the ranks: SIGTERM the sidecar's group, SIGKILL it after 5 s."""
-        if self.sidecar is None or self.sidecar.returncode is not None:
-            return
-        os.killpg(self.sidecar.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
-        while self.sidecar.returncode is None and time.monotonic() < deadline:
-            self.group.wait_event(0.05)
-        if self.sidecar.returncode is None:
-            os.killpg(self.sidecar.pid, signal.SIGKILL)
-            self.group.wait_event(1.0)
-        self.guard.forget(self.sidecar.pid)
-
-    def _follow_reset_json(self) -> None:
-        """Watch MindCluster's reset.json when this container has it (or asked for it explicitly)."""
-        path = self.opts.reset_json
-        if not path or (path == DEFAULT_RESET_JSON and not os.path.isdir(os.path.dirname(path))):
-            return
-        from launcher.common.filewatch import PathWatcher
-        from launcher.cluster.resetjson import ResetFollower, changes
-
-        group = self.group
-
-        def watcher(watched: str, on_change):
-            return PathWatcher(watched, on_change, group.add_reader, group.remove_reader, group.call_later,
-                               group.cancel)
-
-        def on_update(new, old) -> None:
-            group.post(ClusterUpdate(changes(old, new, self.ctx.topology.server.ranks)))
-
-        self.follower = ResetFollower(path, watcher, on_update)
-        log.info("following %s", path)
-
-    def _hold(self) -> Optional[str]:
-        """Why reset.json forbids (re)starting the ranks now, or None."""
-        state = self.follower.current if self.follower is not None else None
-        if state is None:
-            return None
-        if state.fault_flushing:
-            return "reset.json: FaultFlushing"
-        faulty = sorted(r for r in self.ctx.topology.server.ranks if state.status_of(r) == "fault")
-        return f"reset.json: local rank(s) {faulty} in fault" if faulty else None
+        if topo.table.server_count > 1 and self.sync.coordinator is None and self.reset.follower is None:
+            self.emit("sync_disabled", server_count=topo.table.server_count)
+            log.warning("%d servers and no --sync-dir: restarts are not coordinated across the nodes "
+                        "(see docs/multinode.md)", topo.table.server_count)
 
     def _refresh_rank_table(self) -> None:
         """Before a restart: re-read the rank table if the cluster rewrote it (its version changed)."""
@@ -261,7 +170,7 @@ class Session:
             log.warning("%s; keeping the rank table of version %s", exc.message, topo.table.revision)
             return
         new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
-        self._emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
+        self.emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
                    old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
                    world_size=table.world_size)
         log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
@@ -288,7 +197,7 @@ class Session:
             self._refresh_rank_table()
             removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
             if removed:
-                self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
+                self.emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
                                     gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
         if plan is not None:
@@ -311,7 +220,7 @@ class Session:
     def _record_plan(self, attempt: int, plan) -> None:
         """The restore plan of this (re)start, in the run dir and events.jsonl."""
         self.run_dir.write_json(PLAN_FILE, plan.to_json())
-        self._emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
+        self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                    restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
                    warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
         self.plans[attempt] = plan
@@ -331,12 +240,14 @@ class Session:
     def _on_console(self, spec: WorkerSpec) -> bool:
         return self.console_ranks is None or spec.rank in self.console_ranks
 
-    def _emit(self, event: str, **fields: object) -> None:
+    def emit(self, event: str, **fields: object) -> None:
+        """Record an event in events.jsonl and pass it to the integrations."""
         if self.events is not None:
             self.events.emit(event, **fields)
+        self.integrations.dispatch(event, fields)
 
     def _report(self, result: RunResult) -> None:
-        self._emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
+        self.emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
         elif result.reason == "failed":
@@ -352,17 +263,12 @@ class Session:
         stdout = console_mod.console_stream()
         stdout.finish(console_mod.CONSOLE_EXIT_WAIT)
         if stdout.dropped_bytes:
-            self._emit("console_dropped", stream=stdout.name, bytes=stdout.dropped_bytes, lines=stdout.dropped_lines)
+            self.emit("console_dropped", stream=stdout.name, bytes=stdout.dropped_bytes, lines=stdout.dropped_lines)
             log.warning("the console did not take %d bytes (%d lines) of rank output: dropped from the console, "
                         "the rank log files are complete", stdout.dropped_bytes, stdout.dropped_lines)
 
     def __exit__(self, *exc_info: object) -> None:
-        if self.group is not None and self.guard is not None:
-            self._stop_taskd_manager()
-        if self.follower is not None:
-            self.follower.close()
-        if self.control is not None:
-            self.control.close()
+        self.integrations.stop()
         if self.group is not None:
             self.group.ensure_gone(5.0)
             self.group.close()

@@ -39,7 +39,7 @@ class ControlRequest:
 
 @dataclass(frozen=True)
 class ClusterUpdate:
-    """The cluster asked something of this node (a ``launcher.cluster.resetjson.ResetChange``)."""
+    """The cluster asked something of this node (a ``launcher.cluster.resetfollow.ResetChange``)."""
 
     change: Any
 
