@@ -113,6 +113,6 @@ def test_a_job_that_ended_has_left_already():
 
 def test_without_sync_dir_there_is_nothing_to_leave():
     sync = SyncCoordination()
-    sync.start(SimpleNamespace(opts=SimpleNamespace(sync_dir=None)))
+    sync.start(SimpleNamespace(opts=SimpleNamespace(sync_dir=None), ctx=None))
     sync.stop()
     assert sync.coordinator is None
