@@ -9,6 +9,7 @@ milliseconds, and nothing polls.
 
 import abc
 import collections
+import functools
 import heapq
 import itertools
 import logging
@@ -22,6 +23,7 @@ from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence
 from launcher import guard as guard_mod
 from launcher import signals
 from launcher.errors import LauncherError
+from launcher.jobtree import JobTree, Leaf, Stray
 from launcher.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.output import RankOutput, console_stream, open_log
 from launcher.rankenv import WorkerSpec
@@ -31,9 +33,6 @@ __all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "Pro
            "SignalReceived"]
 
 log = logging.getLogger(__name__)
-
-
-
 
 
 class ProcessGroup(abc.ABC):
@@ -59,6 +58,10 @@ class ProcessGroup(abc.ABC):
     def ensure_gone(self, timeout: float) -> List[int]:
         """Kill and reap every process of the attempt; returns pgids still present at the timeout."""
 
+    def take_escaped(self) -> List[Stray]:
+        """Processes outside the ranks' groups killed since the last call (by ``ensure_gone``, ``respawn``)."""
+        return []
+
     @abc.abstractmethod
     def pids(self) -> Dict[int, int]:
         """Rank -> pid of its main process, for ranks still running."""
@@ -75,13 +78,18 @@ class LocalProcessGroup(ProcessGroup):
         log_path: ``(spec, attempt) -> path`` of the rank's log file.
         on_console: ``spec -> bool``: whether the rank's output is also shown on the console.
         orphan_guard: Kills the ranks' process groups if the launcher dies; optional.
+        tree: The job's processes beyond the ranks' groups (cgroup, token, orphans); default: a new
+            job that does not adopt this process's other children.
     """
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
-                 orphan_guard: Optional[guard_mod.OrphanGuard] = None):
+                 orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None):
         self._log_path = log_path
         self._on_console = on_console
         self._guard = orphan_guard
+        self._tree = tree or JobTree.create()
+        self._leaves: Dict[int, Leaf] = {}
+        self._escaped: List[Stray] = []
         self._selector = selectors.DefaultSelector()
         self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
         self._queue: Deque[Event] = collections.deque()
@@ -100,6 +108,7 @@ class LocalProcessGroup(ProcessGroup):
     def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
         self._procs.clear()
         self._pgids.clear()
+        self._leaves.clear()
         self.log_paths.clear()
         base = dict(os.environ)
         for spec in specs:
@@ -117,11 +126,10 @@ class LocalProcessGroup(ProcessGroup):
         read_fd = target = -1
         if self._on_console(spec):
             read_fd, target = os.pipe()
+        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}")
         try:
-            proc = subprocess.Popen(
-                list(spec.argv), env={**base, **spec.env}, stdin=subprocess.DEVNULL,
-                stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT,
-                start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
+            proc, self._leaves[spec.rank] = self._popen(list(spec.argv), {**base, **spec.env, **leaf.env},
+                                                        target if target >= 0 else log_fd, leaf)
         except OSError:
             for fd in (log_fd, read_fd, target):
                 if fd >= 0:
@@ -140,6 +148,23 @@ class LocalProcessGroup(ProcessGroup):
         self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
         if self._guard is not None:
             self._guard.watch(proc.pid)
+
+    def _popen(self, argv: List[str], env: Dict[str, str], stdout: int, leaf: Leaf):
+        """Start one rank in a new session; it joins ``leaf``'s cgroup before ``exec``.
+
+        Returns ``(proc, leaf)``: the leaf without its cgroup when the child could not join it (the
+        job then goes on without cgroups).
+        """
+        try:
+            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
+                                    start_new_session=True, close_fds=True,
+                                    preexec_fn=functools.partial(guard_mod.child_setup, leaf.procs_fd)), leaf
+        except subprocess.SubprocessError:  # raised by child_setup alone: the cgroup refused the child
+            if leaf.cgroup is None:
+                raise
+            return self._popen(argv, env, stdout, self._tree.uncontained(leaf, "a rank cannot join its cgroup"))
+        finally:
+            leaf.spawned()
 
     # -- events ---------------------------------------------------------------------------------
     def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
@@ -256,9 +281,16 @@ class LocalProcessGroup(ProcessGroup):
                 except (ProcessLookupError, PermissionError):
                     pass
 
-    def ensure_gone(self, timeout: float) -> List[int]:
+    def ensure_gone(self, timeout: float, final: bool = False) -> List[int]:
+        """Also kills the processes that left their rank's group (see ``take_escaped``).
+
+        ``final``: the job is over: scan /proc for the job's processes even where the cgroup holds them.
+        """
         deadline = time.monotonic() + timeout
         self.kill_groups()
+        leaves = list(self._leaves.values())
+        self._leaves.clear()
+        self._escaped.extend(self._tree.kill_leaves(leaves, self._pgids.values()))
         alive = list(self._pgids.items())
         while alive:
             self._reap()
@@ -267,6 +299,7 @@ class LocalProcessGroup(ProcessGroup):
                 break
             self.kill_groups(rank for rank, _ in alive)  # members forked after the first kill
             time.sleep(0.002)
+        self._end_leaves(leaves, deadline, [pgid for _, pgid in alive], final)
         gone = set(self._pgids.values()) - {pgid for _, pgid in alive}
         if self._guard is not None:
             for pgid in gone:
@@ -276,19 +309,39 @@ class LocalProcessGroup(ProcessGroup):
             self._unregister_output(out, fd)
         return [pgid for _, pgid in alive]
 
+    def _end_leaves(self, leaves: List[Leaf], deadline: float, skip_pgids: Sequence[int], scan: bool,
+                    leaf: Optional[Leaf] = None) -> None:
+        """After the groups are gone: the /proc sweep where needed, then remove the leaf cgroups."""
+        if scan or not self._tree.contained:
+            exempt = {*self._watched, *self.pids().values(), *([self._guard.pid] if self._guard else [])}
+            self._escaped.extend(self._tree.sweep(deadline, self._reap, exempt, skip_pgids, leaf))
+        self._tree.remove_leaves(leaves, deadline, self._reap)
+
+    def take_escaped(self) -> List[Stray]:
+        first: Dict[int, Stray] = {}
+        for stray in self._escaped:
+            first.setdefault(stray.pid, stray)
+        self._escaped.clear()
+        return list(first.values())
+
     def pids(self) -> Dict[int, int]:
         return {rank: p.pid for rank, p in self._procs.items() if p.returncode is None}
 
     def respawn(self, spec: WorkerSpec, attempt: int) -> None:
         old = self._pgids.get(spec.rank)
+        leaf = self._leaves.pop(spec.rank, None)
         if old is not None:
             self.kill_groups([spec.rank])
             deadline = time.monotonic() + 5.0
+            if leaf is not None:
+                self._escaped.extend(self._tree.kill_leaves([leaf], [old]))
             while _group_exists(old) and time.monotonic() < deadline:
                 self._reap()
                 time.sleep(0.002)
             if self._guard is not None and not _group_exists(old):
                 self._guard.forget(old)
+            if leaf is not None:  # only this rank's processes: the others keep running
+                self._end_leaves([leaf], deadline, [], False, leaf)
         try:
             self._spawn(spec, attempt, dict(os.environ))
         except OSError as exc:
@@ -299,8 +352,9 @@ class LocalProcessGroup(ProcessGroup):
         return self._pgids.get(rank)
 
     def close(self) -> None:
-        """Release the selector (call after ``ensure_gone``)."""
+        """Release the selector and the job's cgroup (call after ``ensure_gone``)."""
         self._selector.close()
+        self._tree.close(time.monotonic() + 0.5)
 
 
 def _group_exists(pgid: int) -> bool:

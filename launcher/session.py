@@ -19,6 +19,7 @@ from launcher import rundir as rundir_mod
 from launcher.control import ControlServer
 from launcher.errors import LauncherError, UsageError
 from launcher.events import EventLog
+from launcher.jobtree import JobTree, report_escaped
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
@@ -70,8 +71,9 @@ class Session:
                                 "log_dir": self.log_session}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
-        self.guard = guard_mod.OrphanGuard()
-        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard)
+        tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
+        self.guard = guard_mod.OrphanGuard(tree)
+        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree)
         self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
@@ -312,7 +314,8 @@ class Session:
         if self.control is not None:
             self.control.close()
         if self.group is not None:
-            self.group.ensure_gone(5.0)
+            self.group.ensure_gone(5.0, final=True)
+            report_escaped(self._emit, self.group.take_escaped(), attempt=None)
             self.group.close()
         if self.guard is not None:
             self.guard.close()
