@@ -70,7 +70,7 @@ def cgroup_directory(root: str, mount_point: str, path: str) -> Optional[str]:
     root = root.rstrip("/")
     if path != root and not path.startswith(root + "/"):
         return None  # the mount shows another part of the hierarchy
-    return mount_point.rstrip("/") + path[len(root):] or "/"
+    return (mount_point.rstrip("/") + path[len(root):].rstrip("/")) or "/"
 
 
 class Cgroup:
