@@ -106,7 +106,7 @@ class Cgroup:
     def kill(self) -> None:
         """SIGKILL every process in it and below it."""
         try:
-            if self.use_kill_file:
+            if self.use_kill_file and os.path.exists(self.file("cgroup.kill")):  # Linux 5.14
                 write_file(self.file("cgroup.kill"), "1")
             else:
                 self._freeze_and_kill()

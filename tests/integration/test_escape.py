@@ -72,21 +72,18 @@ def assert_named(launcher, containment, pids, attempt="any"):
     assert "left their rank's process group" in launcher.stderr
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_all_ranks_succeed(launcher, containment, mode):
-    code = launcher.run(["--nproc-per-node", "2"], ["--escape", mode, "--run", "0"], worker=ESCAPER)
-    assert code == 0, launcher.stderr
-    pids = escapees(launcher)
-    assert len(pids) == 2
-    assert_all_gone(launcher, containment, pids)
-    assert_named(launcher, containment, pids, attempt=0)
+ENDINGS = {  # how the job's single attempt ends: launcher options, worker options, exit status
+    "all-ranks-succeed": ([], ["--run", "0"], 0),
+    "rank-fails-budget-spent": (["--max-restarts", "0"], ["--fail-rank", "1", "--exit-code", "3"], 3),
+}
 
 
+@pytest.mark.parametrize("ending", ENDINGS)
 @pytest.mark.parametrize("mode", MODES)
-def test_rank_fails_and_budget_is_spent(launcher, containment, mode):
-    code = launcher.run(["--nproc-per-node", "2", "--max-restarts", "0"],
-                        ["--escape", mode, "--fail-rank", "1", "--exit-code", "3"], worker=ESCAPER)
-    assert code == 3, launcher.stderr
+def test_job_ends_by_itself(launcher, containment, mode, ending):
+    options, worker_args, expected = ENDINGS[ending]
+    code = launcher.run(["--nproc-per-node", "2", *options], ["--escape", mode, *worker_args], worker=ESCAPER)
+    assert code == expected, launcher.stderr
     pids = escapees(launcher)
     assert len(pids) == 2
     assert_all_gone(launcher, containment, pids)
