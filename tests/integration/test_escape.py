@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import cgroup as cgroup_mod
-from launcher.cgroup import cgroup_directory, cgroup2_mount, own_cgroup
+from launcher.cgroup import job_cgroup
 from tests.helpers.procs import pid_alive, wait_until
 
 ESCAPER = str(Path(__file__).resolve().parents[1] / "workers" / "escaper.py")
@@ -23,13 +22,8 @@ MODES = ("setsid", "setpgid", "daemon")
 
 def _own_cgroup_dir():
     """This process's cgroup v2 directory when it is writable (the launcher puts its job below it)."""
-    try:
-        mount = cgroup2_mount(cgroup_mod.read_file("/proc/self/mountinfo").decode())
-        own = own_cgroup(cgroup_mod.read_file("/proc/self/cgroup").decode())
-    except OSError:
-        return None
-    parent = cgroup_directory(*mount, own) if mount and own else None
-    return parent if parent and os.access(parent, os.W_OK) else None
+    probe = job_cgroup("probe", {})
+    return os.path.dirname(probe.path) if probe is not None else None
 
 
 @pytest.fixture(params=["cgroup", "no-cgroup"])
@@ -56,7 +50,7 @@ def named(launcher, attempt="any"):
             and (attempt == "any" or e["attempt"] == attempt) for p in e["processes"]}
 
 
-def assert_all_gone(launcher, containment, pids):
+def assert_all_gone(launcher, pids):
     assert pids, "the worker started no escapee"
     assert wait_until(lambda: not any(pid_alive(p) for p in pids), 10), [p for p in pids if pid_alive(p)]
     parent = _own_cgroup_dir()
@@ -86,7 +80,7 @@ def test_job_ends_by_itself(launcher, containment, mode, ending):
     assert code == expected, launcher.stderr
     pids = escapees(launcher)
     assert len(pids) == 2
-    assert_all_gone(launcher, containment, pids)
+    assert_all_gone(launcher, pids)
     assert_named(launcher, containment, pids, attempt=0)
 
 
@@ -103,7 +97,7 @@ def test_restart_starts_only_after_the_escapees_are_gone(launcher, containment, 
     assert events.index("escaped_processes") < events.index("attempt_start 1")
     attempt1 = [line for line in launcher.ready_lines() if line[1] == "1"]
     assert len(attempt1) == 2 and all(line[3] == "0" for line in attempt1)  # what the new ranks saw
-    assert_all_gone(launcher, containment, escapees(launcher))
+    assert_all_gone(launcher, escapees(launcher))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -113,7 +107,7 @@ def test_sigterm_to_the_launcher(launcher, containment, mode):
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait(30) == 128 + signal.SIGTERM, launcher.stderr
     pids = escapees(launcher)
-    assert_all_gone(launcher, containment, pids)
+    assert_all_gone(launcher, pids)
     assert_named(launcher, containment, pids)
 
 
@@ -123,7 +117,7 @@ def test_sigkilled_launcher_the_orphan_guard_kills_them(launcher, containment, m
     launcher.wait_ready(2)
     launcher.proc.kill()
     launcher.wait()
-    assert_all_gone(launcher, containment, escapees(launcher))
+    assert_all_gone(launcher, escapees(launcher))
 
 
 def test_escapee_without_the_token_is_found_as_an_orphan(launcher, containment):
@@ -134,7 +128,7 @@ def test_escapee_without_the_token_is_found_as_an_orphan(launcher, containment):
     first = escapees(launcher, attempt=0)
     assert_named(launcher, containment, first, attempt=0)
     assert all(line[3] == "0" for line in launcher.ready_lines() if line[1] == "1")
-    assert_all_gone(launcher, containment, escapees(launcher))
+    assert_all_gone(launcher, escapees(launcher))
 
 
 def test_sigkilled_launcher_without_the_token_needs_the_cgroup(launcher, monkeypatch):
@@ -146,4 +140,4 @@ def test_sigkilled_launcher_without_the_token_needs_the_cgroup(launcher, monkeyp
     launcher.wait_ready(1)
     launcher.proc.kill()
     launcher.wait()
-    assert_all_gone(launcher, "cgroup", escapees(launcher))
+    assert_all_gone(launcher, escapees(launcher))
