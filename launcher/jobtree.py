@@ -166,12 +166,16 @@ class JobTree:
         cgroup = job_cgroup(f"launcher-{os.getpid()}-{token}", os.environ if environ is None else environ)
         return cls(token, cgroup, adopt_orphans)
 
-    def leaf(self, name: str) -> Leaf:
-        """A new leaf ``name`` (unique in the job) for one spawn."""
+    def leaf(self, name: str, cgroup_name: str) -> Leaf:
+        """A new leaf ``name`` (unique in the job) for one spawn, in the job's cgroup ``cgroup_name``.
+
+        Spawns share a cgroup per attempt: a process's first move into a new cgroup costs about
+        1 ms (the kernel sets up its css_set), a move into one that already has members almost nothing.
+        """
         token = f"{self.token}.{name}"
         if not self.contained or not (self._created or self._create()):
             return Leaf(token)
-        cgroup = Cgroup(os.path.join(self.cgroup.path, name), self.cgroup.use_kill_file)
+        cgroup = Cgroup(os.path.join(self.cgroup.path, cgroup_name), self.cgroup.use_kill_file)
         try:
             os.makedirs(cgroup.path, exist_ok=True)
             return Leaf(token, cgroup, os.open(cgroup.file("cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
@@ -195,23 +199,23 @@ class JobTree:
     def kill_leaves(self, leaves: Iterable[Leaf], known_pgids: Iterable[int]) -> List[Stray]:
         """SIGKILL everything in the leaves' cgroups; returns the processes outside ``known_pgids``."""
         known, strays = set(known_pgids), []
-        for leaf in leaves:
-            if leaf.cgroup is None or not leaf.cgroup.populated():
+        for cgroup in _cgroups(leaves):
+            if not cgroup.populated():
                 continue
-            for directory, _dirs, _files in os.walk(leaf.cgroup.path):
+            for directory, _dirs, _files in os.walk(cgroup.path):
                 for pid in Cgroup(directory).procs():
                     try:
                         if os.getpgid(pid) not in known:
                             strays.append(Stray(pid, cmdline(pid), "cgroup"))
                     except ProcessLookupError:
                         continue
-            leaf.cgroup.kill()
+            cgroup.kill()
         return strays
 
     def remove_leaves(self, leaves: Iterable[Leaf], deadline: float, reap: Callable[[], None]) -> None:
         """rmdir the leaves' cgroups once their processes are gone (up to ``deadline``)."""
-        for leaf in leaves:
-            while leaf.cgroup is not None and not leaf.cgroup.remove() and time.monotonic() < deadline:
+        for cgroup in _cgroups(leaves):
+            while not cgroup.remove() and time.monotonic() < deadline:
                 reap()
                 time.sleep(_POLL)
 
@@ -265,6 +269,11 @@ class JobTree:
         """Remove the job's cgroup, retrying until ``deadline`` while its last processes die."""
         while self.cgroup is not None and not self.cgroup.remove() and time.monotonic() < deadline:
             time.sleep(_POLL)
+
+
+def _cgroups(leaves: Iterable[Leaf]) -> List[Cgroup]:
+    """The leaves' cgroups, each once (the ranks of an attempt share one)."""
+    return list({leaf.cgroup.path: leaf.cgroup for leaf in leaves if leaf.cgroup is not None}.values())
 
 
 def _carries(pid: int, needle: bytes) -> bool:

@@ -126,7 +126,7 @@ class LocalProcessGroup(ProcessGroup):
         read_fd = target = -1
         if self._on_console(spec):
             read_fd, target = os.pipe()
-        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}")
+        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", f"a{attempt}")
         try:
             proc, self._leaves[spec.rank] = self._popen(list(spec.argv), {**base, **spec.env, **leaf.env},
                                                         target if target >= 0 else log_fd, leaf)
@@ -333,15 +333,13 @@ class LocalProcessGroup(ProcessGroup):
         if old is not None:
             self.kill_groups([spec.rank])
             deadline = time.monotonic() + 5.0
-            if leaf is not None:
-                self._escaped.extend(self._tree.kill_leaves([leaf], [old]))
             while _group_exists(old) and time.monotonic() < deadline:
                 self._reap()
                 time.sleep(0.002)
             if self._guard is not None and not _group_exists(old):
                 self._guard.forget(old)
-            if leaf is not None:  # only this rank's processes: the others keep running
-                self._end_leaves([leaf], deadline, [], False, leaf)
+            if leaf is not None:  # its token, not its cgroup: the attempt's other ranks share that
+                self._end_leaves([], deadline, [], True, leaf)
         try:
             self._spawn(spec, attempt, dict(os.environ))
         except OSError as exc:

@@ -106,8 +106,10 @@ def test_a_rank_the_cgroup_refuses_starts_without_it(tmp_path, monkeypatch):
     """The child's write to its leaf's cgroup.procs fails: the rank runs, the job goes on uncontained."""
     tree = JobTree("t0k3n", Cgroup(str(tmp_path / "job")))
     tree.contained = True
-    monkeypatch.setattr(tree, "leaf", lambda name: Leaf(f"t0k3n.{name}", Cgroup(str(tmp_path / "job" / name)),
-                                                         os.open("/dev/full", os.O_WRONLY)))  # write: ENOSPC
+    def leaf(name, cgroup_name):  # writing to /dev/full fails with ENOSPC
+        return Leaf(f"t0k3n.{name}", Cgroup(str(tmp_path / "job" / cgroup_name)), os.open("/dev/full", os.O_WRONLY))
+
+    monkeypatch.setattr(tree, "leaf", leaf)
     grp = LocalProcessGroup(lambda spec, attempt: str(tmp_path / "r.log"), lambda spec: False, tree=tree)
     try:
         grp.start([spec(0, 0)], 0)

@@ -98,10 +98,10 @@ def test_a_leaf_that_cannot_be_joined_leaves_the_job_uncontained(tmp_path, caplo
     caplog.set_level(logging.INFO, logger="launcher.cgroup")
     job = JobTree("t0k3n", jobtree.Cgroup(str(tmp_path / "job")))
     job.contained = job._created = True  # as if created; its leaves have no cgroup.procs to open
-    leaf = job.leaf("a0-r0")
+    leaf = job.leaf("a0-r0", "a0")
     assert leaf == Leaf("t0k3n.a0-r0") and not job.contained
-    assert not (tmp_path / "job" / "a0-r0").exists()
-    assert job.leaf("a0-r1") == Leaf("t0k3n.a0-r1")
+    assert not (tmp_path / "job" / "a0").exists()
+    assert job.leaf("a0-r1", "a0") == Leaf("t0k3n.a0-r1")
     assert caplog.text.count("job cgroup not used") == 1
 
 
@@ -124,7 +124,7 @@ def real_tree():
 
 def test_kill_leaves_names_the_processes_outside_the_known_groups(procs):
     job = real_tree()
-    leaf = job.leaf("a0-r0")
+    leaf = job.leaf("a0-r0", "a0")
     rank = procs(leaf.env, preexec_fn=lambda: child_setup(leaf.procs_fd))
     escaped = procs(leaf.env, preexec_fn=lambda: child_setup(leaf.procs_fd))
     leaf.spawned()
@@ -142,7 +142,7 @@ def test_kill_leaves_names_the_processes_outside_the_known_groups(procs):
 def test_kill_all_the_orphan_guards_part(procs):
     """The launcher is gone: the guard kills the job's cgroup and its token carriers, removes the cgroup."""
     job = real_tree()
-    leaf = job.leaf("a0-r0")
+    leaf = job.leaf("a0-r0", "a0")
     inside = procs({}, preexec_fn=lambda: child_setup(leaf.procs_fd))  # no token: the cgroup finds it
     leaf.spawned()
     outside = procs(Leaf(f"{job.token}.a0-r1").env)  # no cgroup: the token finds it
