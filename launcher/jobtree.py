@@ -4,10 +4,10 @@ A rank's child that calls ``setsid()`` or ``setpgid(0, 0)`` is out of reach of `
 mechanisms find such processes, so that "the job is over" means every descendant is gone:
 
 - **cgroup v2**, where mounted and writable (a container usually has its own): the job gets a cgroup
-  below the launcher's, and each spawned rank a leaf in it, which the child joins before ``exec``.
-  Nothing started inside can leave without privileges; ``cgroup.kill`` (Linux 5.14; older kernels:
-  freeze, SIGKILL every member, thaw) ends a leaf, or the whole job, at once.
-- **everywhere**: every process the job starts carries ``LAUNCHER_JOB_TOKEN=<job>.<leaf>`` in its
+  below the launcher's and each attempt one in it, which every rank joins before ``exec``. Nothing
+  started inside can leave without privileges; ``cgroup.kill`` (Linux 5.14; older kernels: freeze,
+  SIGKILL every member, thaw) ends an attempt, or the whole job, at once.
+- **everywhere**: every process the job starts carries ``LAUNCHER_JOB_TOKEN=<job>.<leaf>`` (one leaf per spawn) in its
   environment, and the launcher is a child subreaper, so a process that left its group re-parents to
   the launcher when its parent dies. One pass over ``/proc`` finds both kinds.
 
@@ -120,7 +120,7 @@ class Leaf:
 
     Attributes:
         token: ``<job token>.<leaf name>``.
-        cgroup: The leaf cgroup the child joins before ``exec``, or None.
+        cgroup: The cgroup (its attempt's) the child joins before ``exec``, or None.
         procs_fd: Its ``cgroup.procs``, open for the child's write until :meth:`spawned`.
     """
 
@@ -145,7 +145,7 @@ class JobTree:
 
     Args:
         token: The job's random token.
-        cgroup: The job's cgroup (created with the first leaf), or None.
+        cgroup: The job's cgroup (created with the first spawn), or None.
         adopt_orphans: Whether children of this process it did not start belong to the job (the
             launcher: a subreaper whose other children are passed as ``exempt``).
     """
@@ -153,7 +153,7 @@ class JobTree:
     def __init__(self, token: str, cgroup: Optional[Cgroup] = None, adopt_orphans: bool = False):
         self.token = token
         self.cgroup = cgroup
-        self.contained = cgroup is not None  # every rank in a leaf: attempt ends need no /proc scan
+        self.contained = cgroup is not None  # every rank in a cgroup: attempt ends need no /proc scan
         self.adopt_orphans = adopt_orphans
         own = read_stat(os.getpid())
         self.started = own.start if own else 0  # no process of the job is older than its launcher

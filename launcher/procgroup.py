@@ -89,6 +89,7 @@ class LocalProcessGroup(ProcessGroup):
         self._guard = orphan_guard
         self._tree = tree or JobTree.create()
         self._leaves: Dict[int, Leaf] = {}
+        self._retired: List[Leaf] = []  # leaves of respawned ranks: their cgroup ends with the attempt
         self._escaped: List[Stray] = []
         self._selector = selectors.DefaultSelector()
         self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
@@ -288,8 +289,9 @@ class LocalProcessGroup(ProcessGroup):
         """
         deadline = time.monotonic() + timeout
         self.kill_groups()
-        leaves = list(self._leaves.values())
+        leaves = [*self._leaves.values(), *self._retired]
         self._leaves.clear()
+        self._retired.clear()
         self._escaped.extend(self._tree.kill_leaves(leaves, self._pgids.values()))
         alive = list(self._pgids.items())
         while alive:
@@ -340,6 +342,7 @@ class LocalProcessGroup(ProcessGroup):
                 self._guard.forget(old)
             if leaf is not None:  # its token, not its cgroup: the attempt's other ranks share that
                 self._end_leaves([], deadline, [], True, leaf)
+                self._retired.append(leaf)
         try:
             self._spawn(spec, attempt, dict(os.environ))
         except OSError as exc:
