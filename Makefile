@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine (see README "Quick start"):
-#   make example   - create .venv, install the launcher + PyTorch CPU, run the 4-rank fault demo
+#   make example   - create .venv, install the launcher + PyTorch CPU + NumPy, run the 4-rank fault demo
 #   make test      - create .venv, install everything the suite needs, run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
@@ -7,6 +7,8 @@ BIN := $(VENV)/bin
 # torch==2.13.0 resolves to the local CPU wheel on these machines; pinning it first keeps pip
 # from ever pulling the CUDA build through a looser requirement.
 TORCH := torch==2.13.0
+# torch warns "Failed to initialize NumPy" at import without it: installed with torch, never alone.
+NUMPY := numpy
 MINDSPORE := mindspore==2.10.0
 RUNS := runs/example
 
@@ -16,12 +18,12 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.base: $(BIN)/python setup.cfg pyproject.toml
-	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q $(TORCH) $(NUMPY)
 	$(BIN)/python -m pip install -q -e .
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base
-	$(BIN)/python -m pip install -q -e '.[test]' $(TORCH) $(MINDSPORE)
+	$(BIN)/python -m pip install -q -e '.[test]' $(TORCH) $(NUMPY) $(MINDSPORE)
 	touch $@
 
 venv: $(VENV)/.base
@@ -30,7 +32,7 @@ example: $(VENV)/.base
 	rm -rf $(RUNS)
 	$(BIN)/launcher run --nproc-per-node 4 --max-restarts 3 --console-ranks 0,2 \
 		--run-dir $(RUNS)/run --log-dir $(RUNS)/logs --checkpoint-dir $(RUNS)/ckpt --dp 4 -- \
-		$(BIN)/python examples/pytorch/train.py --ckpt-dir $(RUNS)/ckpt \
+		examples/pytorch/train.py --ckpt-dir $(RUNS)/ckpt \
 		--steps 200 --ckpt-every 20 --fail-at-step 70 --fail-rank 2 --fail-mode kill
 
 test: $(VENV)/.test

@@ -37,16 +37,23 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
         plan = compute_plan(restore_inputs(opts, ctx, failed_before))
     common = {**taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
               envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if gasp_allowed else "0"}
-    if ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
-        # An explicit operator value wins: on CPU the flag adds an int32 all-reduce to stock
-        # TrainOneStepCell that the CPU kernel rejects (examples/mindspore/README.md).
+    if opts.graceful_exit and ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
+        # Only on request (--graceful-exit), and an explicit operator value is inherited: on CPU the
+        # flag adds an int32 all-reduce to stock TrainOneStepCell that the CPU kernel rejects
+        # (examples/mindspore/README.md), so an msrun script must not get it unasked.
         common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
     per_rank = {}
     for device in ctx.topology.server.devices:
-        error_file = os.path.join(log_session, f"attempt_{attempt}", f"rank_{device.rank_id}_error.json")
-        per_rank[device.rank_id] = {**common, envnames.TORCHELASTIC_ERROR_FILE: error_file,
+        per_rank[device.rank_id] = {**common,
+                                    envnames.TORCHELASTIC_ERROR_FILE: error_file_path(log_session, attempt,
+                                                                                      device.rank_id),
                                     **(plan.env_for(device.rank_id) if plan is not None else {})}
     return worker_specs(ctx, opts.command, attempt, per_rank), plan
+
+
+def error_file_path(log_session: str, attempt: int, rank: int) -> str:
+    """Where rank ``rank`` of ``attempt`` finds ``TORCHELASTIC_ERROR_FILE`` (torch's ``@record`` writes it)."""
+    return os.path.join(log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
 
 
 def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:
@@ -63,8 +70,10 @@ def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[in
     from launcher.options import parse_rank_list
     from launcher.restore import PlanInputs
 
-    # Ranks that never write group_info.pb (PyTorch) must not make the planner warn about it.
-    group_info_root = ctx.group_info_root if _has_group_info(ctx.group_info_root) else None
+    # Only with --group-info-root; ranks that never write group_info.pb (PyTorch) must not make the
+    # planner warn about it.
+    root = ctx.group_info_root
+    group_info_root = root if root and _has_group_info(root) else None
     return PlanInputs(world_size=ctx.topology.table.world_size, fault_npus_path=opts.fault_npus or None,
                       reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
                       previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,

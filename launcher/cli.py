@@ -13,12 +13,14 @@ from typing import Dict, List, Optional
 import click
 
 from launcher import __version__
+from launcher.console import ConsoleHandler, console_stderr
 from launcher.errors import LauncherError
 
 _COMMANDS: Dict[str, str] = {
     "run": "launcher.commands.run:run",
     "prestop": "launcher.commands.control:prestop",
     "exit": "launcher.commands.control:exit_",
+    "jobs": "launcher.commands.control:jobs",
     "plan": "launcher.commands.plan:plan",
     "ranktable": "launcher.commands.ranktable:ranktable",
 }
@@ -27,6 +29,7 @@ _HELP: Dict[str, str] = {
     "run": "Start, supervise and restart the ranks of a training job.",
     "prestop": "Make every rank save its dying-gasp checkpoint (container preStop).",
     "exit": "Ask the running job to save and stop at a step boundary.",
+    "jobs": "List this user's running and recent jobs on this machine.",
     "plan": "Print the restore plan a (re)start would use, without starting anything.",
     "ranktable": "Show, validate and generate rank tables (hccl.json).",
 }
@@ -74,8 +77,13 @@ class _LauncherFormatter(logging.Formatter):
 
 
 def setup_logging(verbose: int = 0) -> None:
-    """Send the launcher's own log lines to stderr, prefixed ``[launcher]``."""
-    handler = logging.StreamHandler(sys.stderr)
+    """Send the launcher's own log lines to stderr, prefixed ``[launcher]``.
+
+    Through a non-blocking console when stderr is fd 2: a stderr nobody reads (a stopped pipe) must
+    not stop the supervisor in the middle of a log line.
+    """
+    stderr = console_stderr()
+    handler = logging.StreamHandler(sys.stderr) if stderr is None else ConsoleHandler(stderr)
     handler.setFormatter(_LauncherFormatter())
     root = logging.getLogger("launcher")
     root.handlers[:] = [handler]

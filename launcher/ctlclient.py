@@ -6,6 +6,7 @@ Kept apart and light (json, socket, nothing else) because a preStop hook pays ev
 
 import json
 import socket
+import time
 from typing import Any, Dict, Iterator, Optional
 
 from launcher.errors import LauncherError
@@ -15,29 +16,33 @@ class NoSupervisor(LauncherError):
     """No supervisor listens on the run dir's socket (not started, or dead)."""
 
 
-#: Seconds to wait for the supervisor to accept the connection. A live event loop accepts within
-#: milliseconds; one that does not (hung, or its backlog full) counts as no supervisor.
+#: Seconds to wait for the supervisor to accept the connection and send its first answer. A live
+#: event loop answers within milliseconds (every request is acknowledged at once); one that does not
+#: (stopped, hung, or its backlog full) counts as no supervisor.
 CONNECT_TIMEOUT = 5.0
 
 
 def request(path: str, command: str, args: Optional[Dict[str, Any]] = None,
-            timeout: Optional[float] = None) -> Iterator[Dict[str, Any]]:
+            timeout: Optional[float] = None, first_timeout: float = CONNECT_TIMEOUT) -> Iterator[Dict[str, Any]]:
     """Send one request and yield the answers until the server closes the connection.
 
     Args:
         path: The control socket.
         command: The request's command.
         args: Its parameters.
-        timeout: Seconds to wait for each answer (None: as long as it takes).
+        timeout: Seconds to wait for each later answer (None: as long as it takes).
+        first_timeout: Deadline for connecting, sending and the first answer together. A stopped
+            supervisor's socket still accepts into its backlog, so only this deadline tells.
 
     Raises:
-        NoSupervisor: nothing listens on ``path``, the supervisor does not accept within
-            ``CONNECT_TIMEOUT``, or it closed the connection before answering anything.
-        LauncherError: the answer did not come within ``timeout``, was malformed, or the
+        NoSupervisor: nothing listens on ``path``, or no first answer within ``first_timeout``
+            (connection refused, backlog full, silence, or closed without answering).
+        LauncherError: a later answer did not come within ``timeout``, was malformed, or the
             connection broke after the first answer.
     """
+    deadline = time.monotonic() + first_timeout
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(CONNECT_TIMEOUT if timeout is None else min(timeout, CONNECT_TIMEOUT))
+    sock.settimeout(first_timeout if timeout is None else min(timeout, first_timeout))
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
@@ -48,14 +53,20 @@ def request(path: str, command: str, args: Optional[Dict[str, Any]] = None,
         raise NoSupervisor(f"the launcher on {path} does not accept connections") from None
     answered = False
     with sock, sock.makefile("rb") as reader:
-        sock.settimeout(timeout)
         try:
+            sock.settimeout(max(0.0, deadline - time.monotonic()))
             sock.sendall((json.dumps({"command": command, "args": args or {}}) + "\n").encode())
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
             for line in reader:
                 answer = json.loads(line)
-                answered = True
+                if not answered:
+                    answered = True
+                    sock.settimeout(timeout)
                 yield answer
         except socket.timeout:
+            if not answered:
+                raise NoSupervisor(f"the launcher on {path} did not answer {command!r} within "
+                                   f"{first_timeout:g} s (stopped or hung)") from None
             raise LauncherError(f"the launcher did not answer {command!r} within {timeout:g} s") from None
         except ValueError:
             raise LauncherError("malformed answer from the launcher") from None

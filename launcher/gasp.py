@@ -65,20 +65,42 @@ class GaspGate:
         if not self.allowed():
             return False
         tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"last_save": self.clock()}, fh)
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump({"last_save": self.clock()}, fh)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # a full run dir never costs the ranks their save
+            _remove(tmp)
+            log.warning("cannot record the dying gasp in %s (%s): saving anyway", self.path, exc.strerror or exc)
         return True
 
 
-def write_graceful_exit(path: str, value: int) -> None:
-    """Atomically write ``{"GracefulExit": value}`` (temp file + rename), as MindSpore polls it."""
+def write_graceful_exit(path: str, value: int) -> bool:
+    """Atomically write ``{"GracefulExit": value}`` (temp file + rename), as MindSpore polls it.
+
+    Returns False, with a warning, when the file cannot be written (a full disk): the job goes on.
+    """
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump({"GracefulExit": value}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump({"GracefulExit": value}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        log.warning("cannot write %s (%s): ranks polling it do not see GracefulExit=%d", path,
+                    exc.strerror or exc, value)
+        return False
+    return True
+
+
+def _remove(path: str) -> None:
+    """Remove a temp file left by a failed write (a full disk), if any."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 @dataclass

@@ -5,11 +5,15 @@ file > defaults. Click implements exactly this order when the config file is loa
 context's ``default_map`` by an eager option, which is what ``load_config_into_context`` does.
 """
 
+import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
+import click
+
 from launcher import envnames
 from launcher.errors import UsageError
+from launcher.inputfiles import LIMIT_CONFIG, InputFileError, brief, read_yaml
 
 FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
 DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
@@ -34,7 +38,8 @@ class RunOptions:
     server_id: Optional[str] = None
     framework: Optional[str] = None
     max_restarts: int = 0
-    restart_backoff: float = 0.0
+    restart_backoff: float = 0.5
+    restart_backoff_max: float = 30.0
     stop_timeout: float = 10.0
     gasp_timeout: Optional[float] = None
     termination_grace_period: float = 30.0
@@ -44,7 +49,10 @@ class RunOptions:
     console_ranks: str = "all"
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
+    job_name: Optional[str] = None
     group_info_root: Optional[str] = None
+    graceful_exit: bool = False
+    hccl_if_ip: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
@@ -81,13 +89,42 @@ class RunOptions:
 
     def resolved_gasp_signal(self) -> int:
         """The gasp signal as a number (``SIGTERM``, ``TERM`` or ``15``)."""
-        import signal
+        return parse_signal(self.gasp_signal)
 
-        name = self.gasp_signal.strip().upper()
-        try:
-            return int(name) if name.isdigit() else int(getattr(signal, name if name.startswith("SIG") else "SIG" + name))
-        except (AttributeError, ValueError):
-            raise UsageError(f"--gasp-signal {self.gasp_signal!r} is not a signal name") from None
+
+#: Signals a process cannot catch: a "save" signal must be one the rank can handle.
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+
+def parse_signal(text: Any, option: str = "--gasp-signal") -> int:
+    """A catchable signal's number from its name (``SIGUSR1``, ``usr1``) or number (``10``).
+
+    Raises:
+        UsageError: not a signal of this system (0, 99, ``FOO``), or SIGKILL / SIGSTOP.
+    """
+    name = str(text).strip().upper()
+    try:
+        if name.isdigit():
+            signum = signal.Signals(int(name))
+        else:
+            signum = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except (KeyError, ValueError):
+        raise UsageError(f"{option} {text!r} is not a signal name or number of this system",
+                         ["e.g. SIGTERM, USR1 or 10"]) from None
+    if signum in UNCATCHABLE:
+        raise UsageError(f"{option} {signum.name}: a rank cannot catch it, so it can never save",
+                         ["use a catchable signal such as SIGTERM or SIGUSR1"])
+    return int(signum)
+
+
+class SignalType(click.ParamType):
+    """Click type for a save signal: checked at parse time (``--dry-run`` too); the value is its name."""
+
+    name = "signal"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
+        option = param.opts[0] if param is not None and param.opts else "signal"
+        return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
 
 
 def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple[int, ...]:
@@ -112,14 +149,16 @@ def check_sync_options(run_id: str, chosen: bool, server_count: int) -> None:
 
     Args:
         run_id: The job's run id.
-        chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than generated).
+        chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than derived).
         server_count: Servers in the rank table.
 
     Raises:
-        UsageError: a generated run id with several servers, or a run id that is not a file name.
+        UsageError: a derived run id with several servers, or a run id that is not a file name.
     """
+    # The derived id is the same on every node, but also for every rerun of the same command on the
+    # same table: a rerun would meet the previous run's barriers under DIR/<run-id>/.
     if not chosen and server_count > 1:
-        raise UsageError("--sync-dir with several servers needs the same run id on every node",
+        raise UsageError("--sync-dir with several servers needs the same run id on every node, unique to this run",
                          ["pass --run-id ID (or set MINDX_TASK_ID) identically to every launcher of the job"])
     if "/" in run_id or run_id in (".", ".."):
         raise UsageError(f"--run-id {run_id!r} cannot name a directory under --sync-dir", ["use a run id without '/'"])
@@ -136,17 +175,15 @@ def load_config(path: str) -> Dict[str, Any]:
     Keys may be spelled with dashes or underscores (``max-restarts`` or ``max_restarts``).
 
     Raises:
-        UsageError: unreadable file, malformed YAML, or schema violations (one line each, with path).
+        UsageError: unreadable file (not a regular file, too big, not UTF-8), malformed or too deep
+            YAML (one line), or schema violations (one line each, with path).
     """
-    import yaml  # only paid for when a config file is used
-
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+        data = read_yaml(path, "config file", LIMIT_CONFIG)
     except OSError as exc:
-        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise UsageError(f"config file {path} is not valid YAML", [str(exc).replace("\n", " ")]) from None
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
     if data is None:
         return {}
     if isinstance(data, dict):
@@ -168,7 +205,8 @@ def _schema_problems(data: Any) -> list:
     for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
         path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
         if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-            problems.extend(f"{path}.{key}: unknown option" for key in sorted(error.instance) if key not in known)
+            problems.extend(f"{path}.{brief(key, 80)}: unknown option"
+                            for key in sorted(error.instance) if key not in known)
         else:
-            problems.append(f"{path}: {error.message}")
+            problems.append(f"{path}: {brief(error.message)}")
     return problems

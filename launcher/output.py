@@ -4,12 +4,21 @@ A rank shown on the console writes into a pipe; the event loop reads it in large
 raw bytes to the rank's file and writes whole prefixed lines to the console (partial lines wait for
 their newline, so ranks never interleave mid-line). A rank not shown on the console writes straight
 into its file, costing the launcher nothing.
+
+Neither sink can stop the launcher: a log file that cannot be written (full disk, I/O error) is
+reported once and no longer written while the console goes on; the console never blocks
+(:mod:`launcher.console`).
 """
 
+import logging
 import os
 import re
-import sys
-from typing import BinaryIO, List, Optional
+from typing import BinaryIO, List, Optional, Union
+
+from launcher.console import Console
+from launcher.warnonce import WarnOnce
+
+log = logging.getLogger(__name__)
 
 # Read size. Measured with 8 ranks printing flat out (benchmark 6): 32 KiB reads cost the launcher
 # ~40 % less CPU per byte than 64 KiB ones, whose console copy (~2x the chunk with the prefixes)
@@ -38,18 +47,27 @@ class RankOutput:
 
     Args:
         read_fd: Read end of the rank's stdout/stderr pipe.
-        log_fd: The rank's log file (O_APPEND).
+        log_fd: The rank's log file (O_APPEND), or -1 when it could not be opened.
         label: Console prefix text, e.g. ``rank 3``.
-        console: Console stream (bytes), or None to write only the file.
+        console: Console (a :class:`Console`, or any binary stream), or None to write only the file.
+        warn: Reports a log file that cannot be written, once per rank for the whole run.
+        log_path: The log file's path, for that report.
     """
 
-    def __init__(self, read_fd: int, log_fd: int, label: str, console: Optional[BinaryIO] = None):
+    def __init__(self, read_fd: int, log_fd: int, label: str, console: Optional[Union[Console, BinaryIO]] = None,
+                 warn: Optional[WarnOnce] = None, log_path: str = ""):
         self.read_fd = read_fd
         self.log_fd = log_fd
+        self.label = label
+        self.log_path = log_path
         self.prefix = f"[{label}] ".encode()
+        # torch prefixes an uncaught exception's lines with "[rank3]: " (its excepthook, installed by
+        # init_process_group, whatever the launcher): said once, as "[rank 3] ", on the console.
+        self._doubled = self.prefix + f"[{label.replace(' ', '')}]: ".encode()
         self._newline_prefix = b"\n" + self.prefix
         self._return_prefix = lambda _match: b"\r" + self.prefix
         self.console = console
+        self._warn = warn or WarnOnce(log)
         self._partial = b""
 
     def pump(self) -> bool:
@@ -63,9 +81,7 @@ class RankOutput:
         if not data:
             self.close()
             return False
-        _write_all(self.log_fd, data)
-        if self.console is not None:
-            self._to_console(data)
+        self._tee(data)
         return True
 
     def drain(self) -> None:
@@ -81,11 +97,26 @@ class RankOutput:
                 break
             if not data:
                 break
-            _write_all(self.log_fd, data)
-            if self.console is not None:
-                self._to_console(data)
+            self._tee(data)
         if self.read_fd >= 0:
             self.close()
+
+    def _tee(self, data: bytes) -> None:
+        if self.log_fd >= 0:
+            try:
+                _write_all(self.log_fd, data)
+            except OSError as exc:
+                self.file_failed(exc)
+        if self.console is not None:
+            self._to_console(data)
+
+    def file_failed(self, exc: OSError) -> None:
+        """The log file cannot be written (full disk, I/O error): say so once, stop writing it."""
+        self._warn(self.label, "%s: cannot write its log file %s (%s): no longer writing it, the console goes on",
+                   self.label, self.log_path or "", exc.strerror or exc)
+        if self.log_fd >= 0:
+            os.close(self.log_fd)
+            self.log_fd = -1
 
     def _to_console(self, data: bytes) -> None:
         # A line ends at \n, and also at a lone \r: a progress bar (tqdm) redraws itself with \r and
@@ -107,9 +138,10 @@ class RankOutput:
         self._partial = data[cut:]
 
     def _emit(self, data: bytes) -> None:
+        if self._doubled in data:
+            data = data.replace(self._doubled, self.prefix)
         try:
-            self.console.write(data)
-            self.console.flush()
+            self.console.write(data)  # a Console never blocks nor raises; a plain stream might
         except (OSError, ValueError):  # console gone (closed terminal / pipe): keep the files going
             self.console = None
 
@@ -122,11 +154,6 @@ class RankOutput:
             if fd >= 0:
                 os.close(fd)
         self.read_fd = self.log_fd = -1
-
-
-def console_stream() -> BinaryIO:
-    """The binary console stream rank output goes to."""
-    return sys.stdout.buffer
 
 
 def tail_lines(path: str, count: int = 10, max_bytes: int = 8192) -> List[str]:

@@ -13,6 +13,11 @@ Wait = Callable[[float], bool]
 #: After SIGKILL, how long to wait for the kernel to report the exits before giving up on them.
 KILL_SETTLE_SECONDS = 5.0
 
+#: An attempt that ran this long before failing was healthy: the restart after it is immediate and
+#: the backoff starts afresh (Kubernetes resets CrashLoopBackOff after 10 minutes; a training job
+#: that got through rendezvous and a minute of steps is past its start-up failures).
+HEALTHY_SECONDS = 60.0
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -20,7 +25,7 @@ class RestartPolicy:
 
     Attributes:
         max_restarts: Restarts allowed after the first attempt.
-        backoff: Seconds between a failed attempt and the next.
+        backoff: First delay of a streak of quick failures (``restart_delay``); 0 disables backoff.
         stop_timeout: SIGTERM -> SIGKILL delay when stopping the group after a failure.
         grace_period: Signal -> SIGKILL delay when the launcher is asked to stop: the dying-gasp
             timeout (prestop, SIGTERM) and the SIGINT grace.
@@ -31,6 +36,8 @@ class RestartPolicy:
         in_place_supported: Whether the framework lets a restarted rank re-join a running group.
         hold_timeout: Longest wait for the cluster (reset.json FaultFlushing, a local rank in fault,
             recovery after a fault) before giving up with exit 1.
+        backoff_max: Cap of the restart delay; 0 disables backoff.
+        healthy_seconds: An attempt that ran this long resets the streak of quick failures.
     """
 
     max_restarts: int = 0
@@ -42,6 +49,19 @@ class RestartPolicy:
     strategy: RecoveryStrategy = RecoveryStrategy(frozenset({RETRY}), "default")
     in_place_supported: bool = False
     hold_timeout: float = 600.0
+    backoff_max: float = 0.0
+    healthy_seconds: float = HEALTHY_SECONDS
+
+    def restart_delay(self, quick_failures: int) -> float:
+        """Seconds to wait before a restart, after ``quick_failures`` attempts in a row that failed
+        within ``healthy_seconds`` of their start (0 after a healthy attempt).
+
+        The first restart is immediate (a one-off failure, and the benchmarked restart latency);
+        from the second quick failure in a row the delay doubles from ``backoff`` up to ``backoff_max``.
+        """
+        if quick_failures < 2:
+            return 0.0
+        return min(self.backoff_max, self.backoff * 2.0 ** min(quick_failures - 2, 64))
 
 
 @dataclass(frozen=True)
@@ -66,6 +86,7 @@ class Attempt:
         failed_ranks: Local ranks that failed on their own.
         killed: Ranks SIGKILLed after their stop timeout.
         cluster_stop: ``fault`` or ``retry`` when the cluster (reset.json) stopped the attempt.
+        duration: Seconds from its start until its last process was gone.
     """
 
     number: int
@@ -74,6 +95,7 @@ class Attempt:
     failed_ranks: List[int] = field(default_factory=list)
     killed: List[int] = field(default_factory=list)
     cluster_stop: Optional[str] = None
+    duration: float = 0.0
 
     @property
     def finished(self) -> bool:

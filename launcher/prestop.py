@@ -2,24 +2,49 @@
 
 ``launcher prestop`` with no options (what a preStop hook runs) is served by ``launcher.__main__``
 straight from here; with options it goes through the click command, which calls the same code.
+
+It finds the job (``launcher.jobs.resolve``: the one live job under the base dir, in a container the
+only one), asks its supervisor for the gasp and waits. A supervisor that does not acknowledge within
+``ack_timeout`` (stopped, hung) is treated as gone: prestop signals the recorded ranks itself.
 """
 
 import os
 import signal
+import sys
+import time
 from typing import Any, Dict, List, Optional
 
+from launcher import jobs
 from launcher import rundir as rundir_mod
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, UsageError
+
+#: The longest prestop waits for the supervisor to acknowledge; every second spent here is taken
+#: from the ranks' save time in the fallback.
+ACK_TIMEOUT = 2.0
+#: Beyond the gasp timeout, how long prestop waits for the report: the supervisor's SIGKILL settle
+#: time (5 s) and a margin.
+REPORT_MARGIN = 10.0
 
 
-def open_run_dir(path: Optional[str]) -> Optional[str]:
-    """The checked run dir, or None when there is no run at all."""
-    path = os.path.abspath(path or rundir_mod.default_run_dir())
+def open_run_dir(path: Optional[str], job: Optional[str] = None) -> Optional[rundir_mod.RunDir]:
+    """The opened, checked run dir of the job to address, or None when there is no run at all.
+
+    Raises:
+        UsageError: several live jobs and no choice, or a run dir that is not private and safe.
+    """
+    found = jobs.resolve(path, job)
+    if found is None:
+        return None
     try:
-        rundir_mod.check_private(path)
+        return rundir_mod.RunDir(found, create=False)
     except FileNotFoundError:
         return None
-    return path
+
+
+def ack_timeout(gasp_timeout: float) -> float:
+    """Deadline for the supervisor's acknowledgement: 2 s, or a tenth of the gasp timeout when
+    shorter (at least 0.5 s)."""
+    return min(ACK_TIMEOUT, max(0.5, 0.1 * gasp_timeout))
 
 
 def print_gasp(ranks: List[Dict[str, Any]]) -> None:
@@ -35,49 +60,105 @@ def print_gasp(ranks: List[Dict[str, Any]]) -> None:
             print(f"{r['label']}: exited")
 
 
-def prestop(run_dir: Optional[str] = None, timeout: Optional[float] = None, signame: str = "SIGTERM") -> int:
+def prestop(run_dir: Optional[str] = None, timeout: Optional[float] = None, signame: Optional[str] = None,
+            job: Optional[str] = None) -> int:
     """Ask this container's supervisor for the dying gasp and wait for it; returns the exit status.
 
     Args:
-        run_dir: The run dir (default: the same as ``launcher run``'s).
-        timeout: Without a live supervisor, seconds ranks get before SIGKILL.
-        signame: Without a live supervisor, the save signal.
+        run_dir: The run dir (default: ``LAUNCHER_RUN_DIR``, else the job found under the base dir).
+        timeout: Without a live supervisor, seconds ranks get before SIGKILL (default: what is left
+            of the job's recorded gasp timeout).
+        signame: Without a live supervisor, the save signal (default: the job's recorded one).
+        job: The job's name under the base dir.
     """
     from launcher.ctlclient import NoSupervisor, request
 
-    path = open_run_dir(run_dir)
-    if path is None:
+    rd = open_run_dir(run_dir, job)
+    if rd is None:
+        return _without_live_job(timeout, signame)
+    try:
+        record = rd.read_json(rundir_mod.LAUNCHER) or {}
+        budget = _recorded_gasp_timeout(record)
+        asked = time.monotonic()
+        try:
+            for answer in request(rd.socket_address(), "gasp", first_timeout=ack_timeout(budget),
+                                  timeout=budget + REPORT_MARGIN):
+                _show(answer)
+            return 0
+        except NoSupervisor as exc:
+            print(f"launcher prestop: {exc.message}; falling back to the recorded ranks", file=sys.stderr)
+            left = max(0.0, budget - (time.monotonic() - asked))
+            return _prestop_without_supervisor(rd, left if timeout is None else timeout,
+                                               signame or record.get("gasp_signal") or "SIGTERM")
+    finally:
+        rd.close()
+
+
+def _show(answer: Dict[str, Any]) -> None:
+    if not answer.get("ok"):
+        raise LauncherError(f"the launcher refused the dying gasp: {answer.get('error')}")
+    if "gasp" in answer:
+        print_gasp(answer["gasp"])
+    if answer.get("done"):
+        print(f"launcher prestop: job stopped ({answer['reason']})")
+
+
+def _recorded_gasp_timeout(record: Dict[str, Any]) -> float:
+    """The gasp timeout the launcher recorded in ``launcher.json`` (that of a 30 s grace period if none)."""
+    try:
+        return max(0.0, float(record["gasp_timeout"]))
+    except (KeyError, TypeError, ValueError):
+        from launcher.gasp import default_gasp_timeout
+
+        return default_gasp_timeout(30.0)
+
+
+def _without_live_job(timeout: Optional[float], signame: Optional[str]) -> int:
+    """No launcher holds a run dir: the ranks of one whose launcher died, if any are still running."""
+    base = rundir_mod.base_dir()
+    stranded = [job for job in jobs.orphaned(base) if _running_ranks(job.run_dir)]
+    if not stranded:
         print("launcher prestop: no launcher run here; nothing to do")
         return 0
+    if len(stranded) > 1:
+        raise UsageError(f"{len(stranded)} jobs under {base} lost their launcher and still have ranks running; "
+                         "pick one with --job NAME or --run-dir DIR", [job.describe() for job in stranded])
+    rd = rundir_mod.RunDir(stranded[0].run_dir, create=False)
     try:
-        for answer in request(os.path.join(path, rundir_mod.CONTROL_SOCKET), "gasp"):
-            if not answer.get("ok"):
-                raise LauncherError(f"the launcher refused the dying gasp: {answer.get('error')}")
-            if "gasp" in answer:
-                print_gasp(answer["gasp"])
-            if answer.get("done"):
-                print(f"launcher prestop: job stopped ({answer['reason']})")
-        return 0
-    except NoSupervisor:
-        return _prestop_without_supervisor(path, timeout, signame)
+        record = rd.read_json(rundir_mod.LAUNCHER) or {}
+        wait = _recorded_gasp_timeout(record) if timeout is None else timeout
+        return _prestop_without_supervisor(rd, wait, signame or record.get("gasp_signal") or "SIGTERM")
+    finally:
+        rd.close()
 
 
-def _prestop_without_supervisor(path: str, timeout: Optional[float], signame: str) -> int:
+def _running_ranks(path: str) -> list:
+    from launcher import gasp as gasp_mod
+
+    try:
+        rd = rundir_mod.RunDir(path, create=False)
+    except (FileNotFoundError, UsageError):
+        return []
+    try:
+        return gasp_mod.verified_ranks(gasp_mod.recorded_ranks(rd.read_json(rundir_mod.STATE) or {}))
+    finally:
+        rd.close()
+
+
+def _prestop_without_supervisor(rd: rundir_mod.RunDir, wait: float, signame: str) -> int:
     from launcher import gasp as gasp_mod
     from launcher.events import EventLog
-    from launcher.options import RunOptions
+    from launcher.options import parse_signal
 
-    state = rundir_mod.RunDir(path).read_json(rundir_mod.STATE) or {}
-    records = gasp_mod.recorded_ranks(state)
-    alive = gasp_mod.verified_ranks(records)
+    state = rd.read_json(rundir_mod.STATE) or {}
+    alive = gasp_mod.verified_ranks(gasp_mod.recorded_ranks(state))
     if not alive:
         print("launcher prestop: the launcher is gone and none of its ranks is running; nothing to do")
         return 0
-    opts = RunOptions(command=("-",), gasp_signal=signame, gasp_timeout=timeout)
-    signum, wait = opts.resolved_gasp_signal(), opts.resolved_gasp_timeout()
+    signum = parse_signal(signame, "--signal")
     print(f"launcher prestop: the launcher is gone; {signal.Signals(signum).name} to "
-               f"{len(alive)} rank(s) it started, {wait:.0f} s to save")
-    events = EventLog(os.path.join(path, rundir_mod.EVENTS), "prestop")
+          f"{len(alive)} rank(s) it started, {wait:.0f} s to save")
+    events = EventLog(rd.file(rundir_mod.EVENTS), "prestop")
     events.emit("gasp", source="prestop-fallback", save=True, signal=signal.Signals(signum).name, timeout=wait)
     outcomes = gasp_mod.fallback_gasp([rec for rec, _ in alive], signum, wait)
     events.emit("gasp_done", ranks=outcomes)

@@ -20,14 +20,16 @@ import subprocess
 import time
 from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence
 
+from launcher import console as console_mod
 from launcher import guard as guard_mod
 from launcher import signals
 from launcher.errors import LauncherError
 from launcher.jobtree import JobTree, Leaf, Stray
 from launcher.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
-from launcher.output import RankOutput, console_stream, open_log
+from launcher.output import RankOutput, open_log
 from launcher.rankenv import WorkerSpec
 from launcher.states import ExitInfo
+from launcher.warnonce import WarnOnce
 
 __all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "ProcessGroup", "RankExited",
            "SignalReceived"]
@@ -103,6 +105,10 @@ class LocalProcessGroup(ProcessGroup):
         self._timer_seq = itertools.count()
         self._cancelled: set = set()
         self._watched: Dict[int, Callable[[ExitInfo], None]] = {}
+        self._log_failed = WarnOnce(log)  # one report per rank whose log file cannot be written
+        self._console = console_mod.console_stream()
+        for console in console_mod.consoles():  # a console backlog is flushed by this loop
+            console.attach(self.add_writer, self.remove_reader)
         guard_mod.prepare()
 
     # -- spawning -------------------------------------------------------------------------------
@@ -122,7 +128,7 @@ class LocalProcessGroup(ProcessGroup):
 
     def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str]) -> None:
         path = self._log_path(spec, attempt)
-        log_fd = open_log(path)
+        log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
         read_fd = target = -1
         if self._on_console(spec):
@@ -139,7 +145,7 @@ class LocalProcessGroup(ProcessGroup):
         if target >= 0:
             os.close(target)
             os.set_blocking(read_fd, False)
-            out = RankOutput(read_fd, log_fd, spec.label, console_stream())
+            out = RankOutput(read_fd, log_fd, spec.label, self._console, self._log_failed, path)
             self._outputs[read_fd] = out
             self._selector.register(read_fd, selectors.EVENT_READ, out)
         else:
@@ -166,6 +172,16 @@ class LocalProcessGroup(ProcessGroup):
             return self._popen(argv, env, stdout, self._tree.uncontained(leaf, "a rank cannot join its cgroup"))
         finally:
             leaf.spawned()
+
+    def _open_log(self, spec: WorkerSpec, path: str) -> int:
+        """The rank's log file; on a full or failing disk (reported once) /dev/null, so the rank
+        still starts and, when shown on the console, is seen there."""
+        try:
+            return open_log(path)
+        except OSError as exc:
+            self._log_failed(spec.label, "%s: cannot create its log file %s (%s): its output is not kept in a "
+                             "file", spec.label, path, exc.strerror or exc)
+            return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
     # -- events ---------------------------------------------------------------------------------
     def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
@@ -252,8 +268,12 @@ class LocalProcessGroup(ProcessGroup):
         """Watch ``fd`` in the event loop; ``callback`` runs when it is readable."""
         self._selector.register(fd, selectors.EVENT_READ, callback)
 
+    def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
+        """Watch ``fd`` in the event loop; ``callback`` runs when it is writable (a console backlog)."""
+        self._selector.register(fd, selectors.EVENT_WRITE, callback)
+
     def remove_reader(self, fd: int) -> None:
-        """Stop watching ``fd``."""
+        """Stop watching ``fd`` (a reader or a writer)."""
         try:
             self._selector.unregister(fd)
         except (KeyError, ValueError):
@@ -353,7 +373,9 @@ class LocalProcessGroup(ProcessGroup):
         return self._pgids.get(rank)
 
     def close(self) -> None:
-        """Release the selector and the job's cgroup (call after ``ensure_gone``)."""
+        """Release the selector, the consoles and the job's cgroup (call after ``ensure_gone``)."""
+        for console in console_mod.consoles():
+            console.detach()
         self._selector.close()
         self._tree.close(time.monotonic() + 0.5)
 

@@ -13,12 +13,12 @@ The fault-rank reader of the restore planner (:mod:`launcher.restore.faults`) sh
 rule and the status vocabulary with this module.
 """
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, FrozenSet, Iterable, List, Optional, Set, Tuple, Union
 
+from launcher.inputfiles import LIMIT_LINE, LIMIT_REPORT, InputFileError, brief, loads_json, read_bytes
 from launcher.options import DEFAULT_RESET_JSON as DEFAULT_RESET_JSON_PATH
 
 #: Statuses that make a rank faulty (not a restore source, stopped when local) / healthy.
@@ -29,12 +29,12 @@ HEALTHY_STATUSES = frozenset({"recovered"})
 def int_rank(value: Any) -> int:
     """A rank id from a JSON number or a decimal string; ValueError otherwise."""
     if isinstance(value, bool):
-        raise ValueError(f"rank id {value!r} is not an integer")
+        raise ValueError(f"rank id {brief(repr(value), 60)} is not an integer")
     if isinstance(value, int):
         return value
     if isinstance(value, str) and value.strip().isdigit():
         return int(value)
-    raise ValueError(f"rank id {value!r} is not an integer")
+    raise ValueError(f"rank id {brief(repr(value), 60)} is not an integer")
 
 
 
@@ -45,6 +45,8 @@ __all__ = ["DEFAULT_RESET_JSON_PATH", "RESTART_TYPE_FILE", "KNOWN_STATUSES", "Re
 
 #: The sibling key/file saying how the job is restarted (``podReschedule`` | ``hotReset``).
 RESTART_TYPE_FILE = "restartType"
+#: What the files are called in messages.
+RESET_JSON = "reset.json"
 STATUS_FAULT = "fault"
 STATUS_RECOVERED = "recovered"
 #: Every ``Status`` MindCluster writes; another value is kept, with a warning, as neither faulty nor healthy.
@@ -124,7 +126,7 @@ def _int_field(payload: dict, key: str) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{key} must be an integer, not {_json_type(value)} ({value!r})")
+        raise ValueError(f"{key} must be an integer, not {_json_type(value)} ({brief(repr(value), 60)})")
     return value
 
 
@@ -134,7 +136,7 @@ def _bool_field(payload: dict, key: str) -> bool:
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise ValueError(f"{key} must be true or false, not {_json_type(value)} ({value!r})")
+        raise ValueError(f"{key} must be true or false, not {_json_type(value)} ({brief(repr(value), 60)})")
     return value
 
 
@@ -144,7 +146,7 @@ def _graceful_exit(payload: dict, warnings: List[str]) -> bool:
     if value is None or isinstance(value, bool):
         return bool(value)
     if not isinstance(value, int):
-        raise ValueError(f"GracefulExit must be 0 or 1, not {_json_type(value)} ({value!r})")
+        raise ValueError(f"GracefulExit must be 0 or 1, not {_json_type(value)} ({brief(repr(value), 60)})")
     if value not in (0, 1):
         warnings.append(f"GracefulExit {value} is neither 0 nor 1; no graceful exit is requested")
         return False
@@ -217,27 +219,25 @@ def parse_reset(payload: Any, restart_type: Optional[str] = None) -> ResetState:
         warnings=tuple(warnings))
 
 
-def loads_reset(data: Union[str, bytes, None], restart_type: Union[str, bytes, None] = None) -> Optional[ResetState]:
+def loads_reset(data: Union[str, bytes, None], restart_type: Union[str, bytes, None] = None,
+                path: str = RESET_JSON) -> Optional[ResetState]:
     """The state in raw ``reset.json`` content; None when there is none (missing, empty or blank).
 
     Raises:
-        ValueError: the content is not JSON (or not UTF-8), or :func:`parse_reset` rejects it.
+        InputFileError: the content is not UTF-8, nested too deep or not JSON (one line naming ``path``).
+        ValueError: :func:`parse_reset` rejects it.
     """
     if isinstance(restart_type, bytes):
         restart_type = restart_type.decode("utf-8", errors="replace")
     if data is None or not data.strip():
         return None
-    try:
-        payload = json.loads(data)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
-        raise ValueError(f"not valid JSON: {exc}") from None
+    payload = loads_json(data.encode("utf-8") if isinstance(data, str) else data, path, RESET_JSON)
     return parse_reset(payload, restart_type)
 
 
-def _read_optional(path: str) -> Optional[bytes]:
+def _read_optional(path: str, what: str, limit: int) -> Optional[bytes]:
     try:
-        with open(path, "rb") as fh:
-            return fh.read()
+        return read_bytes(path, what, limit)
     except FileNotFoundError:
         return None
 
@@ -252,13 +252,20 @@ def read_snapshot(path: str) -> Snapshot:
 
     Raises:
         OSError: a file exists but cannot be read.
+        InputFileError: a file is not a regular file, or too big.
     """
     for _attempt in range(_SNAPSHOT_ATTEMPTS):
         real = os.path.realpath(path)
-        data = _read_optional(real)
-        restart_type = _read_optional(os.path.join(os.path.dirname(real), RESTART_TYPE_FILE))
+        try:
+            data = _read_optional(real, RESET_JSON, LIMIT_REPORT)
+        except InputFileError as exc:  # named as configured: the resolved path alone is a riddle
+            raise InputFileError(RESET_JSON, path if real == os.path.abspath(path) else f"{path} (-> {real})",
+                                 exc.problem) from None
+        restart_type = _read_optional(os.path.join(os.path.dirname(real), RESTART_TYPE_FILE), RESTART_TYPE_FILE,
+                                      LIMIT_LINE)
         if restart_type is None and os.path.dirname(real) != os.path.dirname(os.path.abspath(path)):
-            restart_type = _read_optional(os.path.join(os.path.dirname(os.path.abspath(path)), RESTART_TYPE_FILE))
+            restart_type = _read_optional(os.path.join(os.path.dirname(os.path.abspath(path)), RESTART_TYPE_FILE),
+                                          RESTART_TYPE_FILE, LIMIT_LINE)
         if os.path.realpath(path) == real:
             break
     return data, restart_type
@@ -271,12 +278,16 @@ def read_reset(path: str = DEFAULT_RESET_JSON_PATH) -> Optional[ResetState]:
         None when the file is missing or empty (the ConfigMap starts empty; not on a cluster).
 
     Raises:
-        ValueError: the content is malformed (see :func:`parse_reset`); the message names ``path``.
+        ValueError: the content is malformed (an :class:`InputFileError` for a file that is not a
+            regular file, too big, not UTF-8, too deep or not JSON; see :func:`parse_reset` for the
+            rest); the message names ``path``.
         OSError: the file exists but cannot be read.
     """
     data, restart_type = read_snapshot(path)
     try:
-        return loads_reset(data, restart_type)
+        return loads_reset(data, restart_type, path)
+    except InputFileError:
+        raise
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 
@@ -327,12 +338,18 @@ class ResetFollower:
         except OSError as exc:
             self._warn_once(f"cannot read {self.path}: {exc}; keeping the last good state")
             return
+        except InputFileError as exc:  # a FIFO or /dev/zero where the file was: never opened or read
+            self._warn_once(f"{exc}; keeping the last good state")
+            return
         self._error = None
         if snapshot == self._snapshot:
             return  # same bytes: nothing to do, and nothing to warn about again
         self._snapshot = snapshot
         try:
-            state = loads_reset(*snapshot)
+            state = loads_reset(*snapshot, self.path)
+        except InputFileError as exc:
+            log.warning("%s is malformed (%s); keeping the last good state", self.path, exc.problem)
+            return
         except ValueError as exc:
             log.warning("%s is malformed (%s); keeping the last good state", self.path, exc)
             return

@@ -4,15 +4,14 @@ import json
 import logging
 import os
 import shutil
-import uuid
 from datetime import datetime
-from typing import List, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
-from launcher import envnames, topology
+from launcher import envnames, hostfacts, topology
 from launcher.errors import UsageError
 from launcher.options import RunOptions, check_sync_options
-from launcher.rundir import default_run_dir
-from launcher.rankenv import EnvContext, WorkerSpec
+from launcher.rundir import base_dir
+from launcher.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
 from launcher.recovery import resolve_strategy
 from launcher.topology import Topology
 
@@ -25,12 +24,14 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     framework = opts.resolved_framework(environ)
     check_command(opts.command, environ)
     topo = resolve_topology(opts, framework, environ)
-    run_dir = os.path.abspath(opts.run_dir or default_run_dir(environ))
-    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or uuid.uuid4().hex[:12]
+    run_dir = choose_run_dir(opts, environ)
+    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or derived_run_id(topo, opts.command)
     ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
-                     run_dir=run_dir, group_info_root=os.path.abspath(opts.group_info_root or
-                                                                       os.path.join(run_dir, "group_info")),
-                     base_env=environ)
+                     run_dir=run_dir,
+                     group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
+                     base_env=environ, visible_devices=hostfacts.visible_devices(environ),
+                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip)
+    check_visible_devices(ctx)
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
     if opts.sync_dir:
@@ -39,10 +40,26 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     if opts.dry_run:
         print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0
+    if not (opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)):
+        from launcher import jobs
+
+        jobs.prune(os.path.dirname(run_dir), exclude=[os.path.basename(run_dir)])
     from launcher.session import Session  # the spawning machinery is not needed for --dry-run
 
     with Session(opts, ctx) as session:
         return session.run()
+
+
+def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:
+    """``--run-dir`` (or ``LAUNCHER_RUN_DIR``), else a run dir of the job's own under the base dir:
+    ``<base>/<job name>`` (``launcher.jobs.job_name``), so two jobs on one machine never share one."""
+    explicit = opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)
+    if explicit:
+        return os.path.abspath(explicit)
+    from launcher.jobs import job_name
+
+    chosen_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID)
+    return os.path.join(os.path.abspath(base_dir(dict(environ))), job_name(opts.job_name, chosen_id))
 
 
 def preview_first_attempt(opts: RunOptions, ctx: EnvContext):
@@ -63,7 +80,10 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise UsageError(f"command not found or not executable: {program}")
     elif shutil.which(program, path=environ.get("PATH")) is None:
-        raise UsageError(f"command not found: {program}", ["(searched $PATH)"])
+        here = os.path.isfile(program)  # the shell's habit: a file here runs only as ./NAME
+        raise UsageError(f"command not found: {program}",
+                         [f"(searched $PATH; to run the file in this directory, write ./{program})" if here
+                          else "(searched $PATH)"])
 
 
 def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:
@@ -73,7 +93,8 @@ def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str
     if path is not None:
         from launcher.ranktable.wait import wait_for_rank_table
 
-        table = wait_for_rank_table(path, timeout=opts.rank_table_timeout)
+        # Absolute: ranks get it as RANK_TABLE_FILE and may change directory before opening it.
+        table = wait_for_rank_table(os.path.abspath(path), timeout=opts.rank_table_timeout)
     return topology.resolve(opts, framework, environ, table)
 
 
@@ -99,6 +120,38 @@ def parse_rank_filter(text: str) -> Optional[List[int]]:
     except ValueError:
         raise UsageError(f"--console-ranks {text!r}: expected all, none, or a list like 0,3,5-7") from None
     return ranks
+
+
+#: ``attempt_<n>`` log directories kept per session besides the first one: a crash loop with a large
+#: ``--max-restarts`` must not fill the disk, and the first and the latest attempts are the telling ones.
+KEEP_ATTEMPT_LOGS = 20
+
+
+def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_LOGS,
+                       in_use: Sequence[str] = ()) -> List[int]:
+    """Delete this session's ``attempt_<n>`` log dirs but the first, the newest ``keep``, ``current``
+    and those holding a log in use.
+
+    Args:
+        log_session: The session's log directory.
+        current: The attempt about to start (never deleted).
+        keep: Newest attempts kept (``current`` among them).
+        in_use: Log files of running ranks (with recover-in-place, ranks of an older attempt).
+
+    Returns:
+        The attempt numbers whose directories were deleted.
+    """
+    try:
+        names = os.listdir(log_session)
+    except OSError:
+        return []
+    numbers = sorted(int(n[8:]) for n in names if n.startswith("attempt_") and n[8:].isdigit())
+    busy = {os.path.basename(os.path.dirname(path)) for path in in_use}
+    kept = set(numbers[:1]) | set(sorted(set(numbers) | {current})[-keep:]) | {current}
+    removed = [n for n in numbers if n not in kept and f"attempt_{n}" not in busy]
+    for number in removed:
+        shutil.rmtree(os.path.join(log_session, f"attempt_{number}"), ignore_errors=True)
+    return removed
 
 
 def session_name() -> str:
@@ -138,8 +191,20 @@ def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], plan: object, as
             print(f"  {key}={rank['env'][key]}")
 
 
-def format_root_cause(result, log_lines: int = 10) -> List[str]:
-    """The root-cause summary: which rank failed first, how, when, and the end of its log."""
+def format_root_cause(result, log_lines: int = 10,
+                      error_file: Callable[[object], Optional[str]] = lambda failure: None) -> List[str]:
+    """The root-cause summary: which rank failed first, how, when, and why.
+
+    Why, as torchrun shows it: the exception and traceback from the rank's ``TORCHELASTIC_ERROR_FILE``
+    (written by torch's ``@record``), else the last traceback in the rank's log, else the log's last
+    ``log_lines`` lines.
+
+    Args:
+        result: The supervisor's ``RunResult``.
+        log_lines: Lines of the log shown when the rank left no traceback.
+        error_file: ``failure -> path`` of that rank's error file (None when it has none).
+    """
+    from launcher.errorfile import explain_failure
     from launcher.output import tail_lines
 
     cause = result.root_cause
@@ -152,7 +217,15 @@ def format_root_cause(result, log_lines: int = 10) -> List[str]:
     if earlier:
         lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
                                                        for f in earlier))
-    if cause.log_path:
+    found = explain_failure(error_file(cause), cause.log_path)
+    if found is not None:
+        lines.append(f"exception: {found.message}")
+        if found.traceback:
+            lines.append(f"traceback (from {found.source}):")
+            lines.extend(f"    {line}" for line in found.traceback)
+        if cause.log_path and found.source != cause.log_path:
+            lines.append(f"log: {cause.log_path}")
+    elif cause.log_path:
         tail = tail_lines(cause.log_path, log_lines)
         lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
         lines.extend(f"    {line}" for line in tail)

@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
 
+from launcher import console as console_mod
 from launcher import envnames
 from launcher import gasp as gasp_mod
 from launcher import guard as guard_mod
@@ -23,11 +24,15 @@ from launcher.jobtree import JobTree, report_escaped
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
-from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
+from launcher.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.runner import format_root_cause, parse_rank_filter, session_name
+from launcher.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
+                             session_name)
 from launcher.policy import NoSync, RestartPolicy, RunResult
 from launcher.supervisor import Supervisor
+
+if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
+    from launcher.restore.plan import RestorePlan
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,7 @@ class Session:
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
+        self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
 
     def __enter__(self) -> "Session":
         self.run_dir.lock()
@@ -68,31 +74,39 @@ class Session:
                        run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
-                                "log_dir": self.log_session}
+                                "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
+                                "gasp_signal": self.opts.gasp_signal}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
         self.guard = guard_mod.OrphanGuard(tree)
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree)
-        self.control = ControlServer(self.run_dir.file(rundir_mod.CONTROL_SOCKET), self.group.add_reader,
+        self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
-        for device in self.ctx.topology.server.devices:  # kept across restarts: ranks write here
-            os.makedirs(os.path.join(self.ctx.group_info_root, f"device{device.rank_id}"), exist_ok=True)
+        self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
 
     def _make_log_dir(self) -> None:
         try:
             os.makedirs(self.log_session, exist_ok=True)
-            latest = os.path.join(self.log_root, "latest")
-            tmp = f"{latest}.{os.getpid()}"
-            os.symlink(os.path.basename(self.log_session), tmp)
-            os.replace(tmp, latest)
         except OSError as exc:
             raise UsageError(f"cannot write logs under {self.log_root}: {exc.strerror}",
                              ["pass --log-dir with a writable directory"]) from None
+        latest = os.path.join(self.log_root, "latest")
+        if os.path.isdir(latest) and not os.path.islink(latest):
+            log.warning("%s is a directory, not the launcher's link: not pointing it at this run's logs", latest)
+            return
+        tmp = f"{latest}.{os.getpid()}"
+        try:
+            os.symlink(os.path.basename(self.log_session), tmp)
+            os.replace(tmp, latest)
+        except OSError as exc:  # a convenience link: never worth stopping the job for
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            log.warning("cannot point %s at this run's logs (%s)", latest, exc.strerror or exc)
 
     def run(self) -> int:
         """Supervise the job to its end; returns the exit status."""
@@ -107,12 +121,14 @@ class Session:
         log.info("recovery strategy: %s", strategy.describe())
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
-                               self.gasp_gate.try_save, strategy, self._in_place_supported())
+                               self.gasp_gate.try_save, strategy, self._in_place_supported(),
+                               backoff_max=self.opts.restart_backoff_max)
         sync = self._coordinator()
         self._start_taskd_manager()
         supervisor = Supervisor(self.group, self._specs_for, policy, self._emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync)
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self._hold, sync,
+                                resume_note=self._resume_note)
         try:
             result = supervisor.run()
         except BaseException:
@@ -222,17 +238,25 @@ class Session:
         topo = self.ctx.topology
         if not topo.table_file:
             return
+        from launcher.inputfiles import InputFileError
+        from launcher.ranktable.files import read_version
+
         try:
-            with open(os.path.join(os.path.dirname(topo.table_file), "version"), encoding="utf-8") as fh:
-                revision = fh.read().strip()
-        except OSError:
+            revision = read_version(topo.table_file)
+        except InputFileError as exc:  # a bad file during the run: say so, keep the table we have
+            log.warning("%s; keeping the rank table of version %s", exc, topo.table.revision)
             return
-        if revision == (topo.table.revision or ""):
+        if revision is None or revision == (topo.table.revision or ""):
             return
         from launcher import topology
+        from launcher.ranktable import RankTableError
         from launcher.ranktable.wait import wait_for_rank_table
 
-        table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+        try:
+            table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+        except RankTableError as exc:
+            log.warning("%s; keeping the rank table of version %s", exc.message, topo.table.revision)
+            return
         new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
         self._emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
                    old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
@@ -240,7 +264,11 @@ class Session:
         log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
                     table.revision, list(topo.server.ranks), list(new.server.ranks))
         self.ctx = dataclasses.replace(self.ctx, topology=new)
-        for rank in new.server.ranks:
+        self._make_group_info_dirs(new.server.ranks)
+
+    def _make_group_info_dirs(self, ranks) -> None:
+        """``--group-info-root`` only: the ranks write ``device<r>/group_info.pb`` there, kept across restarts."""
+        for rank in ranks if self.ctx.group_info_root else ():
             os.makedirs(os.path.join(self.ctx.group_info_root, f"device{rank}"), exist_ok=True)
 
     def _in_place_supported(self) -> bool:
@@ -255,6 +283,9 @@ class Session:
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:
             self._refresh_rank_table()
+            removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
+            if removed:
+                self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
                                     gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
         if plan is not None:
@@ -280,9 +311,15 @@ class Session:
         self._emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                    restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
                    warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
-        log.info("restore plan: %s", plan.reason)
+        self.plans[attempt] = plan
+        if not attempt:  # a restart says it in its own line (Supervisor)
+            log.info("restore plan: %s", resume_summary(plan))
         for warning in plan.warnings:
             log.warning("restore plan: %s", warning)
+
+    def _resume_note(self, attempt: int) -> str:
+        plan = self.plans.get(attempt)
+        return resume_summary(plan) if plan is not None else "no restore plan (no --checkpoint-dir)"
 
     def _log_path(self, spec: WorkerSpec, attempt: int) -> str:
         name = "scheduler.log" if spec.role == ROLE_SCHEDULER else f"rank_{spec.rank}.log"
@@ -300,11 +337,21 @@ class Session:
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
         elif result.reason == "failed":
-            for line in format_root_cause(result):
+            error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
+            for line in format_root_cause(result, error_file=error_file):
                 log.error("%s", line)
         else:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
         sys.stdout.flush()
+
+    def _report_console(self) -> None:
+        """After a bounded wait for a slow console: how much output it did not take (the files have it)."""
+        stdout = console_mod.console_stream()
+        stdout.finish(console_mod.CONSOLE_EXIT_WAIT)
+        if stdout.dropped_bytes:
+            self._emit("console_dropped", stream=stdout.name, bytes=stdout.dropped_bytes, lines=stdout.dropped_lines)
+            log.warning("the console did not take %d bytes (%d lines) of rank output: dropped from the console, "
+                        "the rank log files are complete", stdout.dropped_bytes, stdout.dropped_lines)
 
     def __exit__(self, *exc_info: object) -> None:
         if self.group is not None and self.guard is not None:
@@ -317,9 +364,23 @@ class Session:
             self.group.ensure_gone(5.0, final=True)
             report_escaped(self._emit, self.group.take_escaped(), attempt=None)
             self.group.close()
+            self._report_console()
         if self.guard is not None:
             self.guard.close()
         if self.events is not None:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
-        self.run_dir.unlock()
+        self.run_dir.close()
+
+
+def resume_summary(plan: "RestorePlan") -> str:
+    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
+    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
+
+    if plan.kind == KIND_BREAKPOINT:
+        ranks = plan.restore_ranks
+        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(str(r) for r in ranks)}")
+    if plan.kind == KIND_PERIODIC:
+        return f"resuming from the step-{plan.step} periodic checkpoints"
+    return f"starting from scratch ({plan.reason})"

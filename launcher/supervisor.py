@@ -40,6 +40,8 @@ class Supervisor:
         hold: ``() -> reason or None``: why the cluster forbids (re)starting ranks right now.
         sync: Restart generations shared with the other nodes (``launcher.sync.Coordinator``);
             default ``NoSync``: this node decides alone.
+        resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
+        clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -47,7 +49,8 @@ class Supervisor:
                  on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
                  log_path: Optional[Callable[[int], Optional[str]]] = None,
                  request_exit: Optional[Callable[[], None]] = None,
-                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None):
+                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
+                 resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -57,6 +60,10 @@ class Supervisor:
         self.request_exit = request_exit or (lambda: None)
         self.hold = hold or (lambda: None)
         self.sync = sync or NoSync()
+        self.resume_note = resume_note
+        self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
+        self.clock = clock
+        self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
         self.failures: List[Failure] = []
         self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
         self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
@@ -111,12 +118,21 @@ class Supervisor:
         self.attempt_no += 1
         if attempt.cluster_stop is not None:
             self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
+            self._restart_note = f"restarting as the cluster asks ({attempt.cluster_stop})"
             return
         self.restarts += 1
+        failure = attempt.failure
+        self._restart_note = (f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after "
+                              f"{failure.label} failed ({failure.info.describe()})")
+        healthy = attempt.duration >= self.policy.healthy_seconds
+        self._quick_failures = 0 if healthy else self._quick_failures + 1
+        delay = self.policy.restart_delay(self._quick_failures)
         self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
-                  backoff=self.policy.backoff, restarts_left=self.policy.max_restarts - self.restarts)
-        if self.policy.backoff:
-            self._wait_quietly(self.policy.backoff)
+                  backoff=delay, ran_for=round(attempt.duration, 3), quick_failures=self._quick_failures,
+                  restarts_left=self.policy.max_restarts - self.restarts)
+        if delay:
+            log.info("%d quick failure(s) in a row: restarting in %.1f s", self._quick_failures, delay)
+            self._wait_quietly(delay)
 
     def _final_result(self, attempts: int, attempt: Optional[_Attempt]) -> RunResult:
         if self._final == "cluster-timeout":
@@ -139,8 +155,13 @@ class Supervisor:
     # -- one attempt --------------------------------------------------------------------------
     def _run_attempt(self, number: int, failed_before: Sequence[int]) -> _Attempt:
         specs = self.specs_for(number, failed_before)
+        if self._restart_note is not None:
+            note = self.resume_note(number) if self.resume_note else None
+            log.info("%s%s", self._restart_note, f"; {note}" if note else "")
+            self._restart_note = None
         workers = {s.rank: Worker(s.rank, s.label, on_change=self._changed(number)) for s in specs}
         attempt = _Attempt(number, workers)
+        started = self.clock()
         self.emit("attempt_start", attempt=number, ranks=[s.rank for s in specs])
         self.group.start(specs, number)
         pids = self.group.pids()
@@ -156,6 +177,7 @@ class Supervisor:
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)
+        attempt.duration = self.clock() - started
         self.emit("attempt_end", attempt=number, failed=attempt.failure is not None)
         return attempt
 
@@ -167,8 +189,8 @@ class Supervisor:
             if event.signum in GASP_TRIGGERS:
                 self._gasp(attempt, f"signal {signal.Signals(event.signum).name}")
             else:
-                log.info("received %s: forwarding to the ranks (grace %.0f s)",
-                         signal.Signals(event.signum).name, self.policy.grace_period)
+                log.info("Ctrl-C: stopping the ranks (up to %.0f s to save and exit); Ctrl-C again to kill "
+                         "them now", self.policy.grace_period)
                 self._final = "signal"
                 self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
         elif isinstance(event, ControlRequest):
@@ -295,6 +317,7 @@ class Supervisor:
             request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
                            "ranks": {w.rank: w.state.value for w in workers}}, final=True)
         elif request.command == "gasp":
+            request.reply({"ok": True, "accepted": True})  # at once: prestop's proof of a live loop
             self._waiters.append(request)
             if self._final is None and attempt is not None:
                 self._gasp(attempt, "prestop")
@@ -372,10 +395,15 @@ class Supervisor:
                     worker.transition(WorkerState.STOPPED)
             elif isinstance(event, SignalReceived):
                 # Never a second signal to a rank that is saving; a second Ctrl-C means "now".
+                first = self._signal is None
                 self._on_signal(event.signum)
                 self._final = self._final or ("gasp" if event.signum in GASP_TRIGGERS else "signal")
                 if event.signum == signal.SIGINT and self._signal == signal.SIGINT and not killed:
-                    deadline = time.monotonic()
+                    if first:
+                        log.info("Ctrl-C: no restart; Ctrl-C again to kill the ranks now")
+                    else:
+                        log.warning("Ctrl-C again: killing the ranks now")
+                        deadline = time.monotonic()
             elif isinstance(event, ControlRequest):
                 self._on_request(None, event)
             elif isinstance(event, ClusterUpdate):
@@ -396,9 +424,9 @@ class Supervisor:
 
     def _wait_quietly(self, seconds: float) -> bool:
         """Wait ``seconds`` (backoff, barrier), honouring stop signals and requests; False once the run ends."""
-        deadline = time.monotonic() + seconds
-        while self._final is None and time.monotonic() < deadline:
-            self._idle_event(self.group.wait_event(deadline - time.monotonic()))
+        deadline = self.clock() + seconds
+        while self._final is None and self.clock() < deadline:
+            self._idle_event(self.group.wait_event(deadline - self.clock()))
         return self._final is None
 
     def _idle_event(self, event: Optional[Event]) -> None:

@@ -85,11 +85,33 @@ def resolve(opts: RunOptions, framework: str, environ: Mapping[str, str],
         return Topology(table, server, f"rank table {table.source}", table.source, False, port)
     nproc, nnodes, node_rank, source = _local_shape(opts, framework, environ)
     master = opts.master_addr or _env_master(framework, environ) or "127.0.0.1"
-    port = opts.master_port or _env_port(framework, environ) or default_port
+    port = opts.master_port or _env_port(framework, environ)
+    if port is None and nnodes == 1:  # one node: no other launcher needs to know the port in advance
+        port = free_port(master)
+    port = port or default_port
     from launcher.ranktable.generate import build_local_table
 
     built = build_local_table(nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master, master_port=port)
     return Topology(built, built.servers[node_rank], source, None, framework == "mindspore", port)
+
+
+def free_port(host: str) -> Optional[int]:
+    """A TCP port free on ``host`` now (bind port 0, read it, close), or None when ``host`` is not local.
+
+    What torchrun does for a local job whose store is not shared with its agent
+    (``torch.distributed.elastic.utils.distributed.get_free_port``), with the same race: the port is
+    not reserved, and another process may bind it before rank 0 (or the MindSpore scheduler) does;
+    the kernel hands out port-0 ports round-robin through the ephemeral range, which makes an
+    immediate reuse unlikely. An explicit ``--master-port`` avoids the race altogether.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.bind(address)
+            return sock.getsockname()[1]
+    except OSError as exc:  # not an address of this host: the framework default
+        log.debug("no free port on %s: %s", host, exc)
+        return None
 
 
 def _local_shape(opts: RunOptions, framework: str, environ: Mapping[str, str]):

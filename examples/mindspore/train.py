@@ -3,9 +3,8 @@
 
 A small dense network learns a synthetic regression task with ``Model.train``. Every rank holds a
 full replica and gradients are averaged over the ranks every step, so the replicas stay identical
-and any rank's checkpoint can restore any other rank (``DATA_PARALLEL``; in graph mode on CPU,
-where MindSpore compiles no parallel mode, the same gradient all-reduce is added explicitly, see
-``TrainStep``). The same script is the dynamic-cluster
+and any rank's checkpoint can restore any other rank (stock ``DATA_PARALLEL``). The same script is
+the dynamic-cluster
 scheduler (``MS_ROLE=MS_SCHED``: it only calls ``init()``, which serves the cluster and never
 returns) and every worker (``MS_ROLE=MS_WORKER``), so it runs under
 ``launcher run --framework mindspore`` and under ``msrun`` alike; without ``MS_ROLE`` it trains
@@ -29,14 +28,19 @@ not import the ``launcher`` package: it is user code):
   optimizer's ``global_step``; the data pipeline skips exactly the steps already done
   (``initial_epoch`` plus ``Dataset.set_init_step``), so a resumed run sees the batches an
   uninterrupted one would have seen and ends with bit-identical parameters;
+* replica groups for the restore planner: ``$GROUP_INFO_FILE`` (``launcher run --group-info-root``)
+  gets the ``group_info.pb`` MindSpore writes in ``DATA_PARALLEL``, written by this script on CPU,
+  where MindSpore cannot (``take_over_group_info``); on a breakpoint plan the vendor's
+  ``RESTORE_RANKS_MAP`` is checked against the launcher's choice;
 * fault injection (``--fail-at-step``/``--fail-rank``) on the first attempt only.
 
 Exit codes: 0 finished or stopped on request; 143 after the SIGTERM gasp; 1 a failure;
-2 an unusable resume checkpoint.
+2 an unusable resume checkpoint, or a ``RESTORE_RANKS_MAP`` that disagrees with the plan.
 """
 
 import argparse
 import hashlib
+import json
 import os
 import signal
 import sys
@@ -46,7 +50,7 @@ import time
 # user set GLOG_v. This must happen before mindspore is imported.
 os.environ.setdefault("GLOG_v", "3")
 # Graceful exit and the coordinated gasp need TrainOneStepCell's agreement flags; the launcher sets
-# this for --framework mindspore, msrun does not. Read when the cells are built.
+# this only with --graceful-exit, msrun never. Read when the cells are built.
 os.environ.setdefault("MS_ENABLE_GRACEFUL_EXIT", "1")
 
 import numpy as np  # noqa: E402
@@ -67,6 +71,9 @@ ENV_RESUME_KIND = "LAUNCHER_RESUME_KIND"
 ENV_RESUME_SOURCE_RANK = "LAUNCHER_RESUME_SOURCE_RANK"
 ENV_GRACEFUL_EXIT_FILE = "LAUNCHER_GRACEFUL_EXIT_FILE"
 ENV_GASP_SAVE_ALLOWED = "LAUNCHER_GASP_SAVE_ALLOWED"
+ENV_RESTORE_RANKS = "RESTORE_RANKS"
+ENV_RESTORE_RANKS_MAP = "RESTORE_RANKS_MAP"
+ENV_GROUP_INFO_FILE = "GROUP_INFO_FILE"
 ENV_ATTEMPT = ("LAUNCHER_ATTEMPT", "TORCHELASTIC_RESTART_COUNT")  # the first one set wins
 
 EXIT_FAILED = 1
@@ -186,21 +193,15 @@ class Float32ExitByRequest(ExitByRequest):
 
 
 class TrainStep(nn.TrainOneStepCell):
-    """``TrainOneStepCell`` (gradient all-reduce plus graceful-exit flags), made to work on CPU.
+    """``TrainOneStepCell`` whose graceful-exit agreement works on CPU (``Float32ExitByRequest``).
 
-    * In graph mode MindSpore compiles no parallel mode but stand-alone on CPU ("Invalid
-      communication backend: CPU for semi_auto_parallel/auto_parallel mode"), ``DATA_PARALLEL``
-      included. There this cell adds the ``DistributedGradReducer`` (mean over ``world`` ranks) that
-      ``DATA_PARALLEL`` would add, which is the whole of data parallelism.
-    * The graceful-exit agreement uses ``Float32ExitByRequest``.
+    The gradient all-reduce is the stock one: ``DATA_PARALLEL`` (set in ``setup``) makes
+    ``TrainOneStepCell`` add its ``DistributedGradReducer``.
     """
 
-    def __init__(self, network, optimizer, world):
+    def __init__(self, network, optimizer):
         super().__init__(network, optimizer)
-        if world > 1 and not self.reducer_flag:
-            self.reducer_flag = True
-            self.grad_reducer = nn.DistributedGradReducer(self.weights, mean=True, degree=world)
-        if self.use_graceful_exit and world > 1:
+        if self.use_graceful_exit and self.graceful_exit.is_distributed:
             self.graceful_exit = Float32ExitByRequest()
 
 
@@ -219,6 +220,63 @@ def steps_done(optimizer):
     return int(optimizer.global_step.asnumpy().reshape(-1)[0])
 
 
+# -- replica groups (GROUP_INFO_FILE) -------------------------------------------------------------
+def take_over_group_info(world):
+    """Write ``$GROUP_INFO_FILE`` as MindSpore does in ``DATA_PARALLEL``, which it cannot on CPU.
+
+    With ``GROUP_INFO_FILE`` set, MindSpore's data-parallel compile pass (``SetDataParallelGroupInfo``)
+    writes a ``ParallelGroupMap`` whose ``ckpt_restore_rank_list`` is every rank (all replicas
+    are identical), but on CPU that pass first fails ("Invalid communication backend: CPU for
+    semi_auto_parallel/auto_parallel mode"). So on CPU this removes the variable before the compile
+    and writes the same message with MindSpore's own protobuf class; the launcher's restore planner
+    (``--group-info-root``) reads it as one replica group.
+    """
+    path = os.environ.pop(ENV_GROUP_INFO_FILE, None)
+    if not path:
+        return
+    from mindspore.train.node_strategy_pb2 import ParallelGroupMap
+
+    message = ParallelGroupMap()
+    message.ckpt_restore_rank_list.dim.extend(range(world))
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    partial = f"{path}.tmp"
+    with open(partial, "wb") as fh:
+        fh.write(message.SerializeToString())
+    os.replace(partial, path)  # the planner of a restart never sees half a file
+    log(f"group info: wrote {path}, ckpt_restore_rank_list {list(range(world))}")
+
+
+def replica_source(rank):
+    """This rank's source in ``RESTORE_RANKS_MAP`` (``{"0,1": 0}``: group -> source), or None.
+
+    Membership is tested on the split key: the vendor's substring test finds rank 1 in "0,10".
+    """
+    text = os.environ.get(ENV_RESTORE_RANKS_MAP)
+    if not text:
+        return None
+    try:
+        mapping = json.loads(text)
+    except ValueError:
+        fail(EXIT_BAD_RESUME, f"{ENV_RESTORE_RANKS_MAP} is not JSON: {text!r}")
+    for group, source in mapping.items():
+        if str(rank) in group.split(","):
+            return int(source)
+    return None
+
+
+def check_restore_map(rank):
+    """On a breakpoint plan, the vendor's ``RESTORE_RANKS``/``RESTORE_RANKS_MAP`` must name the source
+    the launcher chose for this rank: a script written for the MindX variables loads the same file."""
+    if os.environ.get(ENV_RESUME_KIND) != "breakpoint":
+        return
+    source = replica_source(rank)
+    log(f"restore ranks {os.environ.get(ENV_RESTORE_RANKS, '?')} map {os.environ.get(ENV_RESTORE_RANKS_MAP)}: "
+        f"rank {rank} loads rank {source}'s breakpoint")
+    if str(source) != os.environ.get(ENV_RESUME_SOURCE_RANK):
+        fail(EXIT_BAD_RESUME, f"{ENV_RESTORE_RANKS_MAP} names source {source} for rank {rank}, "
+                              f"{ENV_RESUME_SOURCE_RANK} {os.environ.get(ENV_RESUME_SOURCE_RANK)}")
+
+
 # -- resume --------------------------------------------------------------------------------------
 def resume_source(args, rank):
     """``(path, how)`` of the checkpoint to resume from, or ``(None, None)``."""
@@ -227,6 +285,7 @@ def resume_source(args, rank):
         how = (f"launcher plan: kind={os.environ.get(ENV_RESUME_KIND, '?')} "
                f"source_rank={os.environ.get(ENV_RESUME_SOURCE_RANK, '?')} "
                f"step={os.environ.get(ENV_RESUME_STEP, '?')}")
+        check_restore_map(rank)
         return path, how
     if args.resume_from:
         return args.resume_from.replace("{rank}", str(rank)), "--resume-from"
@@ -401,9 +460,11 @@ def setup(args):
     if not role:
         return 0, 1
     init()
-    if not (graph and args.device_target == "CPU"):  # see TrainStep
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-    return get_rank(), get_group_size()
+    rank, world = get_rank(), get_group_size()
+    if args.device_target == "CPU":
+        take_over_group_info(world)
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+    return rank, world
 
 
 def leave(code):
@@ -426,7 +487,7 @@ def main(argv=None):
 
     net = build_network(args.seed)
     optimizer = nn.Momentum(net.trainable_params(), args.lr, args.momentum)
-    train_net = TrainStep(nn.WithLossCell(net, nn.MSELoss()), optimizer, world)
+    train_net = TrainStep(nn.WithLossCell(net, nn.MSELoss()), optimizer)
     model = Model(train_net)
 
     done = 0

@@ -1,47 +1,54 @@
-"""``launcher prestop`` and ``launcher exit``: talk to the supervisor of this container."""
+"""``launcher prestop``, ``launcher exit`` and ``launcher jobs``: find a job, talk to its supervisor."""
 
-import os
+import json
 from typing import Optional
 
 import click
 
-from launcher import rundir as rundir_mod
 from launcher.errors import LauncherError
-from launcher.prestop import open_run_dir
+from launcher.options import SignalType
 
 _RUN_DIR = click.option("--run-dir", type=click.Path(file_okay=False), envvar="LAUNCHER_RUN_DIR",
-                        show_envvar=True, help="The run dir of the `launcher run` to address (same default).")
+                        show_envvar=True, help="The run dir of the `launcher run` to address.")
+_JOB = click.option("--job", help="The job's name under the base dir (see `launcher jobs`). Default: the "
+                                  "only running job.")
 
 
 @click.command()
 @_RUN_DIR
+@_JOB
 @click.option("--timeout", type=click.FloatRange(min=0),
-              help="Without a live supervisor: seconds ranks get before SIGKILL (default: the gasp "
-                   "timeout for a 30 s termination grace period).")
-@click.option("--signal", "signame", default="SIGTERM", help="Without a live supervisor: the save signal.")
-def prestop(run_dir: Optional[str], timeout: Optional[float], signame: str) -> int:
+              help="Without a live supervisor: seconds ranks get before SIGKILL (default: what is left of "
+                   "the job's gasp timeout).")
+@click.option("--signal", "signame", type=SignalType(),
+              help="Without a live supervisor: the save signal (default: the job's --gasp-signal).")
+def prestop(run_dir: Optional[str], job: Optional[str], timeout: Optional[float], signame: Optional[str]) -> int:
     """Dying gasp: every rank saves its checkpoint; returns when they are done (container preStop).
 
     Blocks until every rank has exited or was killed at the gasp timeout, then prints one line per rank.
+    A supervisor that does not acknowledge within 2 s (stopped, hung) is bypassed: the ranks it
+    recorded get the save signal from prestop itself.
     """
     from launcher.prestop import prestop as run_prestop
 
-    return run_prestop(run_dir, timeout, signame)
+    return run_prestop(run_dir, timeout, signame, job)
 
 
 @click.command("exit")
 @_RUN_DIR
+@_JOB
 @click.option("--no-wait", is_flag=True, help="Return once the request is accepted.")
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after this many seconds.")
-def exit_(run_dir: Optional[str], no_wait: bool, timeout: Optional[float]) -> int:
+def exit_(run_dir: Optional[str], job: Optional[str], no_wait: bool, timeout: Optional[float]) -> int:
     """Stop the whole job at a step boundary, saving first (graceful exit on request)."""
     from launcher.ctlclient import NoSupervisor, request
+    from launcher.prestop import open_run_dir
 
-    path = open_run_dir(run_dir)
-    if path is None:
-        raise LauncherError("no launcher run here (run dir missing); pass --run-dir")
+    rd = open_run_dir(run_dir, job)
+    if rd is None:
+        raise LauncherError("no launcher is running here", ["pass --run-dir or --job (see `launcher jobs`)"])
     try:
-        for answer in request(os.path.join(path, rundir_mod.CONTROL_SOCKET), "exit", timeout=timeout):
+        for answer in request(rd.socket_address(), "exit", timeout=timeout):
             if not answer.get("ok"):
                 raise LauncherError(f"the launcher refused: {answer.get('error')}")
             if answer.get("accepted"):
@@ -52,6 +59,26 @@ def exit_(run_dir: Optional[str], no_wait: bool, timeout: Optional[float]) -> in
                 click.echo(f"launcher exit: job ended ({answer['reason']}, exit {answer['exit_code']})")
                 return 0 if answer["exit_code"] == 0 else 1
     except NoSupervisor as exc:
-        raise LauncherError(str(exc), ["is `launcher run` running with this --run-dir?"]) from None
+        raise LauncherError(str(exc), [f"is `launcher run` running with run dir {rd.path}?"]) from None
+    finally:
+        rd.close()
     raise LauncherError("the launcher closed the connection before the job ended",
                         ["see events.jsonl in the run dir for what happened"])
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON list.")
+def jobs(as_json: bool) -> int:
+    """List this user's jobs on this machine: running ones and the run dirs kept of ended ones."""
+    from launcher import jobs as jobs_mod
+    from launcher.rundir import base_dir
+
+    found = jobs_mod.scan(base_dir())
+    if as_json:
+        click.echo(json.dumps([job.to_json() for job in found], indent=2))
+        return 0
+    if not found:
+        click.echo(f"no jobs under {base_dir()}")
+    for job in found:
+        click.echo(job.describe())
+    return 0

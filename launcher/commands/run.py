@@ -1,11 +1,105 @@
-"""``launcher run [OPTIONS] -- COMMAND [ARGS]...``: parse, then delegate to ``launcher.runner``."""
+"""``launcher run [OPTIONS] [--] COMMAND [ARGS]...``: parse, then delegate to ``launcher.runner``."""
 
-from typing import Any, Callable, Optional
+import logging
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import click
 
+from launcher.commands import torchrun
 from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, RunOptions,
-                              env_var_for, load_config)
+                              SignalType, env_var_for, load_config)
+
+log = logging.getLogger(__name__)
+
+#: ``launcher run --help`` in sections: title -> the options it shows, by their long name. Every shown
+#: option is in exactly one section (tests/unit/test_cli.py checks it).
+HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("Where the ranks come from", ("--rank-table", "--rank-table-timeout", "--server-id", "--framework")),
+    ("Local runs, torchrun style (no rank table)", ("--nproc-per-node", "--nnodes", "--node-rank",
+                                                     "--master-addr", "--master-port")),
+    ("How COMMAND runs", ("--no-python", "--module")),
+    ("Supervision and restarts", ("--max-restarts", "--restart-backoff", "--restart-backoff-max", "--stop-timeout",
+                                  "--recover-strategy",
+                                  "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
+                                  "--gasp-min-interval", "--graceful-exit")),
+    ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id")),
+    ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
+                                  "--groups-file", "--fault-ranks", "--group-info-root")),
+    ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
+                                                             "--sync-dir", "--sync-timeout", "--taskd",
+                                                             "--taskd-port")),
+    ("Other options", ("--config", "--dry-run", "--json", "--help")),
+)
+
+
+def long_name(param: click.Parameter) -> str:
+    """The name an option is listed by in ``HELP_SECTIONS``: its first ``--`` spelling."""
+    return next((o for o in param.opts if o.startswith("--")), param.opts[0])
+
+
+class RunCommand(click.Command):
+    """``run``: torchrun's spellings and options too, a warning for launcher options after the
+    command, and the help in sections."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # After the decorated options, before COMMAND: added here so the decorator list stays the
+        # launcher's own options.
+        arguments = [p for p in self.params if isinstance(p, click.Argument)]
+        self.params[:] = [p for p in self.params if not isinstance(p, click.Argument)]
+        self.params.extend(torchrun.command_options() + torchrun.hidden_options() + arguments)
+
+    def parse_args(self, ctx: click.Context, args: List[str]) -> List[str]:
+        misplaced, program = options_after_command(args, self.params)
+        if misplaced:
+            verb = "is" if len(misplaced) == 1 else "are"
+            log.warning("%s after the command %s passed to %s, not to the launcher: put launcher options before "
+                        "%s (or -- before %s if it takes %s itself)", ", ".join(misplaced), verb, program,
+                        program, program, "it" if len(misplaced) == 1 else "them")
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        records: Dict[str, Tuple[str, str]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None and isinstance(param, click.Option):
+                records[long_name(param)] = record
+        for title, names in HELP_SECTIONS:
+            rows = [records.pop(name) for name in names if name in records]
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+        if records:  # an option not in HELP_SECTIONS yet is still shown
+            with formatter.section("Unsorted options"):
+                formatter.write_dl(list(records.values()))
+
+
+def options_after_command(args: Sequence[str], params: Sequence[click.Parameter]) -> Tuple[List[str], str]:
+    """Launcher options written after the command (which receives them), unless ``--`` marks the command.
+
+    Returns:
+        The misplaced options as written, and the command's program name.
+    """
+    takes_value: Dict[str, bool] = {}
+    for param in params:
+        if isinstance(param, click.Option):
+            for opt in param.opts + param.secondary_opts:
+                takes_value[torchrun.normalize_token(opt)] = not (param.is_flag or param.count)
+    index = 0
+    while index < len(args):
+        token = args[index]
+        if token == "--":
+            return [], ""
+        if not token.startswith("-") or token == "-":
+            break
+        name, equals, _ = token.partition("=")
+        index += 2 if takes_value.get(torchrun.normalize_token(name)) and not equals else 1
+    else:
+        return [], ""
+    # Long options only: a short one after the command is more likely the command's own (python -m).
+    misplaced = [token.partition("=")[0] for token in args[index + 1:]
+                 if token.startswith("--") and torchrun.normalize_token(token.partition("=")[0]) in takes_value]
+    return list(dict.fromkeys(misplaced)), args[index]
 
 
 def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
@@ -13,6 +107,17 @@ def _load_config(ctx: click.Context, _param: click.Parameter, value: Optional[st
     # precedence (command line > environment > default_map > default) applies unchanged.
     if value:
         ctx.default_map = {**(ctx.default_map or {}), **load_config(value)}
+    return value
+
+
+def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    import ipaddress
+
+    if value:
+        try:
+            ipaddress.ip_address(value)
+        except ValueError:
+            raise click.BadParameter(f"{value!r} is not an IPv4 or IPv6 address") from None
     return value
 
 
@@ -25,88 +130,125 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 
 
 # Options after the command belong to the command: `launcher run --x 1 python t.py --y 2`.
-@click.command(context_settings={"allow_interspersed_args": False, "show_default": True})
+@click.command(cls=RunCommand, context_settings={"allow_interspersed_args": False, "show_default": True,
+                                                 "token_normalize_func": torchrun.normalize_token})
 @click.option("--config", type=click.Path(dir_okay=False), is_eager=True, expose_value=False,
               callback=_load_config, envvar="LAUNCHER_CONFIG", show_envvar=True,
               help="YAML file holding any run option (keys as option names).")
 @_opt("--rank-table", type=click.Path(dir_okay=False),
-      help="Rank table (hccl.json). Default: $RANK_TABLE_FILE, else "
-           "/user/serverid/devindex/config/hccl.json when it exists.")
+      help="Rank table file (hccl.json) listing the job's servers and devices. Default: $RANK_TABLE_FILE, "
+           "else /user/serverid/devindex/config/hccl.json when it exists.")
 @_opt("--rank-table-timeout", type=click.FloatRange(min=0), default=300.0,
-      help="Seconds to wait for the rank table's status to become 'completed'.")
-@_opt("--nproc-per-node", type=click.IntRange(min=1),
-      help="Build the rank table here: N ranks per node (torchrun style, no hccl.json).")
-@_opt("--nnodes", type=click.IntRange(min=1), default=1, help="Number of nodes (with --nproc-per-node).")
-@_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This node's index (with --nproc-per-node).")
-@_opt("--master-addr", help="Rendezvous address (default: the server hosting rank 0 / 127.0.0.1).")
+      help="Seconds to wait for the cluster to finish writing the rank table.")
+@_opt("--nproc-per-node", type=torchrun.NprocType(),
+      help="Start N ranks on this machine, no rank table needed; auto, cpu or npu count the devices.")
+@_opt("--nnodes", type=torchrun.NnodesType(), default=1, help="Number of machines (with --nproc-per-node).")
+@_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This machine's index, from 0 (with --nproc-per-node).")
+@_opt("--master-addr", help="Address of the machine running rank 0 (default: from the rank table, else 127.0.0.1).")
 @_opt("--master-port", type=click.IntRange(1, 65535),
-      help="Rendezvous port (default 29500; MindSpore scheduler 8118).")
-@_opt("--server-id", help="This server's address in the rank table (default $XDL_IP, $POD_IP, host addresses).")
+      help="Port rank 0 listens on (default: a free port for a one-machine job; across machines 29500, "
+           "MindSpore 8118).")
+@_opt("--server-id", help="This machine's address in the rank table (default $XDL_IP, $POD_IP, its own addresses).")
 @_opt("--framework", type=click.Choice(FRAMEWORKS, case_sensitive=False),
-      help="Environment flavour for the ranks (default: $framework, else pytorch).")
+      help="Which framework's environment variables the ranks get (default: $framework, else pytorch).")
 @_opt("--max-restarts", type=click.IntRange(min=0), default=0,
-      help="Restart the local group this many times after a rank fails.")
-@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.0,
-      help="Seconds to wait between a failure and the restart.")
+      help="Restart the ranks of this machine up to N times after one fails.")
+@_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.5,
+      help="Crash-loop backoff: a restart is immediate, unless the attempt before it also failed "
+           "within 60 s of its start; then the delay starts at this many seconds and doubles.")
+@_opt("--restart-backoff-max", type=click.FloatRange(min=0), default=30.0,
+      help="Cap of the crash-loop backoff delay (0: always restart at once).")
 @_opt("--stop-timeout", type=click.FloatRange(min=0), default=10.0,
-      help="Seconds between SIGTERM and SIGKILL when stopping the group after a failure.")
+      help="After a rank fails: seconds the others get to exit after SIGTERM, before SIGKILL.")
 @_opt("--gasp-timeout", "--grace-period", type=click.FloatRange(min=0),
-      help="Seconds ranks get to save and exit after prestop / SIGTERM / SIGINT before SIGKILL "
-           "(default: --termination-grace-period minus a margin of 5 s or 10 %).")
+      help="When the job is stopped (SIGTERM, Ctrl-C, launcher prestop): seconds the ranks get to save a "
+           "checkpoint and exit, before SIGKILL (default: --termination-grace-period minus 5 s or 10 %).")
 @_opt("--termination-grace-period", type=click.FloatRange(min=1), default=30.0,
-      help="The pod's terminationGracePeriodSeconds, which the gasp must fit in.")
-@_opt("--gasp-signal", default="SIGTERM", help="Signal asking a rank to save its dying-gasp checkpoint.")
+      help="Seconds Kubernetes gives the pod to stop (terminationGracePeriodSeconds); the save must fit.")
+@_opt("--gasp-signal", type=SignalType(), default="SIGTERM",
+      help="Signal asking a rank to save a checkpoint and exit (a catchable signal, by name or number).")
 @_opt("--gasp-min-interval", type=click.FloatRange(min=0), default=0.0,
-      help="A gasp within this many seconds of the previous one stops the ranks without the save "
-           "signal (crash loops; the seed's rule is 60). 0 disables.")
+      help="Stopped again within this many seconds (a crash loop): stop the ranks without asking them "
+           "to save. 0: always ask.")
 @_opt("--log-dir", type=click.Path(file_okay=False),
       help="Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).")
-@_opt("--console-ranks", default="all", help="Ranks whose output is shown on the console: all, none, or 0,3,5-7.")
+@_opt("--console-ranks", default="all", help="Ranks whose output is shown here: all, none, or a list like 0,3,5-7.")
 @_opt("--run-dir", type=click.Path(file_okay=False),
-      help="Private state directory: pid, state, events.jsonl (default $XDG_RUNTIME_DIR/launcher "
-           "or /tmp/launcher-<uid>).")
-@_opt("--run-id", help="Job id for TORCHELASTIC_RUN_ID / JOB_ID (default $MINDX_TASK_ID, else generated).")
+      help="The launcher's own state: pid, rank states, events.jsonl (default: <base>/<job name>, base "
+           "$XDG_RUNTIME_DIR/launcher or /tmp/launcher-<uid>).")
+@_opt("--job-name", help="Name of the job's run dir under the base (default: --run-id or $MINDX_TASK_ID "
+                         "when given, else <date>-<time>-<pid>); `launcher prestop --job NAME` finds it.")
+@_opt("--run-id", help="The job's id, the same on every machine (default $MINDX_TASK_ID, else a digest of "
+                        "what every machine of the job shares: the rank table or master address, and the command).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),
-      help="Root of <root>/device<RANK_ID>/group_info.pb (default <run-dir>/group_info).")
+      help="MindSpore hybrid-parallel restore: each rank writes DIR/device<rank>/group_info.pb (GROUP_INFO_FILE) "
+           "and the restore plan reads them (default: no GROUP_INFO_FILE).")
+@_opt("--graceful-exit", is_flag=True,
+      help="MindSpore stop-on-request: ranks get MS_ENABLE_GRACEFUL_EXIT=1, which OnRequestExit needs "
+           "(a value already set is kept).")
+@_opt("--hccl-if-ip", callback=_ip_address,
+      help="Network address HCCL uses on this machine (HCCL_IF_IP; default: XDL_IP with host networking, "
+           "else unset; a value already set is kept).")
 @_opt("--checkpoint-dir", type=click.Path(file_okay=False),
-      help="Checkpoints as <dir>/rank_<r>/...: compute a restore plan before every (re)start and "
-           "hand each rank RESTORE_RANKS, RESTORE_RANKS_MAP and LAUNCHER_RESUME_*.")
-@_opt("--checkpoint-pattern", help="Checkpoint file-name regex with (?P<step>...) (and (?P<epoch>...)).")
-@_opt("--fault-npus", default=DEFAULT_FAULT_NPUS, help="The cluster's fault-npus file (faulty ranks).")
-@_opt("--reset-json", default=DEFAULT_RESET_JSON, help="MindCluster's reset.json (rank statuses).")
-@_opt("--fault-ranks", help="Ranks to treat as faulty in the restore plan, e.g. 3,5.")
-@_opt("--groups-file", type=click.Path(dir_okay=False), help="Replica groups (JSON/YAML) for the restore plan.")
-@_opt("--dp", type=click.IntRange(min=1), help="Data-parallel size: replica groups from a dp x tp x pp layout.")
+      help="Where the ranks save checkpoints, as DIR/rank_<r>/...: before every (re)start the launcher "
+           "picks the newest complete one and tells each rank which file to load.")
+@_opt("--checkpoint-pattern", help="Regex of checkpoint file names, with (?P<step>...) and optionally "
+                                  "(?P<epoch>...).")
+@_opt("--fault-npus", default=DEFAULT_FAULT_NPUS, help="The cluster's list of faulty devices.")
+@_opt("--reset-json", default=DEFAULT_RESET_JSON, help="The cluster's reset.json (status of every rank), followed while the job runs.")
+@_opt("--fault-ranks", help="Ranks whose checkpoints must not be loaded, e.g. 3,5.")
+@_opt("--groups-file", type=click.Path(dir_okay=False), help="Ranks holding the same model copy (JSON/YAML list of rank lists).")
+@_opt("--dp", type=click.IntRange(min=1), help="Data-parallel size: ranks holding the same model copy follow a dp x tp x pp layout.")
 @_opt("--tp", type=click.IntRange(min=1), help="Tensor-parallel size (with --dp).")
 @_opt("--pp", type=click.IntRange(min=1), help="Pipeline-parallel size (with --dp).")
 @_opt("--recover-strategy",
-      help="Comma-separated: retry, recover, recover-in-place, dump, exit, elastic-training (default: "
+      help="What to do when a rank fails, comma-separated: retry, recover, recover-in-place, dump, exit, "
+           "elastic-training (default: "
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
 @_opt("--sync-dir", type=click.Path(file_okay=False),
-      help="Directory on storage shared by every node: the launchers of the job restart together "
-           "(restart generations under DIR/<run-id>/; needs the same --run-id everywhere).")
+      help="Directory every machine of the job can write: their launchers restart together "
+           "(needs the same --run-id everywhere).")
 @_opt("--sync-timeout", type=click.FloatRange(min=0), default=300.0,
-      help="With --sync-dir: seconds to wait for the other nodes at a restart barrier before exiting 1.")
+      help="With --sync-dir: seconds to wait for the other machines at a restart before exiting 1.")
 @_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
-      help="MindCluster TaskD manager on the node hosting rank 0, libtaskd.so preloaded in every rank "
+      help="MindCluster TaskD (recovery of single processes): its manager runs next to rank 0 "
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")
 @_opt("--taskd-port", type=click.IntRange(1, 65535), default=TASKD_DEFAULT_PORT,
       help="The TaskD manager's port, checked free before it starts.")
-@_opt("--dry-run", is_flag=True, help="Resolve and print everything without spawning.")
+@_opt("--dry-run", is_flag=True, help="Print every rank's command line and environment; start nothing.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(**kwargs: Any) -> int:
-    """Start one process per local rank, supervise them, and restart the group on failure.
+    """Start one process per rank of this machine, watch them, and restart them all when one fails.
+
+    A COMMAND ending in .py runs with the Python interpreter, as with torchrun; torchrun's option
+    spellings work too (--nproc_per_node, --standalone, --rdzv-endpoint, ...).
 
     Examples:
 
-      launcher run --nproc-per-node 4 -- python train.py
+      launcher run --nproc-per-node 4 train.py --lr 0.1
 
       launcher run --rank-table /user/serverid/devindex/config/hccl.json -- python train.py
     """
     from launcher.runner import execute
 
-    kwargs["command"] = tuple(kwargs["command"])
+    return execute(run_options(click.get_current_context()))
+
+
+def run_options(ctx: click.Context) -> RunOptions:
+    """The ``RunOptions`` of a parsed ``run`` command line, torchrun's options translated.
+
+    Raises:
+        UsageError: torchrun options the launcher cannot honour, a missing ``.py`` script.
+    """
+    import os
+
+    # Given by the user: on the command line, in the environment or in the --config file (default_map).
+    explicit = [name for name in ctx.params
+                if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)]
+    kwargs = torchrun.translate(dict(ctx.params), explicit)
+    kwargs["command"] = torchrun.python_command(kwargs["command"], kwargs.pop("no_python"), kwargs.pop("module"),
+                                                os.environ)
     if kwargs.get("framework"):
         kwargs["framework"] = kwargs["framework"].lower()
-    return execute(RunOptions(**kwargs))
+    return RunOptions(**kwargs)

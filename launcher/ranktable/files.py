@@ -1,16 +1,37 @@
 """Rank table files: read ``hccl.json`` and its sibling ``version`` file, report unreadable ones.
 
-The cluster rewrites the file in place, so a read can meet a half-written file: the low-level
-:func:`read_rank_table_file` lets those errors through for :mod:`launcher.ranktable.wait` to retry;
-:func:`load_rank_table_document` turns each into one clear :class:`RankTableError`.
+Both go through :mod:`launcher.inputfiles` (regular files only, size and nesting bounds, strict
+UTF-8). The cluster rewrites the table in place, so a read can meet a half-written file: the
+low-level :func:`read_rank_table_file` lets those errors through for :mod:`launcher.ranktable.wait`
+to retry; :func:`load_rank_table_document` turns each into one clear :class:`RankTableError`.
 """
 
-import json
 from pathlib import Path
 from typing import Any, Optional, Tuple, Union
 
+from launcher.inputfiles import LIMIT_RANK_TABLE, InputFileError, read_json, read_line
 from launcher.ranktable.model import RankTable
 from launcher.ranktable.parse import RankTableError, parse_rank_table
+
+RANK_TABLE = "rank table"
+VERSION_FILE = "version"
+VERSION = "rank table version file"
+
+
+def read_version(table_path: Union[str, Path]) -> Optional[str]:
+    """The stripped content of the ``version`` file beside ``table_path``; None when there is none.
+
+    Raises:
+        InputFileError: it cannot be read, is not a regular file, too big, not UTF-8 or not one
+            line; the message names the version file, not the table.
+    """
+    path = Path(table_path).parent / VERSION_FILE
+    try:
+        return read_line(path, VERSION)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise InputFileError(VERSION, str(path), f"cannot be read ({exc.strerror or exc})") from None
 
 
 def read_rank_table_file(path: Union[str, Path]) -> Tuple[Any, Optional[str]]:
@@ -20,40 +41,32 @@ def read_rank_table_file(path: Union[str, Path]) -> Tuple[Any, Optional[str]]:
         The decoded document and the stripped content of ``version`` (None when there is none).
 
     Raises:
-        OSError: the file cannot be read.
-        UnicodeDecodeError: the file is not UTF-8 (or was cut inside a character mid-write).
-        json.JSONDecodeError: the file is not JSON (or is half-written).
+        OSError: the file cannot be read (FileNotFoundError when it does not exist).
+        InputFileError: the table or its version file is not a regular file, too big, not UTF-8
+            (or was cut inside a character mid-write), too deeply nested, or not JSON (or is
+            half-written); ``reason`` says whether a writer still at work can explain it.
     """
-    path = Path(path)
     # The revision is read first: if the table is rewritten in between, we pair a newer table with
     # an older revision (a later reload is merely redundant), never the reverse (a missed reload).
-    try:
-        revision: Optional[str] = (path.parent / "version").read_text(encoding="utf-8").strip() or None
-    except FileNotFoundError:
-        revision = None
-    return json.loads(path.read_bytes().decode("utf-8-sig")), revision
+    revision = read_version(path)
+    return read_json(path, RANK_TABLE, LIMIT_RANK_TABLE), revision
 
 
 def load_rank_table_document(path: Union[str, Path]) -> Tuple[Any, Optional[str]]:
     """Like :func:`read_rank_table_file`, with every failure reported as a RankTableError.
 
     Raises:
-        RankTableError: the file is missing, unreadable, not UTF-8 or not JSON (the message gives
-            the line and column).
+        RankTableError: the file (or its version file) is missing, unreadable, not UTF-8 or not
+            JSON (the message gives the line and column), too big or too deep.
     """
     try:
         return read_rank_table_file(path)
     except FileNotFoundError:
-        raise RankTableError(f"rank table {path} not found") from None
+        raise RankTableError(f"{RANK_TABLE} {path} not found") from None
     except OSError as exc:
-        raise RankTableError(f"cannot read rank table {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise RankTableError(f"rank table {path} is not UTF-8 (bad byte at offset {exc.start})") from None
-    except json.JSONDecodeError as exc:
-        if not exc.doc.strip():
-            raise RankTableError(f"rank table {path} is empty") from None
-        raise RankTableError(f"rank table {path} is not valid JSON: line {exc.lineno} column {exc.colno}: "
-                             f"{exc.msg}") from None
+        raise RankTableError(f"cannot read {RANK_TABLE} {path}: {exc.strerror or exc}") from None
+    except InputFileError as exc:
+        raise RankTableError(str(exc)) from None
 
 
 def load_rank_table(path: Union[str, Path]) -> RankTable:

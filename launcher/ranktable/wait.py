@@ -2,21 +2,25 @@
 
 The Ascend Operator first writes ``{"status": "initializing"}`` and later the full table, and it
 rewrites the file in place (truncate, then write), so a reader can see a missing file, an empty or
-half-written one, or a table that is not ``completed`` yet: all of these are retried. A table that
-is complete but invalid will not repair itself and fails at once. The legacy scripts never noticed
-their own timeout (legacy defect 2); here the deadline is a monotonic clock and is always enforced.
+half-written one, or a table that is not ``completed`` yet: all of these are retried, with a
+progress line every 30 s. What will not repair itself fails at once (exit 2): a table that is
+complete but invalid, a file that is not a regular file, too big, too deep or not UTF-8, and a path
+whose directory does not exist (a mistyped ``--rank-table``: the cluster mounts the directory before
+the container starts). The legacy scripts never noticed their own timeout (legacy defect 2); here
+the deadline is a monotonic clock and is always enforced.
 """
 
-import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from launcher.errors import LauncherError, UsageError
+from launcher.inputfiles import INCOMPLETE, InputFileError
 from launcher.ranktable.files import read_rank_table_file
 from launcher.ranktable.model import RankTable
-from launcher.ranktable.parse import RankTableNotReady, parse_rank_table
+from launcher.ranktable.parse import RankTableError, RankTableNotReady, parse_rank_table
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +45,11 @@ class _Watch:
             data, revision = read_rank_table_file(self.path)
         except FileNotFoundError:
             raise self._not_yet("file not found") from None
-        except json.JSONDecodeError as exc:
-            seen = "empty file" if not exc.doc.strip() else (
-                f"incomplete JSON (line {exc.lineno} column {exc.colno}: {exc.msg})")
-            raise self._not_yet(seen) from None
-        except UnicodeDecodeError:
-            # A truncate-and-write can cut a multi-byte character in half.
-            raise self._not_yet("incomplete UTF-8 text") from None
+        except InputFileError as exc:
+            # Empty, cut short inside JSON or inside a UTF-8 character: a truncate-and-write in progress.
+            if exc.reason != INCOMPLETE:
+                raise RankTableError(str(exc)) from None
+            raise self._not_yet(f"{exc.what} {exc.problem}") from None
         except OSError as exc:
             raise self._not_yet(f"cannot read file: {exc.strerror or exc}") from None
         try:
@@ -80,8 +82,12 @@ def _sleep(seconds: float) -> None:
         raise LauncherError("stopped by a signal while waiting for the rank table", exit_code=143)
 
 
+#: Seconds between two "still waiting" lines (a 300 s wait prints ten, not sixty).
+PROGRESS_INTERVAL = 30.0
+
+
 def wait_for_rank_table(path: Union[str, Path], timeout: float = 300.0, poll_interval: float = 0.5,
-                        progress_interval: float = 5.0) -> RankTable:
+                        progress_interval: float = PROGRESS_INTERVAL) -> RankTable:
     """Poll ``path`` until it holds a complete, valid rank table.
 
     Args:
@@ -94,7 +100,8 @@ def wait_for_rank_table(path: Union[str, Path], timeout: float = 300.0, poll_int
         The parsed table (with ``source`` and ``revision`` set).
 
     Raises:
-        RankTableError: the table is complete (or has no status to wait for) but invalid.
+        RankTableError: the table is complete (or has no status to wait for) but invalid; the file
+            is not a regular file, too big, too deep or not UTF-8; or its directory does not exist.
         LauncherError: still missing, incomplete or not ``completed`` after ``timeout`` seconds;
             the message says what was seen last.
         UsageError: a negative timeout or a non-positive interval.
@@ -102,6 +109,10 @@ def wait_for_rank_table(path: Union[str, Path], timeout: float = 300.0, poll_int
     if timeout < 0 or poll_interval <= 0 or progress_interval <= 0:
         raise UsageError(f"invalid rank table wait: timeout={timeout!r} must be >= 0 and "
                          f"poll_interval={poll_interval!r}, progress_interval={progress_interval!r} > 0")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise RankTableError(f"rank table {path}: directory {directory} does not exist "
+                             "(check --rank-table or RANK_TABLE_FILE)")
     import tenacity
 
     watch = _Watch(str(path), timeout, progress_interval)

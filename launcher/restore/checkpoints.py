@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
 
 from launcher.errors import UsageError
+from launcher.inputfiles import open_regular, read_line
 
 logger = logging.getLogger(__name__)
 
@@ -107,10 +108,15 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class ScanResult:
-    """Complete checkpoints per rank (index = rank) and what was ignored, and why."""
+    """Complete checkpoints per rank (index = rank) and what was ignored, and why.
+
+    ``absent`` says why there was nothing to scan when that is normal (a job's first start, before
+    the directory exists): not a warning, the plan's reason.
+    """
 
     checkpoints: Tuple[Tuple[Checkpoint, ...], ...]
     warnings: Tuple[str, ...] = ()
+    absent: str = ""
 
 
 def compile_patterns(pattern: Optional[str],
@@ -185,18 +191,17 @@ def verify_digest(path: str) -> Optional[bool]:
     """Check ``path`` against its ``<path>.sha256`` sidecar: True if it matches, False if it does not
     (or the file cannot be read), None when there is no (readable, well-formed) sidecar."""
     try:
-        with open(path + DIGEST_SUFFIX, encoding="ascii") as fh:
-            expected = fh.read(200).split()[0].lower()
-    except (OSError, UnicodeDecodeError, IndexError):
+        expected = (read_line(path + DIGEST_SUFFIX, "checkpoint digest") or "").split()[0].lower()
+    except (OSError, ValueError, IndexError):  # InputFileError is a ValueError (FIFO, too big, not text)
         return None
     if len(expected) != 64 or any(ch not in "0123456789abcdef" for ch in expected):
         return None
     digest = hashlib.sha256()
     try:
-        with open(path, "rb") as fh:
+        with os.fdopen(open_regular(path, "checkpoint"), "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
                 digest.update(block)
-    except OSError:
+    except (OSError, ValueError):
         return False
     return digest.hexdigest() == expected
 
@@ -363,9 +368,9 @@ def scan_checkpoints(checkpoint_dir: str, world_size: int,
     try:
         dirs = _rank_dirs(checkpoint_dir, world_size, notes)
     except FileNotFoundError:
-        # Normal for a job's first start; said anyway, since it is also what a mistyped path does.
-        return ScanResult(tuple(() for _ in range(world_size)),
-                          (f"checkpoints: {checkpoint_dir} does not exist (yet)",))
+        # Normal for a job's first start; the plan's reason says it, since it is also what a mistyped
+        # path does.
+        return ScanResult(tuple(() for _ in range(world_size)), absent=f"{checkpoint_dir} does not exist yet")
     except OSError as exc:
         return ScanResult(tuple(() for _ in range(world_size)),
                           (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))

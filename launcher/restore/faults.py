@@ -16,12 +16,12 @@ usable ids are still merged, and the plan refuses breakpoint restore, because a 
 to name could otherwise be chosen as a source.
 """
 
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 from launcher.errors import UsageError
+from launcher.inputfiles import LIMIT_REPORT, InputFileError, brief, read_json
 from launcher.options import DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON
 from launcher.resetjson import FAULT_STATUSES, HEALTHY_STATUSES, int_rank, parse_reset
 
@@ -97,17 +97,18 @@ def parse_reset_json(payload: Any) -> Tuple[List[int], List[str]]:
     return ranks, notes
 
 
-def _read_json(path: str) -> Optional[Any]:
-    """Parsed JSON of ``path``, or None when the file does not exist (not on a cluster)."""
+def _read_json(path: str, what: str) -> Optional[Any]:
+    """Parsed JSON of ``path``, or None when the file does not exist (not on a cluster).
+
+    Raises:
+        OSError: unreadable.
+        InputFileError: not a regular file, too big, not UTF-8, too deep, empty or not JSON.
+    """
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        return read_json(path, what, LIMIT_REPORT)
     except FileNotFoundError:
         logger.debug("no fault report at %s", path)
         return None
-    if not text.strip():
-        raise ValueError("the file is empty")
-    return json.loads(text)
 
 
 class _Merger:
@@ -126,7 +127,7 @@ class _Merger:
     def add(self, source: str, ranks: Iterable[int]) -> None:
         bad = sorted({r for r in ranks if not 0 <= r < self.world_size})
         if bad:
-            self.distrust(f"{source}: rank ids {bad} are outside 0..{self.world_size - 1}; "
+            self.distrust(f"{source}: rank ids {brief(bad)} are outside 0..{self.world_size - 1}; "
                           "ignored, and the report is not trusted")
         for rank in ranks:
             if 0 <= rank < self.world_size:
@@ -136,10 +137,12 @@ class _Merger:
         if path is None:
             return
         try:
-            payload = _read_json(path)
+            payload = _read_json(path, source)
             if payload is not None:
                 self.add(source, parse(payload))
-        except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+        except InputFileError as exc:  # already names the file
+            self.distrust(f"{exc}; the report is not trusted")
+        except (OSError, ValueError) as exc:
             self.distrust(f"{source} ({path}) is unreadable: {exc}")
 
     def report(self) -> FaultReport:

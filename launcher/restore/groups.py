@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from launcher.errors import UsageError
+from launcher.inputfiles import LIMIT_BINARY, LIMIT_REPORT, InputFileError, brief, read_bytes, read_yaml
 from launcher.resources import load_schema
 
 logger = logging.getLogger(__name__)
@@ -136,19 +137,22 @@ def groups_from_layout(world_size: int, dp: Optional[int], tp: Optional[int],
 
 def read_groups_file(path: str, world_size: int) -> ReplicaGroups:
     """Replica groups from a JSON or YAML file; falls back to singletons with a warning."""
-    # Imported here so that a run without a groups file never loads yaml and jsonschema.
+    # Imported here so that a run without a groups file never loads jsonschema.
     import jsonschema
-    import yaml
 
     what = f"groups file {path}"
     try:
-        with open(path, encoding="utf-8") as fh:
-            # YAML is a superset of JSON, so one loader reads both.
-            payload = yaml.safe_load(fh)
+        # YAML is a superset of JSON, so one loader reads both.
+        payload = read_yaml(path, "groups file", LIMIT_REPORT)
         jsonschema.validate(payload, load_schema(GROUPS_SCHEMA))
-    except (OSError, yaml.YAMLError, jsonschema.ValidationError) as exc:
-        reason = exc.message if isinstance(exc, jsonschema.ValidationError) else str(exc)
-        return _discarded(world_size, what, f"unreadable or invalid ({reason})")
+    except (OSError, InputFileError, jsonschema.ValidationError) as exc:
+        if isinstance(exc, InputFileError):
+            reason = exc.problem
+        elif isinstance(exc, jsonschema.ValidationError):
+            reason = exc.message
+        else:
+            reason = exc.strerror or str(exc)
+        return _discarded(world_size, what, f"unreadable or invalid ({brief(reason)})")
     return partition(world_size, payload["groups"], what)
 
 
@@ -170,13 +174,12 @@ def read_group_info_root(root: str, world_size: int) -> ReplicaGroups:
     for rank in range(world_size):
         path = os.path.join(root, f"device{rank}", GROUP_INFO_NAME)
         try:
-            with open(path, "rb") as fh:
-                ranks = parse_restore_rank_list(fh.read())
+            ranks = parse_restore_rank_list(read_bytes(path, GROUP_INFO_NAME, LIMIT_BINARY))
         except FileNotFoundError:
             missing.append(rank)
             continue
-        except (OSError, ValueError) as exc:
-            broken.append(f"device{rank}: {exc}")
+        except (OSError, ValueError) as exc:  # InputFileError is a ValueError: not a regular file, too big
+            broken.append(f"device{rank}: {brief(exc.problem if isinstance(exc, InputFileError) else exc)}")
             continue
         if rank not in ranks:
             omitting.append(f"device{rank} lists {list(ranks)}")

@@ -126,7 +126,7 @@ def compute_plan(inputs: PlanInputs) -> RestorePlan:
 def _without(scan: ScanResult, paths: Sequence[str]) -> ScanResult:
     drop = set(paths)
     return ScanResult(tuple(tuple(c for c in items if c.path not in drop) for items in scan.checkpoints),
-                      scan.warnings)
+                      scan.warnings, scan.absent)
 
 
 def build_plan(world_size: int, groups: ReplicaGroups, faults: FaultReport,
@@ -146,6 +146,9 @@ def build_plan(world_size: int, groups: ReplicaGroups, faults: FaultReport,
         return RestorePlan(kind=KIND_NONE, reason="no checkpoint directory given", epoch=None,
                            step=None, sources=(), files=(), warnings=tuple(warnings), **base)
     warnings.extend(scan.warnings)
+    if scan.absent:
+        return RestorePlan(kind=KIND_NONE, reason=f"no checkpoints: {scan.absent}", epoch=None, step=None,
+                           sources=(), files=(), warnings=tuple(warnings), **base)
     breakpoint_index, periodic_index = _index(scan)
     breakpoint_choice, reason = _breakpoint(groups.groups, faults, breakpoint_index, warnings)
     periodic = _periodic(groups.groups, faults.ranks, periodic_index, warnings)

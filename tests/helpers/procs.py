@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -32,6 +33,13 @@ def wait_until(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.01)
     return predicate()
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (bind to port 0 and let the kernel choose)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def pid_alive(pid: int) -> bool:

@@ -5,10 +5,12 @@ start-up on a small machine, so the module runs five launches (about 1.5-2 minut
 
 * a reference run without faults gives the final parameter hash;
 * ``launcher exit``: OnRequestExit writes ``rank_<id>/<name>_train.ckpt`` on every rank, exit 0;
-* an injected crash of one rank with ``--max-restarts 1``: the restarted ranks resume from the
-  launcher's restore plan and end bit-identical to the reference;
+* an injected crash of one rank with ``--max-restarts 1 --group-info-root``: the ranks write
+  group_info.pb (one replica group), and the restarted ranks resume from the launcher's restore plan,
+  the failed rank from its healthy replica's checkpoint, bit-identical to the reference;
 * ``launcher prestop``: the dying gasp writes one breakpoint checkpoint per rank, all of the same
-  step (exception_save); a second launch resumes from it and ends bit-identical to the reference.
+  step (exception_save); a second launch plans from those breakpoints and the group_info.pb files
+  (RESTORE_RANKS, RESTORE_RANKS_MAP) and ends bit-identical to the reference.
 """
 
 import importlib.util
@@ -179,12 +181,27 @@ def test_launcher_exit_writes_train_ckpt_on_every_rank(tmp_path, launches):
     assert [e["reason"] for e in launch.events("job_end")] == ["graceful-exit"]
 
 
+def group_info_lists(root: Path) -> Dict[int, tuple]:
+    """{rank: ckpt_restore_rank_list} of every ``device<r>/group_info.pb`` under ``root``."""
+    from launcher.restore.groupinfo import parse_restore_rank_list
+
+    return {r: parse_restore_rank_list((root / f"device{r}" / "group_info.pb").read_bytes())
+            for r in range(NPROC)}
+
+
+def latest_plan(launch: Launch) -> dict:
+    return json.loads((launch.run_dir / "restore_plan.json").read_text(encoding="utf-8"))
+
+
 def test_crashed_rank_restarts_and_resumes_bit_identical(tmp_path, launches, reference_hash):
     """Rank 1 raises after step 7: the launcher stops rank 0 (stuck in the all-reduce), plans the
-    restore from the checkpoints, restarts both, and the run ends bit-identical to the reference."""
-    ckpt = tmp_path / "ckpt"
+    restore from the checkpoints, restarts both, and the run ends bit-identical to the reference.
+    With --group-info-root the ranks write group_info.pb (one replica group {0, 1}), so the failed
+    rank 1 resumes from healthy rank 0's periodic checkpoint."""
+    ckpt, group_info = tmp_path / "ckpt", tmp_path / "group_info"
     launch = launches(tmp_path, ckpt,
-                      ["--max-restarts", "1", "--stop-timeout", "2", "--checkpoint-dir", str(ckpt)],
+                      ["--max-restarts", "1", "--stop-timeout", "2", "--checkpoint-dir", str(ckpt),
+                       "--group-info-root", str(group_info)],
                       ["--fail-at-step", "7", "--fail-rank", "1", "--fail-mode", "raise"])
     assert launch.wait() == 0, launch.explain()
     assert launch.attempts() == [0, 1]
@@ -193,26 +210,35 @@ def test_crashed_rank_restarts_and_resumes_bit_identical(tmp_path, launches, ref
     # exception_save caught the injected exception: the failing rank wrote a breakpoint.
     assert list((ckpt / "rank_1").glob("ms-1_*_breakpoint.ckpt")), sorted((ckpt / "rank_1").iterdir())
 
+    assert group_info_lists(group_info) == {r: tuple(range(NPROC)) for r in range(NPROC)}
+
     second = launch.rank_logs(1)
     for rank, text in second.items():
         resumed = RESUMED.findall(text)
         assert resumed, f"rank {rank} did not resume from the launcher's plan:\n{text}"
-        path, kind, _source, _step, global_step = resumed[0]
-        # The newest state every rank can have: the periodic checkpoint of step 5, or a breakpoint
-        # holding step 7 (MindSpore names it after step 8, the step in progress at the exception).
-        assert (kind, global_step) in {("periodic", "5"), ("breakpoint", "7")}, resumed
-        assert Path(path).parent.parent == ckpt
+        # Rank 1's breakpoint is a fault rank's and rank 0 has none (SIGKILLed in the all-reduce), so
+        # the only state the group can resume from is step 5's periodic checkpoint, and the failed
+        # rank takes its healthy replica's file.
+        assert resumed[0] == (str(ckpt / "rank_0" / "ms-1_5.ckpt"), "periodic", "0", "5", "5"), resumed
     assert final_hashes(second) == {r: reference_hash for r in range(NPROC)}
     plans = launch.events("restore_plan")
-    assert [p["attempt"] for p in plans] == [0, 1] and plans[1]["kind"] in ("periodic", "breakpoint")
+    assert [p["attempt"] for p in plans] == [0, 1] and plans[1]["kind"] == "periodic", plans
+    assert plans[1]["fault_ranks"] == [1], plans
+    # The planner saw the group: rank 1's breakpoint alone could not stand in for the whole group.
+    assert [w for w in plans[1]["warnings"] if "replica groups {0,1} have no healthy rank with a breakpoint"
+            in w], plans[1]["warnings"]
+    plan = latest_plan(launch)
+    assert plan["groups"] == [[0, 1]] and "group_info.pb" in plan["groups_source"], plan
 
 
 def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, launches, reference_hash):
     """``launcher prestop``: SIGTERM to every rank; they agree on a step, exception_save writes one
     breakpoint per rank of that step, exit 143. A second launch with --checkpoint-dir resumes from
-    rank 0's breakpoint (one replica group, --dp 2) and ends bit-identical to the reference."""
-    ckpt = tmp_path / "ckpt"
-    launch = launches(tmp_path / "first", ckpt, [], ["--step-time", "0.5"])
+    rank 0's breakpoint: the group_info.pb files of the first launch make {0, 1} one replica group,
+    so RESTORE_RANKS=0 and RESTORE_RANKS_MAP={"0,1":0}, and it ends bit-identical to the reference."""
+    ckpt, group_info = tmp_path / "ckpt", tmp_path / "group_info"
+    launch = launches(tmp_path / "first", ckpt, ["--group-info-root", str(group_info)],
+                      ["--step-time", "0.5"])
     launch.wait_for_files("ms-1_5.ckpt")
     result = launcher_command("prestop", launch.run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -232,13 +258,19 @@ def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, lau
         assert [p.name for p in rank_dir.glob("*_breakpoint.ckpt")] == [f"ms-{ms_name(step)}_breakpoint.ckpt"]
         assert not (rank_dir / "ms_train.ckpt").exists()  # the gasp writes the breakpoint only
 
-    again = launches(tmp_path / "again", ckpt, ["--checkpoint-dir", str(ckpt), "--dp", str(NPROC)])
+    again = launches(tmp_path / "again", ckpt,
+                     ["--checkpoint-dir", str(ckpt), "--group-info-root", str(group_info)])
     assert again.wait() == 0, again.explain()
+    plan = latest_plan(again)
+    assert (plan["kind"], plan["restore_ranks"], plan["restore_ranks_map"], plan["groups"]) == (
+        "breakpoint", "0", {"0,1": 0}, [[0, 1]]), plan
     second = again.rank_logs(0)
     for rank, text in second.items():
         resumed = RESUMED.findall(text)
         assert resumed, f"rank {rank} did not resume from the launcher's plan:\n{text}"
         path, kind, source, _step, global_step = resumed[0]
-        assert (Path(path).name, kind, source, global_step) == (
-            f"ms-{ms_name(step)}_breakpoint.ckpt", "breakpoint", "0", str(step)), resumed
+        assert (path, kind, source, global_step) == (
+            str(ckpt / "rank_0" / f"ms-{ms_name(step)}_breakpoint.ckpt"), "breakpoint", "0", str(step)), resumed
+        # The example checks the vendor variables against the launcher's choice (exit 2 otherwise).
+        assert f'restore ranks 0 map {{"0,1":0}}: rank {rank} loads rank 0\'s breakpoint' in text, text
     assert final_hashes(second) == {r: reference_hash for r in range(NPROC)}

@@ -128,8 +128,9 @@ def test_shared_rank_table_dry_run(tmp_path):
     port = free_port()
     docs = [dry_run(tmp_path / f"node{i}", opts) for i, opts in enumerate(table_options(table, port))]
     check_job_env(docs, port, str(table))
-    # XDL_IP (the node address MindX injects) selects the same server as --server-id.
-    env = {**os.environ, "XDL_IP": SERVERS[1]}
+    # XDL_IP (the node address MindX injects) selects the same server as --server-id. With host
+    # networking (POD_IP = XDL_IP) it is also HCCL's interface address.
+    env = {**os.environ, "XDL_IP": SERVERS[1], "POD_IP": SERVERS[1]}
     by_xdl = dry_run(tmp_path / "xdl", ["--rank-table", str(table), "--master-port", str(port)], env)
     assert [r["rank"] for r in by_xdl["ranks"]] == [2, 3]
     assert {r["env"]["HCCL_IF_IP"] for r in by_xdl["ranks"]} == {SERVERS[1]}

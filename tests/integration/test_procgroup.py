@@ -58,6 +58,26 @@ def test_watched_child_exit_is_reported(group):
     proc.returncode = 5  # reaped by the group's loop, not by Popen
 
 
+def test_a_log_file_that_cannot_be_created_does_not_stop_the_rank(tmp_path, caplog):
+    """The log disk refuses new files (here: a path under a regular file): the rank starts anyway, its
+    exit is seen, and the failure is reported once per rank across attempts."""
+    (tmp_path / "not-a-dir").write_text("")
+    grp = LocalProcessGroup(lambda spec, attempt: str(tmp_path / "not-a-dir" / f"a{attempt}" / f"r{spec.rank}.log"),
+                            lambda spec: spec.rank == 0)
+    try:
+        with caplog.at_level("WARNING", logger="launcher.procgroup"):
+            for attempt in (0, 1):
+                grp.start([spec(0, 4), spec(1, 0)], attempt)
+                events = [grp.wait_event(10), grp.wait_event(10)]
+                assert sorted((e.rank, e.info.returncode) for e in events) == [(0, 4), (1, 0)]
+                grp.ensure_gone(5)
+    finally:
+        grp.ensure_gone(5)
+        grp.close()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 2 and all("cannot create its log file" in w for w in warnings), warnings
+
+
 # A rank whose child moves to a session of its own, writes its pid to argv[1] and sleeps.
 ESCAPING = """
 import os, sys, time
@@ -106,6 +126,7 @@ def test_a_rank_the_cgroup_refuses_starts_without_it(tmp_path, monkeypatch):
     """The child's write to its leaf's cgroup.procs fails: the rank runs, the job goes on uncontained."""
     tree = JobTree("t0k3n", Cgroup(str(tmp_path / "job")))
     tree.contained = True
+
     def leaf(name, cgroup_name):  # writing to /dev/full fails with ENOSPC
         return Leaf(f"t0k3n.{name}", Cgroup(str(tmp_path / "job" / cgroup_name)), os.open("/dev/full", os.O_WRONLY))
 

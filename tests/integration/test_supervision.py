@@ -149,3 +149,32 @@ def test_a_sigkilled_launcher_is_reported_by_the_next_one(launcher):
     assert len(unclean) == 1 and unclean[0]["previous_pid"] == launcher.events()[0]["launcher_pid"]
     assert launcher.run(["--nproc-per-node", "1"], ["--run", "0"]) == 0  # a clean end is not reported
     assert len([e for e in launcher.events() if e["event"] == "unclean_previous_run"]) == 1
+
+
+def _restarts(launcher):
+    return [e for e in launcher.events() if e["event"] == "restart"] if (launcher.run_dir / "events.jsonl").exists() else []
+
+
+def test_crash_loop_backs_off_instead_of_spinning(launcher):
+    """Issue #17.6: a rank failing at once on every attempt, --max-restarts 50, default backoff."""
+    attempts = ",".join(str(n) for n in range(60))
+    launcher.start(["--nproc-per-node", "1", "--max-restarts", "50"],
+                   ["--fail-rank", "0", "--fail-attempts", attempts])
+    assert wait_until(lambda: len(_restarts(launcher)) >= 4, 30), launcher.stderr
+    launcher.proc.send_signal(signal.SIGTERM)  # during the 2 s wait: the backoff stays responsive
+    assert launcher.wait(30) == 128 + signal.SIGTERM
+    delays = [r["backoff"] for r in _restarts(launcher)]
+    assert len(delays) >= 4 and delays == [0, 0.5, 1, 2, 4, 8, 16][:len(delays)]  # before: all 0
+    assert [e["reason"] for e in launcher.events() if e["event"] == "job_end"] == ["gasp"]
+
+
+def test_attempt_log_dirs_are_bounded(launcher):
+    attempts = ",".join(str(n) for n in range(30))
+    code = launcher.run(["--nproc-per-node", "1", "--max-restarts", "25", "--restart-backoff-max", "0"],
+                        ["--fail-rank", "0", "--fail-attempts", attempts], timeout=120)
+    assert code == 1
+    session = launcher.log_dir / "latest"
+    kept = sorted(int(p.name.split("_")[1]) for p in session.iterdir() if p.name.startswith("attempt_"))
+    assert kept == [0] + list(range(6, 26))  # the first and the newest 20
+    pruned = [e for e in launcher.events() if e["event"] == "attempt_logs_pruned"]
+    assert sorted(n for e in pruned for n in e["removed"]) == list(range(1, 6))

@@ -1,11 +1,13 @@
 """Unit tests for ``launcher.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output, lazy imports."""
 
 import json
+import re
 import os
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, strategies as st
 
 from launcher import __version__
 from launcher.cli import main
@@ -189,14 +191,14 @@ def test_dry_run_mindspore_scheduler_listed_first(capsys):
     assert [(r["role"], r["rank"], r["local_rank"], r["device_id"]) for r in doc["ranks"]] == [
         ("scheduler", -1, -1, -1), ("worker", 0, 0, 0), ("worker", 1, 1, 1)]
     assert doc["ranks"][0]["env"]["MS_ROLE"] == "MS_SCHED"
-    assert doc["master_port"] == 8118
+    assert str(doc["master_port"]) == doc["ranks"][1]["env"]["MS_SCHED_PORT"] != "8118"  # one node: a free port
 
 
 def test_dry_run_text_output(capsys):
     code, out, _ = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "2", "--run-id", "t1", "--", "true", "x")
     assert code == 0
     assert out.startswith("framework pytorch; ranks from --nproc-per-node; world size 2\n")
-    assert "this server: #0 node0; master 127.0.0.1:29500" in out
+    assert re.search(r"this server: #0 node0; master 127\.0\.0\.1:\d+\n", out)
     assert "worker rank=1 local_rank=1 device=1" in out
     assert "  argv: true x" in out
     assert "  TORCHELASTIC_RUN_ID=t1" in out
@@ -214,8 +216,61 @@ def test_dry_run_with_rank_table_option_and_xdl_ip(capsys, tmp_path, monkeypatch
     assert doc["master_addr"] == "172.16.0.5"
     for r in doc["ranks"]:
         assert r["env"]["RANK_TABLE_FILE"] == table
-        assert r["env"]["HCCL_IF_IP"] == "10.0.0.1"
+        assert "HCCL_IF_IP" not in r["env"]  # 10.0.0.1 is no address of this machine: no host networking
         assert r["env"]["WORLD_SIZE"] == "4"
+
+
+def test_dry_run_device_ids_are_logical_among_the_visible_npus(capsys, tmp_path, monkeypatch):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("XDL_IP", "10.0.0.11")
+    monkeypatch.setenv("ASCEND_VISIBLE_DEVICES", "Ascend910-2,Ascend910-3")  # the Ascend Operator's form
+    doc = dry_json(capsys, "--rank-table", table, "--rank-table-timeout", "0", "--", "true")
+    assert [r["env"]["DEVICE_ID"] for r in doc["ranks"]] == ["0", "1"]
+    assert [r["env"]["LAUNCHER_PHYSICAL_DEVICE_ID"] for r in doc["ranks"]] == ["2", "3"]
+
+
+@pytest.mark.parametrize("visible, message", [("0-1", "rank 2: device_id 2"), ("2,x", "'x'")])
+def test_npus_the_container_does_not_see_exit_2(capsys, tmp_path, monkeypatch, visible, message):
+    table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
+    monkeypatch.setenv("XDL_IP", "10.0.0.11")
+    monkeypatch.setenv("ASCEND_VISIBLE_DEVICES", visible)
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--rank-table", table, "--rank-table-timeout", "0", "--", "true")
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ([], {}, None), (["--hccl-if-ip", "10.1.1.1"], {}, "10.1.1.1"), ([], {"LAUNCHER_HCCL_IF_IP": "10.2.2.2"}, "10.2.2.2"),
+    (["--hccl-if-ip", "10.1.1.1"], {"HCCL_IF_IP": "10.3.3.3"}, None),  # the operator's own value is inherited
+])
+def test_dry_run_hccl_if_ip_option(capsys, monkeypatch, args, env, expected):
+    monkeypatch.delenv("HCCL_IF_IP", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    doc = dry_json(capsys, "--nproc-per-node", "1", *args, "--", "true")
+    assert doc["ranks"][0]["env"].get("HCCL_IF_IP") == expected
+
+
+def test_hccl_if_ip_must_be_an_address(capsys):
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--hccl-if-ip", "eth0", "--", "true")
+    assert code == 2 and "'eth0' is not an IPv4 or IPv6 address" in err
+
+
+@pytest.mark.parametrize("args, env, expected", [
+    ([], {}, None), (["--graceful-exit"], {}, "1"), ([], {"LAUNCHER_GRACEFUL_EXIT": "1"}, "1"),
+])
+def test_dry_run_graceful_exit_option(capsys, monkeypatch, args, env, expected):
+    monkeypatch.delenv("MS_ENABLE_GRACEFUL_EXIT", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    doc = dry_json(capsys, "--nproc-per-node", "1", "--framework", "mindspore", *args, "--", "true")
+    assert {r["env"].get("MS_ENABLE_GRACEFUL_EXIT") for r in doc["ranks"] if r["rank"] >= 0} == {expected}
+
+
+def test_dry_run_two_nodes_derive_the_same_job_id(capsys):
+    ids = [{r["env"]["JOB_ID"] for r in dry_json(capsys, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank",
+                                                  str(node), "--master-addr", "10.0.0.1", "--", "true")["ranks"]}
+           for node in (0, 1)]
+    assert ids[0] == ids[1] and len(ids[0]) == 1
 
 
 def test_dry_run_with_rank_table_file_env_and_pod_ip(capsys, tmp_path, monkeypatch):
@@ -310,3 +365,234 @@ def test_dry_run_refuses_sync_dir_without_a_shared_run_id(capsys, tmp_path):
     assert code == 2 and "same run id on every node" in err
     code, _, _ = run_cli(capsys, *args[:1], "--run-id", "job7", *args[1:])
     assert code == 0
+
+
+# --------------------------------------------------------------------------- help in sections
+
+def _run_command():
+    from launcher.commands.run import run
+    return run
+
+
+def test_every_shown_run_option_is_in_exactly_one_help_section():
+    import click
+
+    from launcher.commands.run import HELP_SECTIONS, long_name
+
+    run = _run_command()
+    ctx = click.Context(run, info_name="run", help_option_names=["-h", "--help"])
+    shown = [long_name(p) for p in run.get_params(ctx) if isinstance(p, click.Option) and not p.hidden]
+    listed = [name for _title, names in HELP_SECTIONS for name in names]
+    assert sorted(listed) == sorted(set(listed)), "an option is in two sections"
+    assert sorted(shown) == sorted(listed)
+
+
+def test_run_help_is_in_sections_without_torchrun_aliases(capsys):
+    from launcher.commands.run import HELP_SECTIONS
+
+    code, out, _ = run_cli(capsys, "run", "--help")
+    assert code == 0
+    titles = [line[:-1] for line in out.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert titles[-len(HELP_SECTIONS):] == [title for title, _ in HELP_SECTIONS]
+    assert "Unsorted options" not in out
+    options = out.split("Where the ranks come from:")[1]
+    for hidden in ("--standalone", "--rdzv", "--nproc_per_node", "--tee", "--shutdown-timeout"):
+        assert hidden not in options
+    for jargon in ("dying", "gasp ", "replica", "RESTORE_RANKS", "rendezvous", "Rendezvous", "barrier"):
+        assert jargon not in options, jargon
+
+
+# --------------------------------------------------------------------------- torchrun habits
+
+def test_torchrun_spellings_are_the_same_options(capsys):
+    dashed = dry_json(capsys, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1", "--max-restarts", "3",
+                      "--master-addr", "10.0.0.9", "--master-port", "1234", "--run-id", "r", "--", "true")
+    underscored = dry_json(capsys, "--nproc_per_node=2", "--nnodes=2", "--node_rank", "1", "--max_restarts=3",
+                           "--master_addr", "10.0.0.9", "--master_port=1234", "--run_id", "r", "--", "true")
+    assert underscored == dashed
+    assert dashed["ranks"][0]["env"]["TORCHELASTIC_MAX_RESTARTS"] == "3"
+
+
+def test_a_py_command_runs_with_the_interpreter(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
+    doc = dry_json(capsys, "--nproc-per-node", "1", "train.py", "--lr", "1")
+    assert doc["ranks"][0]["argv"] == [sys.executable, "-u", "train.py", "--lr", "1"]
+    monkeypatch.setenv("PYTHON_EXEC", "/usr/bin/python3")  # torchrun's override
+    assert dry_json(capsys, "--nproc-per-node", "1", "--", "train.py")["ranks"][0]["argv"] == \
+        ["/usr/bin/python3", "-u", "train.py"]
+
+
+def test_no_python_and_module(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "run.py"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert dry_json(capsys, "--nproc-per-node", "1", "--no-python", "./run.py", "x")["ranks"][0]["argv"] == \
+        ["./run.py", "x"]
+    assert dry_json(capsys, "--nproc-per-node", "1", "-m", "json.tool", "--help")["ranks"][0]["argv"] == \
+        [sys.executable, "-u", "-m", "json.tool", "--help"]
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--no_python", "--module", "pkg")
+    assert code == 2 and err.splitlines() == ["launcher: --no-python and --module contradict each other: "
+                                              "pass one of them"]
+
+
+def test_a_missing_py_script_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "train.py")
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == "launcher: script not found: train.py"
+
+
+def test_a_file_here_without_dot_slash_says_how(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.sh").write_text("#!/bin/sh\n")
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "train.sh")
+    assert code == 2
+    assert err.splitlines() == ["launcher: command not found: train.sh",
+                                "  (searched $PATH; to run the file in this directory, write ./train.sh)"]
+
+
+def test_standalone_is_one_node_on_a_free_local_port(capsys):
+    doc = dry_json(capsys, "--standalone", "--nproc_per_node", "2", "--", "true")
+    assert doc["world_size"] == 2 and doc["master_addr"] == "127.0.0.1"
+    assert doc["master_port"] != 29500 and {r["env"]["MASTER_PORT"] for r in doc["ranks"]} == \
+        {str(doc["master_port"])}
+    assert dry_json(capsys, "--standalone", "--", "true")["world_size"] == 1  # torchrun's default
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--standalone", "--nnodes", "2", "--", "true")
+    assert code == 2 and err.splitlines() == ["launcher: --standalone is a single node: drop --nnodes 2"]
+
+
+def test_rdzv_endpoint_and_id_are_master_and_run_id(capsys):
+    doc = dry_json(capsys, "--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                   "--rdzv_endpoint", "node0:29555", "--rdzv-id", "job7", "--", "true")
+    assert (doc["master_addr"], doc["master_port"]) == ("node0", 29555)
+    assert doc["ranks"][0]["env"]["TORCHELASTIC_RUN_ID"] == "job7"
+    assert dry_json(capsys, "--nproc-per-node", "1", "--rdzv-endpoint", "node0", "--", "true")["master_port"] == 29400
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--rdzv-backend", "etcd"], "--rdzv-backend etcd: not supported"),
+    (["--rdzv-endpoint", "h:1", "--master-port", "2"], "--rdzv-endpoint h:1 and --master-port 2 differ"),
+    (["--rdzv-endpoint", "h:x"], "--rdzv-endpoint 'h:x': expected HOST:PORT"),
+    (["--rdzv-id", "a", "--run-id", "b"], "--rdzv-id a and --run-id b differ"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d"], "pass --node-rank on each node"),
+    (["--nnodes", "1:4"], "a range of nodes (elastic membership) is not supported"),
+    (["--nproc-per-node", "gpu"], "the launcher does not count GPUs"),
+])
+def test_torchrun_options_the_launcher_cannot_honour_exit_2(capsys, args, line):
+    argv = ["run", "--dry-run", *args] + ([] if "--nproc-per-node" in args else ["--nproc-per-node", "1"])
+    code, out, err = run_cli(capsys, *argv, "--", "true")
+    assert code == 2 and out == ""
+    assert line in err and "Traceback" not in err
+
+
+def test_refused_torchrun_options_each_say_what_to_do(capsys):
+    from launcher.commands.torchrun import REFUSED
+
+    for option, (takes_value, hint) in REFUSED.items():
+        for spelling in (option, option.replace("-", "_").replace("__", "--")):
+            code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", spelling,
+                                     *(["3"] if takes_value else []), "--", "true")
+            assert code == 2 and out == "", spelling
+            assert err.splitlines() == [f"launcher: {option} is torchrun's: {hint}"], spelling
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--tee", "3", "-r", "3", "--", "true")
+    assert code == 2 and err.splitlines()[0] == "launcher: 2 torchrun options cannot be used here"
+
+
+def test_shutdown_timeout_is_stop_timeout(capsys, monkeypatch):
+    import launcher.runner
+
+    seen = []
+    monkeypatch.setattr(launcher.runner, "execute", lambda opts: seen.append(opts.stop_timeout) or 0)
+    assert run_cli(capsys, "run", "--shutdown_timeout", "7", "--", "true")[0] == 0
+    assert seen == [7.0]
+
+
+def test_nproc_per_node_counts(capsys, monkeypatch, tmp_path):
+    from launcher.commands import torchrun
+
+    assert dry_json(capsys, "--nproc-per-node", "cpu", "--", "true")["world_size"] == torchrun.cpu_count()
+    assert dry_json(capsys, "--nproc-per-node", "auto", "--", "true")["world_size"] == \
+        (torchrun.npu_count() or torchrun.cpu_count())
+    for name in ("davinci0", "davinci3", "davinci_manager", "devmm_svm"):
+        (tmp_path / name).write_text("")
+    assert torchrun.npu_count(str(tmp_path)) == 2
+    monkeypatch.setattr(torchrun, "npu_count", lambda dev="/dev": 2)
+    assert dry_json(capsys, "--nproc-per-node", "npu", "--", "true")["world_size"] == 2
+    assert dry_json(capsys, "--nproc-per-node", "auto", "--", "true")["world_size"] == 2
+    monkeypatch.setattr(torchrun, "npu_count", lambda dev="/dev": 0)
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "npu", "--", "true")
+    assert code == 2 and "no Ascend devices" in err
+
+
+def test_nnodes_accepts_a_fixed_range(capsys):
+    assert dry_json(capsys, "--nproc-per-node", "1", "--nnodes", "2:2", "--", "true")["world_size"] == 2
+
+
+# --------------------------------------------------------------------------- options after the command
+
+def _warnings(err):
+    return [line for line in err.splitlines() if line.startswith("[launcher WARNING]")]
+
+
+def test_launcher_option_after_the_command_is_one_warning(capsys):
+    code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "true", "--max-restarts", "3",
+                             "--lr", "1", "--nproc_per_node=2")
+    assert code == 0
+    [warning] = _warnings(err)
+    assert warning.endswith("--max-restarts, --nproc_per_node after the command are passed to true, not to the "
+                            "launcher: put launcher options before true (or -- before true if it takes them itself)")
+
+
+def test_no_warning_with_double_dash_or_script_options(capsys):
+    for argv in (["--", "true", "--max-restarts", "3"], ["true", "--lr", "1", "-m", "x"],
+                 ["--max-restarts", "3", "true"]):
+        code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", *argv)
+        assert code == 0 and _warnings(err) == [], argv
+
+
+_LAUNCHER_OPTIONS = ["--max-restarts", "--nproc-per-node", "--log-dir", "--checkpoint-dir", "--dp"]
+_SCRIPT_TOKENS = ["--lr", "-m", "x", "1", "--", "--steps=3", "-v"]
+
+
+@given(before=st.lists(st.sampled_from(_LAUNCHER_OPTIONS), max_size=3),
+       after=st.lists(st.sampled_from(_LAUNCHER_OPTIONS + _SCRIPT_TOKENS), max_size=6),
+       separated=st.booleans())
+def test_options_after_command_finds_exactly_the_launcher_options_after_it(before, after, separated):
+    """Whatever comes before the command is the launcher's; after it, only launcher options are reported,
+    and nothing at all once ``--`` marks where the command starts."""
+    from launcher.commands.run import options_after_command
+
+    run = _run_command()
+    args = [token for option in before for token in (option, "1")] + (["--"] if separated else []) + \
+        ["train.py"] + after
+    misplaced, program = options_after_command(args, run.params)
+    expected = [] if separated else list(dict.fromkeys(t for t in after if t in _LAUNCHER_OPTIONS))
+    assert misplaced == expected
+    assert program == ("" if separated else "train.py")
+
+
+def test_node_rank_from_the_config_file_counts_as_given(capsys, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("node_rank: 1\nnnodes: 2\nnproc_per_node: 1\n")
+    doc = dry_json(capsys, "--config", str(config), "--rdzv-backend", "c10d", "--rdzv-endpoint", "n0:1", "--", "true")
+    assert doc["server"]["index"] == 1
+
+
+@given(text=st.text(alphabet="0123456789:-abcdu[] .", max_size=12))
+def test_torchrun_value_parsers_accept_or_refuse_cleanly(text):
+    """Whatever the text, --nproc-per-node, --nnodes and --rdzv-endpoint give a number / an address or
+    one usage line: never another exception."""
+    import click
+
+    from launcher.commands.torchrun import NnodesType, NprocType, _endpoint
+
+    for kind in (NprocType(), NnodesType()):
+        try:
+            assert kind.convert(text, None, None) >= 1
+        except click.BadParameter:
+            pass
+    kwargs = {"master_addr": None, "master_port": None}
+    problems = _endpoint(kwargs, text)
+    assert problems or (kwargs["master_addr"] and 0 < kwargs["master_port"] < 65536)

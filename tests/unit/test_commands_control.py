@@ -90,9 +90,9 @@ def test_a_refusal_is_a_failure(capsys, run_dir):
 def test_no_supervisor_says_what_to_check(capsys, run_dir):
     code, _, err = launcher_exit(capsys, run_dir)
     assert code == 1
-    assert "no launcher is listening" in err and "--run-dir" in err
+    assert "no launcher is listening" in err and f"run dir {run_dir}" in err
 
 
 def test_no_run_dir(capsys, tmp_path, clean_env, restore_launcher_logger):
     code, _, err = launcher_exit(capsys, str(tmp_path / "missing"))
-    assert code == 1 and "no launcher run here" in err
+    assert code == 1 and "no launcher is running here" in err

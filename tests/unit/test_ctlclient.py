@@ -182,6 +182,21 @@ def test_a_reset_connection_is_a_launcher_error(fake):
     fake.serve(lambda conn: conn.recv(1, socket.MSG_PEEK), read_request=False)
     with pytest.raises(LauncherError):
         list(request(fake.path, "gasp", timeout=5))
+def client_thread(path, command, **kwargs):
+    """``request(path, command, **kwargs)`` in a started thread; the dict gets its answers or error."""
+    outcome = {}
+
+    def client():
+        try:
+            outcome["answers"] = list(request(path, command, **kwargs))
+        except LauncherError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=client, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
 def test_the_timeout_covers_a_supervisor_that_does_not_accept(run_dir):
     path = os.path.join(run_dir, "control.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -196,16 +211,7 @@ def test_the_timeout_covers_a_supervisor_that_does_not_accept(run_dir):
             filler.connect(path)
         except BlockingIOError:
             break
-    outcome = {}
-
-    def client():
-        try:
-            outcome["answers"] = list(request(path, "status", timeout=0.3))
-        except LauncherError as exc:
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=client, daemon=True)
-    thread.start()
+    thread, _outcome = client_thread(path, "status", timeout=0.3)
     thread.join(2)
     blocked = thread.is_alive()
     listener.close()  # wakes a blocked connect with ECONNREFUSED
@@ -214,3 +220,27 @@ def test_the_timeout_covers_a_supervisor_that_does_not_accept(run_dir):
     thread.join(5)
     assert not thread.is_alive()
     assert not blocked, "request() was still connecting 2 s after a 0.3 s timeout"
+
+
+def test_a_stopped_supervisor_is_no_supervisor_within_the_first_answer_deadline(run_dir):
+    """Issue #17.5: a SIGSTOPped launcher's socket accepts into its backlog and never answers."""
+    path = os.path.join(run_dir, "control.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(path)
+        listener.listen(4)  # never accepts, never reads: what a stopped process does
+        thread, outcome = client_thread(path, "gasp", first_timeout=0.3)
+        thread.join(5)
+        assert not thread.is_alive(), "request() still waiting 5 s after a 0.3 s first-answer deadline"
+    assert isinstance(outcome.get("error"), NoSupervisor)
+    assert "did not answer 'gasp' within 0.3 s" in outcome["error"].message
+
+
+def test_later_answers_wait_past_the_first_answer_deadline(fake):
+    def ack_then_slow_report(conn):
+        conn.sendall(b'{"ok": true, "accepted": true}\n')
+        fake.release.wait(0.6)  # a gasp takes as long as the ranks need to save
+        conn.sendall(b'{"ok": true, "done": true}\n')
+
+    fake.serve(ack_then_slow_report)
+    assert list(request(fake.path, "gasp", first_timeout=0.3, timeout=5)) == [
+        {"ok": True, "accepted": True}, {"ok": True, "done": True}]

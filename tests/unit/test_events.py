@@ -122,3 +122,24 @@ def test_read_events_skips_garbage_and_torn_lines(path):
     with open(path, "w", encoding="utf-8") as fh:
         fh.write('{"event": "a", "ts": 1}\nnot json\n\n{"event": "b", "ts": 2}\n{"event": "c", "t')
     assert [e["event"] for e in read_events(path)] == ["a", "b"]
+
+
+def test_full_disk_warns_once_and_emit_goes_on(caplog):
+    log = EventLog("/dev/full", "run-1")  # every write fails with ENOSPC, as on a full disk
+    with caplog.at_level("WARNING", logger="launcher.events"):
+        for i in range(3):
+            assert log.emit("tick", i=i)["i"] == i
+    log.close()
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], warnings
+
+
+def test_a_torn_line_is_ended_before_the_next_event(path, monkeypatch):
+    log = EventLog(path, "run-1")
+    real_write = os.write
+    monkeypatch.setattr(events_mod.os, "write", lambda fd, data: real_write(fd, data[:10]))  # disk full mid-line
+    log.emit("cut")
+    monkeypatch.setattr(events_mod.os, "write", real_write)
+    log.emit("whole", n=1)
+    log.close()
+    assert [e["event"] for e in read_events(path)] == ["whole"]

@@ -250,3 +250,21 @@ def test_wait_exits_returns_the_processes_still_running(spawn):
     assert gasp.wait_exits([proc.pid], 10) == []  # a zombie counts as exited
     proc.wait(10)
     assert gasp.wait_exits([proc.pid], 10) == []  # so does a pid that is gone
+
+
+def test_full_run_dir_never_refuses_the_save(tmp_path, caplog):
+    path = tmp_path / "gasp.json"
+    os.symlink("/dev/full", f"{path}.{os.getpid()}.tmp")  # writes fail with ENOSPC, as on a full disk
+    gate = gasp.GaspGate(str(path), 60.0, clock=lambda: 1000.0)
+    with caplog.at_level("WARNING", logger="launcher.gasp"):
+        assert gate.try_save() is True
+    assert "saving anyway" in caplog.text and "No space left on device" in caplog.text
+    assert os.listdir(tmp_path) == []  # no temp file left behind
+
+
+def test_write_graceful_exit_on_a_full_disk_warns(tmp_path, caplog):
+    path = tmp_path / "graceful_exit.json"
+    os.symlink("/dev/full", f"{path}.{os.getpid()}.tmp")
+    with caplog.at_level("WARNING", logger="launcher.gasp"):
+        assert gasp.write_graceful_exit(str(path), 1) is False
+    assert "No space left on device" in caplog.text and os.listdir(tmp_path) == []

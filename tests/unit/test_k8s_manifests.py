@@ -33,7 +33,8 @@ import yaml
 from referencing import Registry, Resource
 
 from launcher.cli import cli
-from launcher.options import DEFAULT_RANK_TABLE, RunOptions
+from launcher.commands.run import run_options
+from launcher.options import DEFAULT_RANK_TABLE
 
 try:  # the test extra installs it; without it only the schema tests are skipped
     import kubernetes_validate.utils as kv_utils
@@ -380,7 +381,7 @@ def test_grace_period_matches_the_launcher(name, monkeypatch):
         grace = pod["terminationGracePeriodSeconds"]
         assert ctx.params["termination_grace_period"] == grace, \
             f"{label}: --termination-grace-period must equal terminationGracePeriodSeconds ({grace})"
-        gasp = RunOptions(**{**ctx.params, "command": tuple(ctx.params["command"])}).resolved_gasp_timeout()
+        gasp = run_options(ctx).resolved_gasp_timeout()
         assert 0 < gasp < grace, f"{label}: gasp timeout {gasp} s does not fit in {grace} s"
         assert grace < VOLCANO_GRACE_OVER_TIME, f"{label}: must stay below Volcano's grace-over-time"
 

@@ -5,6 +5,8 @@ default < config file < ``LAUNCHER_*`` environment < command line.
 """
 
 import json
+import os
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -46,7 +48,7 @@ def test_defaults(capsys):
     code, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
     assert code == 0
     assert env0(doc)["TORCHELASTIC_MAX_RESTARTS"] == "0"
-    assert doc["master_port"] == 29500
+    assert doc["master_port"] not in (None, 29500)  # one node: a free port (issue #10.3)
     assert doc["master_addr"] == "127.0.0.1"
     assert doc["framework"] == "pytorch"
     assert len(doc["ranks"]) == 1
@@ -178,7 +180,7 @@ def test_invalid_yaml_exit_2(capsys, tmp_path):
     assert code == 2
     assert out == ""
     assert lines[0].startswith("launcher: config file ") and "is not valid YAML" in lines[0]
-    assert len(lines) == 2 and lines[1].startswith("  ") and "line" in lines[1]
+    assert len(lines) == 1 and "line 2" in lines[0]
 
 
 def test_schema_violations_one_line_each_with_path(capsys, tmp_path):
@@ -258,9 +260,28 @@ def test_resolved_framework_unknown(name):
 
 def test_dry_run_uses_default_run_dir(capsys, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--job-name", "exp-1", "--", "true")
+    assert doc["run_dir"] == str(tmp_path / "launcher" / "exp-1")
+    assert "GROUP_INFO_FILE" not in env0(doc)  # only with --group-info-root
+
+
+def test_each_job_gets_its_own_run_dir_under_the_base(capsys, monkeypatch, tmp_path):
+    """Issue #10.3: two jobs without --run-dir no longer share /tmp/launcher-<uid>."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
-    assert doc["run_dir"] == str(tmp_path / "launcher")
-    assert env0(doc)["GROUP_INFO_FILE"] == str(tmp_path / "launcher" / "group_info" / "device0" / "group_info.pb")
+    assert os.path.dirname(doc["run_dir"]) == str(tmp_path / "launcher")
+    assert re.fullmatch(rf"\d{{8}}-\d{{6}}-{os.getpid()}", os.path.basename(doc["run_dir"]))
+    _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--run-id", "exp/7", "--", "true")
+    assert doc["run_dir"] == str(tmp_path / "launcher" / "exp_7")
+    monkeypatch.setenv("MINDX_TASK_ID", "task-9")
+    _, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
+    assert doc["run_dir"] == str(tmp_path / "launcher" / "task-9")
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", ".hidden", "x y"])
+def test_bad_job_name_refused(capsys, name):
+    code, _doc, err = dry_run(capsys, "--nproc-per-node", "1", "--job-name", name, "--", "true")
+    assert code == 2 and err.startswith("launcher: --job-name")
 
 
 # --------------------------------------------------------------------------- --console-ranks
@@ -307,3 +328,48 @@ def test_parse_rank_filter_round_trip(ranks, spaced):
     if spaced:
         text = " " + text.replace(",", " , ") + " "
     assert parse_rank_filter(text) == ordered
+
+
+# --------------------------------------------------------------------------- --gasp-signal (issue #17.6)
+
+@pytest.mark.parametrize("value", ["99", "0", "FOO", "SIGKILL", "kill", "9", "STOP", "19", "-1", ""])
+def test_gasp_signal_refused_at_parse_time_even_with_dry_run(capsys, value):
+    code, _doc, err = dry_run(capsys, "--gasp-signal", value, "--nproc-per-node", "1", "--", "true")
+    assert code == 2
+    assert err.startswith("launcher: --gasp-signal") and "Traceback" not in err
+
+
+@pytest.mark.parametrize("value,name", [("SIGUSR1", "SIGUSR1"), ("usr2", "SIGUSR2"), ("15", "SIGTERM"),
+                                        (" term ", "SIGTERM"), ("SIGRTMIN", "SIGRTMIN")])
+def test_gasp_signal_names_and_numbers(value, name):
+    import signal
+
+    from launcher.options import SignalType, parse_signal
+
+    assert parse_signal(value) == int(signal.Signals[name])
+    assert SignalType().convert(value, None, None) == name
+
+
+def test_gasp_signal_from_environment_is_checked_too(capsys, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_GASP_SIGNAL", "99")
+    code, _doc, err = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
+    assert code == 2 and "--gasp-signal '99'" in err
+
+
+@given(st.integers(min_value=-5, max_value=200))
+def test_parse_signal_property(number):
+    import signal
+
+    from launcher.options import UNCATCHABLE, parse_signal
+
+    try:
+        signum = parse_signal(str(number))
+    except UsageError:
+        assert number not in {int(s) for s in signal.Signals} or number in UNCATCHABLE
+    else:
+        assert signum == number and signum not in UNCATCHABLE and signum in {int(s) for s in signal.Signals}
+
+
+def test_prestop_signal_option_checked(capsys):
+    assert main(["prestop", "--signal", "99"]) == 2
+    assert "--signal '99'" in capsys.readouterr().err

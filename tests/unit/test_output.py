@@ -308,3 +308,37 @@ def test_tail_lines_reads_only_the_end_and_survives_bad_utf8(tmp_path):
     lines = tail_lines(str(path), 10, max_bytes=64)
     assert lines[-2:] == ["bad \ufffd\ufffd", "last"]
     assert len("".join(lines)) < 64
+
+
+def test_full_disk_log_file_warns_once_and_the_console_goes_on(tmp_path, caplog):
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(read_fd, False)
+    console = io.BytesIO()
+    full = os.open("/dev/full", os.O_WRONLY)  # every write fails with ENOSPC, as on a full disk
+    out = RankOutput(read_fd, full, "rank 2", console, log_path="/logs/rank_2.log")
+    try:
+        with caplog.at_level("WARNING", logger="launcher.output"):
+            for i in range(3):
+                os.write(write_fd, b"step %d\n" % i)
+                assert out.pump() is True
+        assert out.log_fd == -1  # no longer written
+        assert console.getvalue() == b"[rank 2] step 0\n[rank 2] step 1\n[rank 2] step 2\n"
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and "rank 2" in warnings[0] and "/logs/rank_2.log" in warnings[0], warnings
+        assert "No space left on device" in warnings[0]
+    finally:
+        os.close(write_fd)
+        out.close()
+
+
+def test_torch_rank_prefix_is_not_doubled_on_the_console(pipes):
+    """torch's excepthook writes "[rank3]: " before each traceback line; the console says "[rank 3] "
+    once, the log file keeps the rank's bytes, and another rank's prefix is left alone."""
+    console = io.BytesIO()
+    p = pipes(console)
+    raw = b"[rank3]: Traceback (most recent call last):\n\n[rank3]: RuntimeError: x\nsee [rank3]: here\n[rank4]: y\n"
+    p.write(raw)
+    p.out.pump()
+    assert console.getvalue() == (b"[rank 3] Traceback (most recent call last):\n[rank 3] \n[rank 3] RuntimeError: x\n"
+                                  b"[rank 3] see [rank3]: here\n[rank 3] [rank4]: y\n")
+    assert p.file_bytes() == raw

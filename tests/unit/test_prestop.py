@@ -57,12 +57,12 @@ def assert_not_signalled(proc):
 
 def test_open_run_dir_returns_the_absolute_checked_path(run_dir, monkeypatch):
     monkeypatch.chdir(run_dir.parent)
-    assert open_run_dir("run") == str(run_dir)
+    assert open_run_dir("run").path == str(run_dir)
 
 
 def test_open_run_dir_defaults_to_launcher_run_dir(run_dir, monkeypatch):
     monkeypatch.setenv("LAUNCHER_RUN_DIR", str(run_dir))
-    assert open_run_dir(None) == str(run_dir)
+    assert open_run_dir(None).path == str(run_dir)
 
 
 def test_open_run_dir_missing_is_none(tmp_path):
@@ -218,3 +218,51 @@ def test_prestop_only_stranger_recorded_is_a_no_op(run_dir, spawn, capsys):
     assert prestop(str(run_dir), timeout=1) == 0
     assert "nothing to do" in capsys.readouterr().out
     assert_not_signalled(stranger)
+
+
+# -- finding the job under the base dir (issue #10.3) ---------------------------------------------------
+
+def died_job(base, name, *ranks):
+    """A job dir whose launcher died: lock file not held, launcher.json without "ended"."""
+    from launcher.rundir import LAUNCHER, RunDir
+
+    rd = RunDir(str(base / name))
+    rd.lock()
+    rd.write_json(LAUNCHER, {"pid": 1, "started": time.time(), "gasp_timeout": 12, "gasp_signal": "SIGTERM"})
+    rd.close()
+    write_state(base / name, *ranks)
+
+
+def test_bare_prestop_without_a_live_job_saves_the_ranks_of_the_one_whose_launcher_died(
+        tmp_path, spawn, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("LAUNCHER_RUN_DIR", raising=False)
+    base = tmp_path / "launcher"
+    rank = spawn()
+    died_job(base, "gone", (0, rank, 0.0))
+    died_job(base, "older", (0, rank, 5.0))  # a stranger's pid by now: not a candidate
+    assert prestop() == 0
+    assert rank.wait(10) == 7
+    assert "SIGTERM to 1 rank(s) it started, 12 s to save" in capsys.readouterr().out  # its recorded timeout
+    assert [e["event"] for e in read_events(str(base / "gone" / EVENTS))] == ["gasp", "gasp_done"]
+
+
+def test_bare_prestop_with_two_stranded_jobs_asks_which(tmp_path, spawn, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("LAUNCHER_RUN_DIR", raising=False)
+    first, second = spawn(), spawn()
+    died_job(tmp_path / "launcher", "a", (0, first, 0.0))
+    died_job(tmp_path / "launcher", "b", (0, second, 0.0))
+    with pytest.raises(UsageError, match="2 jobs under .* lost their launcher") as exc:
+        prestop()
+    assert sorted(p.split()[0] for p in exc.value.problems) == ["a", "b"]
+    assert_not_signalled(first)
+    assert prestop(job="b", timeout=5) == 0
+    assert second.wait(10) == 7
+
+
+def test_bare_prestop_with_nothing_under_the_base_is_a_no_op(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.delenv("LAUNCHER_RUN_DIR", raising=False)
+    assert prestop() == 0
+    assert capsys.readouterr().out == "launcher prestop: no launcher run here; nothing to do\n"

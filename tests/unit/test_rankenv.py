@@ -4,6 +4,7 @@ Tables are built by hand from the data model so these tests do not depend on the
 """
 
 import copy
+import dataclasses
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -11,8 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from launcher.errors import UsageError
 from launcher.rankenv import (ROLE_SCHEDULER, ROLE_WORKER, SCHEDULER_RANK, EnvContext, WorkerSpec,
-                              build_rank_env, scheduler_env, worker_specs)
+                              build_rank_env, check_visible_devices, derived_run_id, scheduler_env, worker_specs)
 from launcher.ranktable.model import Device, RankTable, ServerEntry
 from launcher.topology import Topology
 
@@ -75,13 +77,14 @@ def test_pytorch_env_is_exactly_the_torchrun_and_legacy_contract():
         "ROLE_NAME": "default", "MASTER_ADDR": "172.16.0.5", "MASTER_PORT": "29500",
         "TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_RUN_ID": "job-42", "TORCHELASTIC_USE_AGENT_STORE": "False",
-        "OMP_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         # legacy Ascend
-        "RANK_ID": "6", "RANK_SIZE": "8", "DEVICE_ID": "0", "ASCEND_DEVICE_ID": "0", "DEVICE_NUM": "4",
+        "RANK_ID": "6", "RANK_SIZE": "8", "DEVICE_ID": "2", "ASCEND_DEVICE_ID": "2", "DEVICE_NUM": "4",
         "SERVER_ID": "1", "SERVER_NUM": "2", "JOB_ID": "job-42", "RANK_TABLE_FILE": TABLE_FILE,
         "GROUP_INFO_FILE": os.path.join(GI_ROOT, "device6", "group_info.pb"),
         # launcher
-        "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "1",
+        "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "1", "LAUNCHER_PHYSICAL_DEVICE_ID": "0",
+        "PYTHONUNBUFFERED": "1",
     }
 
 
@@ -132,6 +135,12 @@ def test_omp_num_threads_left_alone_when_already_set(value):
     assert "OMP_NUM_THREADS" not in env  # the spawned rank inherits the user's value
 
 
+@pytest.mark.parametrize("value", ["0", "3"])
+def test_nccl_async_error_handling_left_alone_when_already_set(value):
+    env = env_for(make_ctx(file_topology(0), base_env={"TORCH_NCCL_ASYNC_ERROR_HANDLING": value}), 0)
+    assert "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in env  # torchrun too keeps the user's value
+
+
 def test_omp_num_threads_not_set_with_a_single_local_rank():
     table = RankTable(servers=(ServerEntry("10.0.0.1", (Device(0, 3),)), ServerEntry("10.0.0.2", (Device(1, 3),))))
     env = env_for(make_ctx(file_topology(1, table)), 0)
@@ -146,8 +155,9 @@ def test_legacy_ascend_variables_for_every_framework(framework):
     ctx = make_ctx(file_topology(1), framework=framework, run_id="uid-1")
     envs = [env_for(ctx, i) for i in range(4)]
     assert [e["RANK_ID"] for e in envs] == ["4", "5", "6", "7"]
-    assert [e["DEVICE_ID"] for e in envs] == ["1", "3", "0", "2"]  # physical ids, not the local index
-    assert [e["ASCEND_DEVICE_ID"] for e in envs] == ["1", "3", "0", "2"]
+    assert [e["LAUNCHER_PHYSICAL_DEVICE_ID"] for e in envs] == ["1", "3", "0", "2"]  # the table's ids
+    assert [e["DEVICE_ID"] for e in envs] == ["0", "1", "2", "3"]  # visibility unknown: the local index
+    assert [e["ASCEND_DEVICE_ID"] for e in envs] == ["0", "1", "2", "3"]
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "2", "3"]
     for e in envs:
         assert e["RANK_SIZE"] == "8"
@@ -183,7 +193,7 @@ def test_tensorflow_device_index_is_the_global_rank_not_device_id_plus_8_per_ser
     ctx = make_ctx(file_topology(1), framework="tensorflow")
     envs = [env_for(ctx, i) for i in range(4)]
     assert [e["DEVICE_INDEX"] for e in envs] == ["4", "5", "6", "7"]
-    legacy = [str(int(e["DEVICE_ID"]) + 8 * 1) for e in envs]  # the defect-8 formula
+    legacy = [str(int(e["LAUNCHER_PHYSICAL_DEVICE_ID"]) + 8 * 1) for e in envs]  # the defect-8 formula
     assert legacy == ["9", "11", "8", "10"]
     assert all(e["DEVICE_INDEX"] != old for e, old in zip(envs, legacy))
     assert [e["DEVICE_INDEX"] for e in envs] == [e["RANK_ID"] for e in envs]
@@ -228,8 +238,9 @@ def test_mindspore_dynamic_cluster_scheduler_only_on_the_server_hosting_rank0():
     sched = specs0[0].env
     assert sched == {
         "MS_ROLE": "MS_SCHED", "MS_SCHED_HOST": "10.1.1.1", "MS_SCHED_PORT": "8118", "MS_WORKER_NUM": "4",
-        "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "900",
-        "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job",
+        "MS_LOCAL_WORKER": "2", "MS_NODE_RANK": "0", "MS_SERVER_NUM": "0", "MS_TOPO_TIMEOUT": "600",
+        "RANK_ID": "0", "RANK_SIZE": "4", "LAUNCHER_RUN_DIR": RUN_DIR, "LAUNCHER_ATTEMPT": "2", "JOB_ID": "ms-job",
+        "PYTHONUNBUFFERED": "1",
     }
 
 
@@ -259,14 +270,23 @@ def test_mindspore_topo_timeout_taken_from_the_launcher_environment():
     assert {s.env["MS_TOPO_TIMEOUT"] for s in specs} == {"60"}
 
 
-def test_scheduler_env_gets_context_extra_but_no_rank_variables():
+def test_scheduler_env_gets_context_extra_and_msruns_rank_variables():
     ctx = make_ctx(dynamic_topology(0), framework="mindspore", extra={"LAUNCHER_GRACEFUL_EXIT_FILE": "/g.json"})
     env = scheduler_env(ctx, 0)
     assert env["LAUNCHER_GRACEFUL_EXIT_FILE"] == "/g.json"
-    assert not {"RANK_ID", "DEVICE_ID", "LOCAL_RANK", "MS_NODE_ID", "RANK_TABLE_FILE"} & set(env)
+    # msrun: "For Scheduler, 'RANK_ID' is always 0" (process_entity/_api.py), and RANK_SIZE is exported.
+    assert (env["RANK_ID"], env["RANK_SIZE"]) == ("0", env["MS_WORKER_NUM"])
+    assert not {"DEVICE_ID", "LOCAL_RANK", "MS_NODE_ID", "RANK_TABLE_FILE"} & set(env)
 
 
 # --------------------------------------------------------------------------- group info, HCCL_IF_IP
+
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore", "tensorflow"])
+def test_no_group_info_file_unless_a_group_info_root_is_given(framework):
+    # MindSpore reads GROUP_INFO_FILE as "semi-auto parallel restore": a data-parallel job then fails.
+    ctx = dataclasses.replace(make_ctx(file_topology(0), framework), group_info_root=None)
+    assert not any("GROUP_INFO_FILE" in s.env for s in worker_specs(ctx, ["x"], 0))
+
 
 @pytest.mark.parametrize("server_index, local_rank, rank", [(0, 0, 0), (0, 3, 3), (1, 1, 5)])
 def test_group_info_file_uses_the_global_rank_id(server_index, local_rank, rank):
@@ -275,14 +295,120 @@ def test_group_info_file_uses_the_global_rank_id(server_index, local_rank, rank)
     assert env["RANK_ID"] == str(rank)
 
 
-def test_hccl_if_ip_from_xdl_ip():
-    env = env_for(make_ctx(file_topology(0), base_env={"XDL_IP": "10.0.0.1"}), 0)
-    assert env["HCCL_IF_IP"] == "10.0.0.1"
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore", "tensorflow"])
+@pytest.mark.parametrize("base_env, local, expected", [
+    ({"XDL_IP": "10.0.0.1", "POD_IP": "10.0.0.1"}, (), "10.0.0.1"),  # hostNetwork: pod IP = node IP
+    ({"XDL_IP": "10.0.0.1"}, ("127.0.0.1", "10.0.0.1"), "10.0.0.1"),  # no POD_IP, node IP is ours
+    ({"XDL_IP": "10.0.0.1", "POD_IP": "172.16.0.5"}, ("172.16.0.5",), None),  # pod networking
+    ({"XDL_IP": "10.0.0.1"}, ("172.16.0.5",), None),  # the node IP is no address of this container
+    ({"XDL_IP": ""}, (), None),
+    ({"POD_IP": "172.16.0.5"}, ("172.16.0.5",), None),
+])
+def test_hccl_if_ip_from_xdl_ip_only_with_host_networking(framework, base_env, local, expected):
+    ctx = dataclasses.replace(make_ctx(file_topology(0), framework, base_env=base_env), local_addresses=local)
+    assert env_for(ctx, 0).get("HCCL_IF_IP") == expected
 
 
-@pytest.mark.parametrize("base_env", [{}, {"XDL_IP": ""}, {"POD_IP": "172.16.0.5"}])
-def test_no_hccl_if_ip_without_xdl_ip(base_env):
-    assert "HCCL_IF_IP" not in env_for(make_ctx(file_topology(0), base_env=base_env), 0)
+@pytest.mark.parametrize("hccl_if_ip", [None, "10.9.9.9"])
+def test_an_operators_hccl_if_ip_is_inherited_never_replaced(hccl_if_ip):
+    base = {"HCCL_IF_IP": "192.168.1.1", "XDL_IP": "10.0.0.1", "POD_IP": "10.0.0.1"}
+    ctx = dataclasses.replace(make_ctx(file_topology(0), base_env=base), hccl_if_ip=hccl_if_ip)
+    assert "HCCL_IF_IP" not in env_for(ctx, 0)  # the rank inherits 192.168.1.1
+
+
+def test_hccl_if_ip_when_asked_for():
+    base = {"XDL_IP": "10.0.0.1", "POD_IP": "172.16.0.5"}
+    ctx = dataclasses.replace(make_ctx(file_topology(0), base_env=base), hccl_if_ip="172.16.0.5")
+    assert env_for(ctx, 0)["HCCL_IF_IP"] == "172.16.0.5"
+
+
+# --------------------------------------------------------------------------- device ids
+
+def visible_ctx(visible, server_index: int = 1, framework: str = "pytorch") -> EnvContext:
+    return dataclasses.replace(make_ctx(file_topology(server_index), framework), visible_devices=visible)
+
+
+def test_device_id_is_the_logical_id_among_the_visible_npus():
+    # server 1 drives physical NPUs 1, 3, 0, 2 (ranks 4..7); the container sees 0-3
+    envs = [env_for(visible_ctx((0, 1, 2, 3)), i) for i in range(4)]
+    assert [e["DEVICE_ID"] for e in envs] == ["1", "3", "0", "2"]
+    assert [e["ASCEND_DEVICE_ID"] for e in envs] == ["1", "3", "0", "2"]
+    assert [e["LAUNCHER_PHYSICAL_DEVICE_ID"] for e in envs] == ["1", "3", "0", "2"]
+
+
+def test_a_container_given_npus_1_3_5_7_sees_them_as_0_to_3():
+    s0 = ServerEntry("10.0.0.1", (Device(0, 1), Device(1, 3), Device(2, 5), Device(3, 7)))
+    ctx = dataclasses.replace(make_ctx(file_topology(0, RankTable(servers=(s0,), source=TABLE_FILE))),
+                              visible_devices=(1, 3, 5, 7))
+    envs = [env_for(ctx, i) for i in range(4)]
+    assert [e["DEVICE_ID"] for e in envs] == ["0", "1", "2", "3"]
+    assert [e["LAUNCHER_PHYSICAL_DEVICE_ID"] for e in envs] == ["1", "3", "5", "7"]
+
+
+def test_a_built_table_numbers_logical_ids_and_maps_them_to_the_visible_npus():
+    ctx = dataclasses.replace(make_ctx(dynamic_topology(0), "mindspore"), visible_devices=(4, 6))
+    workers = [s for s in worker_specs(ctx, ["x"], 0) if s.role == ROLE_WORKER]
+    assert [s.env["DEVICE_ID"] for s in workers] == ["0", "1"]
+    assert [s.env["LAUNCHER_PHYSICAL_DEVICE_ID"] for s in workers] == ["4", "6"]
+
+
+def test_a_built_table_without_npus_physical_is_the_local_index():
+    workers = [s for s in worker_specs(make_ctx(dynamic_topology(1), "mindspore"), ["x"], 0)]
+    assert [(s.env["DEVICE_ID"], s.env["LAUNCHER_PHYSICAL_DEVICE_ID"]) for s in workers] == [("0", "0"), ("1", "1")]
+
+
+def test_rank_table_npus_the_container_does_not_see_are_refused():
+    with pytest.raises(UsageError) as exc:
+        check_visible_devices(visible_ctx((0, 1, 2)))  # physical 3 (rank 5) missing
+    assert "visible: 0,1,2" in exc.value.message
+    assert exc.value.problems[0] == "rank 5: device_id 3"
+
+
+@pytest.mark.parametrize("visible", [None, (0, 1, 2, 3), (0, 1, 2, 3, 4, 5, 6, 7)])
+def test_rank_table_npus_all_visible_or_visibility_unknown_pass(visible):
+    check_visible_devices(visible_ctx(visible))
+
+
+def test_built_tables_are_never_refused_for_visibility():
+    check_visible_devices(dataclasses.replace(make_ctx(dynamic_topology(1)), visible_devices=(7,)))
+
+
+# --------------------------------------------------------------------------- unbuffered output
+
+@pytest.mark.parametrize("framework", ["pytorch", "mindspore", "tensorflow"])
+def test_every_rank_and_the_scheduler_run_unbuffered(framework):
+    topo = dynamic_topology(0) if framework == "mindspore" else file_topology(0)
+    specs = worker_specs(make_ctx(topo, framework), ["python", "t.py"], 0)
+    assert {s.env["PYTHONUNBUFFERED"] for s in specs} == {"1"}
+
+
+@pytest.mark.parametrize("value", ["", "0", "x"])
+def test_a_users_pythonunbuffered_is_inherited(value):
+    specs = worker_specs(make_ctx(dynamic_topology(0), "mindspore", base_env={"PYTHONUNBUFFERED": value}), ["x"], 0)
+    assert not any("PYTHONUNBUFFERED" in s.env for s in specs)
+
+
+# --------------------------------------------------------------------------- derived run id
+
+def test_every_node_of_a_rank_table_job_derives_the_same_run_id():
+    ids = {derived_run_id(file_topology(i), ["python", "train.py"]) for i in (0, 1)}
+    assert len(ids) == 1 and ids.pop().startswith("job-")
+
+
+def test_every_node_of_a_built_table_job_derives_the_same_run_id():
+    ids = {derived_run_id(dynamic_topology(i, nnodes=3), ["python", "t.py"]) for i in range(3)}
+    assert len(ids) == 1
+
+
+@pytest.mark.parametrize("other", [
+    lambda: derived_run_id(file_topology(0), ["python", "other.py"]),
+    lambda: derived_run_id(file_topology(0, RankTable(servers=two_server_table().servers[:1], source=TABLE_FILE)),
+                           ["python", "train.py"]),
+    lambda: derived_run_id(dynamic_topology(0), ["python", "train.py"]),
+    lambda: derived_run_id(dynamic_topology(0, port=9000), ["python", "train.py"]),
+])
+def test_a_different_job_derives_a_different_run_id(other):
+    assert other() != derived_run_id(file_topology(0), ["python", "train.py"])
 
 
 # --------------------------------------------------------------------------- extra / per-rank overrides
@@ -307,7 +433,7 @@ def test_extra_goes_to_every_rank_and_per_rank_overrides_everything():
 def test_build_rank_env_per_rank_argument():
     ctx = make_ctx(file_topology(0))
     env = env_for(ctx, 1, per_rank={"DEVICE_ID": "7", "NEW": "x"})
-    assert (env["DEVICE_ID"], env["NEW"], env["ASCEND_DEVICE_ID"]) == ("7", "x", "5")
+    assert (env["DEVICE_ID"], env["NEW"], env["ASCEND_DEVICE_ID"]) == ("7", "x", "1")
 
 
 # --------------------------------------------------------------------------- worker_specs
@@ -320,7 +446,7 @@ def test_worker_specs_one_per_local_device_in_order():
         (4, 0, 1, ROLE_WORKER), (5, 1, 3, ROLE_WORKER), (6, 2, 0, ROLE_WORKER), (7, 3, 2, ROLE_WORKER)]
     assert {s.argv for s in specs} == {("python", "train.py", "--lr", "0.1")}
     assert [s.label for s in specs] == ["rank 4", "rank 5", "rank 6", "rank 7"]
-    assert [s.env["DEVICE_ID"] for s in specs] == [str(s.device_id) for s in specs]
+    assert [s.env["LAUNCHER_PHYSICAL_DEVICE_ID"] for s in specs] == [str(s.device_id) for s in specs]
 
 
 def test_worker_specs_attempt_is_propagated():
@@ -398,7 +524,8 @@ def test_invariants_over_random_table_shapes(table_and_index, framework, attempt
     assert len(set(rank_ids)) == n
     assert rank_ids == [str(d.rank_id) for d in server.devices]
     assert [s.env["LOCAL_RANK"] for s in specs] == [str(i) for i in range(n)]
-    assert [s.env["DEVICE_ID"] for s in specs] == [str(d.device_id) for d in server.devices]
+    assert [s.env["LAUNCHER_PHYSICAL_DEVICE_ID"] for s in specs] == [str(d.device_id) for d in server.devices]
+    assert [s.env["DEVICE_ID"] for s in specs] == [s.env["LOCAL_RANK"] for s in specs]
     assert {s.env["RANK_SIZE"] for s in specs} == {str(world)}
     assert {s.env["DEVICE_NUM"] for s in specs} == {str(n)}
     assert {s.env["SERVER_ID"] for s in specs} == {str(index)}
@@ -428,21 +555,3 @@ def test_dynamic_cluster_node_ids_cover_the_world_exactly_once(nnodes, nproc):
         seen.extend(s.env["MS_NODE_ID"] for s in workers)
     assert schedulers == 1
     assert sorted(seen, key=int) == [str(r) for r in range(nnodes * nproc)]
-
-
-def test_explicit_ms_graceful_exit_value_is_respected(tmp_path):
-    """MS_ENABLE_GRACEFUL_EXIT=1 is the default for MindSpore, but an operator's 0 wins (CPU)."""
-    from launcher.attempt import attempt_specs
-    from launcher.options import RunOptions
-    from launcher.ranktable.generate import build_local_table
-    from launcher.rankenv import EnvContext
-    from launcher.topology import Topology
-
-    table = build_local_table(2)
-    topo = Topology(table, table.servers[0], "test", None, True, 8118)
-    opts = RunOptions(command=("x",))
-    for base, expected in (({}, "1"), ({"MS_ENABLE_GRACEFUL_EXIT": "0"}, None)):
-        ctx = EnvContext("mindspore", topo, "r", 0, str(tmp_path), str(tmp_path / "gi"), base_env=base)
-        specs, _ = attempt_specs(opts, ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={})
-        workers = [s for s in specs if s.rank >= 0]
-        assert {s.env.get("MS_ENABLE_GRACEFUL_EXIT") for s in workers} == {expected}

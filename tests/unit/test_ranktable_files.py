@@ -1,6 +1,7 @@
 """Rank table files: the sibling ``version`` file, BOM, and one clear error per unreadable file."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,29 @@ def test_missing_file(tmp_path):
         load_rank_table(tmp_path / "nope.json")
 
 
+def test_directory_is_not_a_rank_table(tmp_path):
+    with pytest.raises(RankTableError, match="is a directory, not a regular file"):
+        load_rank_table(tmp_path)
+
+
 def test_unreadable_file(tmp_path):
+    path = tmp_path / "hccl.json"
+    path.symlink_to(path)  # a loop: open() fails with ELOOP
     with pytest.raises(RankTableError, match="cannot read rank table"):
-        load_rank_table(tmp_path)  # a directory
+        load_rank_table(path)
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: p.write_bytes(b"\xff\xfe1\x007\x00"), "is UTF-16 text"),
+    (lambda p: p.write_bytes(b"17\x00\n00"), "is not one line of text"),
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: p.write_bytes(b"1" * 5000), "is larger than 4 KiB"),
+])
+def test_bad_version_file_names_the_version_file(tmp_path, make, problem):
+    path = tmp_path / "hccl.json"
+    path.write_text(json.dumps(good("v1.0-two-servers.json")))
+    make(tmp_path / "version")
+    with pytest.raises(RankTableError) as info:
+        load_rank_table(path)
+    assert info.value.message.startswith(f"rank table version file {tmp_path / 'version'} {problem}")
+    assert not info.value.problems

@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 import threading
 import time
 
@@ -88,9 +89,10 @@ def test_timeout_on_missing_file_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("content, seen", [
-    (COMPLETE[:10].encode(), r"incomplete JSON \(line 1 column \d+: .*\)"),
-    (b"", "empty file"),
-    (b'{"status": "\xe5', "incomplete UTF-8 text"),  # cut inside a multi-byte character
+    (COMPLETE[:10].encode(), r"rank table is not valid JSON: line 1 column \d+: .*"),
+    (b"", "rank table is empty"),
+    # cut inside a multi-byte character
+    (b'{"status": "\xe5', r"rank table is not UTF-8 \(byte 0xe5 at offset 12, line 1: unexpected end of data\)"),
     (INITIALIZING.encode(), 'status "initializing"'),
 ])
 def test_partial_states_are_retried_until_the_timeout(tmp_path, content, seen):
@@ -108,8 +110,57 @@ def test_zero_timeout_is_one_attempt(tmp_path, progress):
 
 
 def test_unreadable_path_is_retried(tmp_path):
-    with pytest.raises(LauncherError, match="last saw cannot read file"):
-        wait_for_rank_table(tmp_path, timeout=0.05, **FAST)  # a directory
+    path = tmp_path / "hccl.json"
+    path.symlink_to(path)  # open() fails (ELOOP) until the cluster writes the file
+    with pytest.raises(LauncherError, match="last saw cannot read file") as info:
+        wait_for_rank_table(path, timeout=0.05, **FAST)
+    assert not isinstance(info.value, UsageError)
+
+
+def test_directory_fails_at_once(tmp_path):
+    """Not a regular file: nothing the cluster writes will change that, so no wait (exit 2)."""
+    with pytest.raises(RankTableError, match="is a directory, not a regular file"):
+        wait_for_rank_table(tmp_path, timeout=30, **FAST)
+
+
+def test_missing_directory_fails_at_once(tmp_path, progress):
+    """A mistyped --rank-table: the cluster mounts the directory before the container starts."""
+    path = tmp_path / "no-such-dir" / "hccl.json"
+    with pytest.raises(RankTableError, match=f"directory {tmp_path / 'no-such-dir'} does not exist"):
+        wait_for_rank_table(path, timeout=30, **FAST)
+    assert progress == []
+
+
+@pytest.mark.parametrize("make, problem", [
+    (lambda p: os.mkfifo(p), "is a FIFO (named pipe), not a regular file"),
+    (lambda p: p.symlink_to("/dev/zero"), "is a character device, not a regular file"),
+    (lambda p: p.write_bytes(b"[" * 100 + b"]" * 100), "nests arrays or objects deeper than 64 levels"),
+    (lambda p: p.write_bytes('{"server_id": "caf\u00e9"}'.encode("latin-1")), "is not UTF-8"),
+    (lambda p: p.write_bytes(b'{"rank_count": ' + b"1" * 5000 + b"}"), "has an integer of more than 4300"),
+])
+def test_files_no_rewrite_can_fix_fail_at_once(tmp_path, make, problem):
+    path = tmp_path / "hccl.json"
+    make(path)
+    with pytest.raises(RankTableError) as info:
+        wait_for_rank_table(path, timeout=30, **FAST)
+    assert info.value.message.startswith(f"rank table {path} {problem}")
+
+
+def test_missing_file_progress_every_30_s_by_default(tmp_path, progress, monkeypatch):
+    """Ten lines in a 300 s wait, not sixty; the clock is simulated, nothing sleeps."""
+    from launcher.ranktable import wait as wait_mod
+
+    now = [0.0]
+    monkeypatch.setattr(wait_mod.time, "monotonic", lambda: now[0])
+
+    def fake_sleep(seconds):
+        now[0] += seconds
+
+    monkeypatch.setattr(wait_mod, "_sleep", fake_sleep)
+    with pytest.raises(LauncherError, match="last saw file not found"):
+        wait_for_rank_table(tmp_path / "hccl.json", timeout=300)
+    assert len(progress) == 10
+    assert progress[1].getMessage().endswith("file not found (30 s of 300 s)")
 
 
 def test_invalid_completed_table_fails_at_once(tmp_path):

@@ -98,7 +98,8 @@ MALFORMED = [
     ('{"RestartFaultProcess": "yes"}', "RestartFaultProcess"),
     ('{"GracefulExit": "1"}', "GracefulExit must be 0 or 1"),
     ('{"GracefulExit": 1.0}', "GracefulExit must be 0 or 1"),
-    (b'{"RankList": "\xff"}', "not valid JSON"),
+    (b'{"RankList": "\xff"}', "is not UTF-8"),
+    ('{"RankList": [{"RankId": 1, "Status": "fault"}', "is not valid JSON"),
 ]
 
 

@@ -90,7 +90,9 @@ def test_unexpected_names(tmp_path):
 def test_missing_directory_means_no_checkpoints(tmp_path):
     result = scan(tmp_path / "absent")
     assert result.checkpoints == ((), ())
-    assert result.warnings == (f"checkpoints: {tmp_path / 'absent'} does not exist (yet)",)
+    # a job's first start: the reason there is nothing, not a warning
+    assert result.warnings == ()
+    assert result.absent == f"{tmp_path / 'absent'} does not exist yet"
 
 
 def test_checkpoint_dir_is_a_file(tmp_path):

@@ -359,3 +359,13 @@ def test_digest_sidecar_mismatch_is_skipped(tmp_path):
     assert (plan.kind, plan.sources) == (KIND_BREAKPOINT, (1, 1))
     assert any("digest does not match" in w and "rank_0/ckpt-0_30_breakpoint.pt" in w for w in plan.warnings)
     assert not any("unexpected" in w for w in plan.warnings)
+
+
+def test_a_missing_checkpoint_dir_is_the_reason_not_a_warning(tmp_path):
+    """A job's first start: the directory does not exist yet; that is normal, said as the plan's reason."""
+    from launcher.restore.planner import PlanInputs, compute_plan
+
+    result = compute_plan(PlanInputs(world_size=2, checkpoint_dir=str(tmp_path / "ckpt")))
+    assert result.kind == "none"
+    assert result.reason == f"no checkpoints: {tmp_path / 'ckpt'} does not exist yet"
+    assert result.warnings == ()

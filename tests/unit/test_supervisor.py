@@ -147,10 +147,72 @@ def test_second_sigint_kills_immediately():
 
 
 def test_signal_during_backoff_stops_without_restart():
-    scripts = [[exited(0, 1), exited(1, -15), SignalReceived(signal.SIGTERM)], []]
-    result, group, _, _ = supervise(scripts, max_restarts=2, backoff=5)
-    assert result.reason == "gasp" and result.attempts == 1
-    assert [c[0] for c in group.calls].count("start") == 1
+    # The second quick failure in a row backs off; SIGTERM during that wait ends the run.
+    scripts = [[exited(0, 1), exited(1, -15)], [exited(0, 1), exited(1, -15), SignalReceived(signal.SIGTERM)], []]
+    result, group, events, _ = supervise(scripts, max_restarts=5, backoff=5, backoff_max=5)
+    assert result.reason == "gasp" and result.attempts == 2
+    assert [c[0] for c in group.calls].count("start") == 2
+    assert [kw["backoff"] for name, kw in events if name == "restart"] == [0.0, 5.0]
+
+
+class ClockedGroup(ScriptedGroup):
+    """A scripted group on a fake clock: a number in a script is seconds that pass; a wait with
+    nothing left to replay lets its whole timeout pass."""
+
+    def __init__(self, scripts):
+        super().__init__(scripts)
+        self.now = 0.0
+        self.waits: List[float] = []
+
+    def wait_event(self, timeout):
+        script = self.scripts[self.attempt]
+        while script and isinstance(script[0], (int, float)):
+            self.now += script.pop(0)
+        if not script and timeout is not None:
+            self.now += timeout
+            self.waits.append(timeout)
+            return None
+        return super().wait_event(timeout)
+
+
+def clocked_supervise(scripts, **policy):
+    group = ClockedGroup(scripts)
+    events: List[tuple] = []
+    sup = Supervisor(group, specs_for(1), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
+                     clock=lambda: group.now)
+    return sup.run(), group, [kw for name, kw in events if name == "restart"]
+
+
+def test_crash_loop_backs_off_exponentially_up_to_the_cap():
+    scripts = [[0.1, exited(0, 1)] for _ in range(9)] + [[exited(0, 0)]]
+    result, group, restarts = clocked_supervise(scripts, max_restarts=20, backoff=0.5, backoff_max=30)
+    assert result.reason == "succeeded" and result.attempts == 10
+    assert [r["backoff"] for r in restarts] == [0, 0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert [r["quick_failures"] for r in restarts] == list(range(1, 10))
+    assert group.waits == pytest.approx([0.5, 1, 2, 4, 8, 16, 30, 30])  # the waits happen on the event loop
+
+
+def test_a_healthy_attempt_restarts_at_once_and_resets_the_backoff():
+    scripts = [[1, exited(0, 1)], [1, exited(0, 1)], [1, exited(0, 1)], [120, exited(0, 1)], [1, exited(0, 1)],
+               [exited(0, 0)]]
+    _result, _group, restarts = clocked_supervise(scripts, max_restarts=9, backoff=0.5, backoff_max=30)
+    assert [r["backoff"] for r in restarts] == [0, 0.5, 1, 0, 0]
+    assert [r["ran_for"] for r in restarts] == [1, 1, 1, 120, 1]
+
+
+def test_backoff_disabled_by_default_policy_and_by_a_zero_cap():
+    assert [RestartPolicy().restart_delay(n) for n in range(6)] == [0] * 6
+    assert [RestartPolicy(backoff=0.5, backoff_max=0).restart_delay(n) for n in range(6)] == [0] * 6
+    assert RestartPolicy(backoff=0.5, backoff_max=30).restart_delay(10_000) == 30
+
+
+def test_prestop_during_backoff_answers_and_ends_the_run():
+    replies = []
+    gasp = ControlRequest("gasp", {}, lambda payload, final=False: replies.append((payload, final)))
+    scripts = [[exited(0, 1)], [exited(0, 1), 0.2, gasp], []]
+    result, group, restarts = clocked_supervise(scripts, max_restarts=5, backoff=10, backoff_max=10)
+    assert result.reason == "gasp" and result.attempts == 2 and restarts[-1]["backoff"] == 10
+    assert replies[-1][1] is True and replies[-1][0]["done"]
 
 
 def test_control_requests_are_answered_not_dropped():
@@ -348,3 +410,35 @@ def test_sync_leave_after_a_restart_uses_the_new_generation():
     result = sup.run()
     assert result.reason == "cluster-timeout"
     assert group.calls[-1] == ("sync_leave", 1, "cluster-timeout", 1)
+
+
+def test_restart_line_says_why_and_what_the_ranks_resume_from(caplog):
+    scripts = [[exited(1, -9), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    group = ScriptedGroup(scripts)
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
+                     resume_note=lambda attempt: f"resuming from plan {attempt}")
+    with caplog.at_level("INFO", logger="launcher.supervisor"):
+        assert sup.run().exit_code == 0
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("restarting")] == [
+        "restarting (restart 1 of 3) after rank 1 failed (killed by SIGKILL); resuming from plan 1"]
+
+
+def test_first_ctrl_c_says_a_second_kills_now(caplog):
+    scripts = [[SignalReceived(signal.SIGINT), SignalReceived(signal.SIGINT), None, exited(0, -9), exited(1, -9)]]
+    with caplog.at_level("INFO", logger="launcher.supervisor"):
+        supervise(scripts, grace_period=1000)
+    messages = [r.getMessage() for r in caplog.records]
+    first = next(i for i, m in enumerate(messages) if m.startswith("Ctrl-C:"))
+    assert messages[first] == ("Ctrl-C: stopping the ranks (up to 1000 s to save and exit); Ctrl-C again to kill "
+                               "them now")
+    assert "Ctrl-C again: killing the ranks now" in messages[first + 1:]
+
+
+def test_one_ctrl_c_while_stopping_after_a_failure_does_not_kill(caplog):
+    # rank 1 fails; rank 0 is stopping (SIGTERM) when the first Ctrl-C comes: no restart, no SIGKILL yet.
+    scripts = [[exited(1, 1), SignalReceived(signal.SIGINT), exited(0, -15)], []]
+    with caplog.at_level("INFO", logger="launcher.supervisor"):
+        result, group, _, _ = supervise(scripts, max_restarts=3, stop_timeout=1000)
+    assert not [c for c in group.calls if c[0] == "kill"]
+    assert [c[0] for c in group.calls].count("start") == 1 and result.reason == "signal"
+    assert "Ctrl-C: no restart; Ctrl-C again to kill the ranks now" in [r.getMessage() for r in caplog.records]

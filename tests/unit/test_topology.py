@@ -82,9 +82,10 @@ def test_nproc_per_node_disables_env_and_default_lookup(default_table):
 
 # --------------------------------------------------------------------------- resolve: --nproc-per-node
 
-@pytest.mark.parametrize("framework, port, dynamic", [("pytorch", 29500, False), ("mindspore", 8118, True),
-                                                      ("tensorflow", 29500, False)])
-def test_nproc_per_node_single_local_node_by_default(framework, port, dynamic):
+@pytest.mark.parametrize("framework, dynamic", [("pytorch", False), ("mindspore", True), ("tensorflow", False)])
+def test_nproc_per_node_single_local_node_by_default(framework, dynamic, monkeypatch):
+    monkeypatch.setattr("launcher.topology.free_port", lambda host: 40123 if host == "127.0.0.1" else None)
+    port = 40123
     topo = resolve(opts(nproc_per_node=4), framework, {})
     assert isinstance(topo, Topology)
     assert topo.table.world_size == 4
@@ -366,3 +367,31 @@ def test_master_addr_option_overrides_a_file_table():
     topo = resolve(RunOptions(command=("x",), server_id="10.0.0.2", master_addr="127.0.0.1"), "pytorch", {}, table)
     assert topo.table.master_addr == "127.0.0.1"
     assert resolve(RunOptions(command=("x",), server_id="10.0.0.2"), "pytorch", {}, table).table.master_addr == "10.0.0.1"
+
+
+# --------------------------------------------------------------------------- free port (issue #10.3)
+
+def test_single_node_jobs_get_a_free_port_each():
+    import socket
+
+    first = resolve(opts(nproc_per_node=2), "pytorch", {}).master_port
+    with socket.socket() as held:  # the port of a running job
+        held.bind(("127.0.0.1", first))
+        held.listen()
+        second = resolve(opts(nproc_per_node=2), "mindspore", {}).master_port
+    assert first != 29500 and second not in (first, 8118)
+
+
+@pytest.mark.parametrize("framework, default", [("pytorch", 29500), ("mindspore", 8118)])
+def test_multi_node_and_explicit_ports_keep_their_values(framework, default):
+    assert resolve(opts(nproc_per_node=2, nnodes=2), framework, {}).master_port == default
+    assert resolve(opts(nproc_per_node=2, master_port=1234), framework, {}).master_port == 1234
+    env = {"MASTER_PORT": "2345", "MS_SCHED_PORT": "2345"}
+    assert resolve(opts(nproc_per_node=2), framework, env).master_port == 2345
+
+
+def test_free_port_on_a_foreign_address_falls_back_to_the_default():
+    from launcher.topology import free_port
+
+    assert free_port("192.0.2.1") is None  # TEST-NET-1: never an address of this host
+    assert resolve(opts(nproc_per_node=1, master_addr="192.0.2.1"), "pytorch", {}).master_port == 29500

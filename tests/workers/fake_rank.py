@@ -93,7 +93,9 @@ def main():
     p.add_argument("--run", type=float)
     p.add_argument("--print-lines", type=int, default=0)
     a = p.parse_args()
-    rank = int(os.environ.get("RANK", os.environ.get("RANK_ID", "-1")))
+    # The MindSpore scheduler gets RANK_ID=0 as under msrun, but it is not a rank: it reports as -1.
+    scheduler = os.environ.get("MS_ROLE") == "MS_SCHED"
+    rank = -1 if scheduler else int(os.environ.get("RANK", os.environ.get("RANK_ID", "-1")))
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", os.environ.get("LAUNCHER_ATTEMPT", "0")))
     if a.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

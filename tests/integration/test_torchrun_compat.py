@@ -1,0 +1,98 @@
+"""A torchrun command line works after changing the program name: the real torchrun and
+``launcher run`` on the same gloo script, same arguments, compared line by line.
+
+torchrun shows rank output as is; the launcher prefixes it with ``[rank N]``. torch itself prefixes an
+uncaught exception's traceback with ``[rankN]:`` (its excepthook); under the launcher that prefix is
+said once, not twice.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = "gloo_rank.py"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+_OURS = re.compile(r"^\[rank (\d+)\] (.*)$")
+_TORCHS = re.compile(r"^\[rank(\d+)\]: (.*)$")
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LAUNCHER_", "TORCHELASTIC_", "MASTER_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return env
+
+
+def run(tmp_path: Path, program, *script_args, options=("--standalone", "--nproc_per_node=2")):
+    """Run ``program OPTIONS gloo_rank.py --lr 1 ARGS`` in a directory holding a copy of the script."""
+    work = tmp_path / "work"
+    work.mkdir(exist_ok=True)
+    (work / SCRIPT).write_text((REPO / "tests" / "workers" / SCRIPT).read_text())
+    argv = [*program, *options, SCRIPT, "--lr", "1", *script_args]
+    return subprocess.run(argv, cwd=str(work), env=_env(), capture_output=True, text=True, timeout=120)
+
+
+def launcher(tmp_path):
+    return [sys.executable, "-m", "launcher", "run", "--run-dir", str(tmp_path / "run")]
+
+
+def rank_lines(text: str, prefix: re.Pattern):
+    """``{rank: [line, ...]}`` of the prefixed lines, in order."""
+    found = {}
+    for line in text.splitlines():
+        match = prefix.match(line)
+        if match:
+            found.setdefault(int(match.group(1)), []).append(match.group(2))
+    return found
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_torchrun():
+    if not TORCHRUN.exists():
+        pytest.skip("torchrun is not installed next to this interpreter")
+
+
+def test_same_command_line_same_ranks(tmp_path):
+    theirs = run(tmp_path, [str(TORCHRUN)])
+    ours = run(tmp_path, launcher(tmp_path))
+    assert theirs.returncode == 0, theirs.stderr
+    assert ours.returncode == 0, ours.stderr
+    expected = sorted(line for line in theirs.stdout.splitlines() if line.startswith("rank "))
+    assert expected == [f"rank {r}/2 sum 1 argv ['--lr', '1'] local_rank {r}" for r in range(2)]
+    shown = rank_lines(ours.stdout, _OURS)
+    assert sorted(line for lines in shown.values() for line in lines) == expected
+
+
+def test_a_rank_traceback_is_prefixed_once(tmp_path):
+    theirs = run(tmp_path, [str(TORCHRUN)], "--raise-on", "1")
+    ours = run(tmp_path, launcher(tmp_path), "--raise-on", "1")
+    assert theirs.returncode == ours.returncode == 1
+    their_traceback = rank_lines(theirs.stderr + theirs.stdout, _TORCHS)[1]
+    our_lines = rank_lines(ours.stdout, _OURS)[1]
+    assert their_traceback[-1] == "RuntimeError: injected failure on rank 1"
+    assert our_lines[-len(their_traceback):] == their_traceback  # same text, one prefix
+    assert "[rank1]:" not in ours.stdout
+
+
+def test_static_rendezvous_options_give_the_ranks_the_same_variables(tmp_path):
+    """--rdzv-endpoint / --rdzv-id / --max_restarts as torchrun's static setup hands them to the ranks."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = ("--rdzv-backend", "static", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv_id", "job7",
+               "--max_restarts", "2", "--nproc_per_node", "2")
+    shown = ("--print-env", "MASTER_ADDR,MASTER_PORT,TORCHELASTIC_RUN_ID,TORCHELASTIC_MAX_RESTARTS,WORLD_SIZE")
+    theirs = run(tmp_path, [str(TORCHRUN)], *shown, options=options)
+    ours = run(tmp_path, launcher(tmp_path), *shown, options=options)
+    assert theirs.returncode == ours.returncode == 0, theirs.stderr + ours.stderr
+    expected = sorted(line for line in theirs.stdout.splitlines() if line.startswith("env "))
+    assert expected == [f"env {r} 127.0.0.1 {port} job7 2 2" for r in range(2)]
+    assert sorted(line for lines in rank_lines(ours.stdout, _OURS).values() for line in lines
+                  if line.startswith("env ")) == expected
