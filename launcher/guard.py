@@ -45,19 +45,9 @@ def become_subreaper() -> bool:
         return False
 
 
-def child_setup(cgroup_procs_fd: int = -1) -> None:
-    """``preexec_fn`` for ranks: die with the launcher (parent-death signal), join the job's cgroup.
-
-    Args:
-        cgroup_procs_fd: The rank's leaf ``cgroup.procs``, opened by the parent (no allocation or
-            path lookup after fork); -1 for none.
-
-    Raises:
-        OSError: the cgroup refused the process (``Popen`` raises ``SubprocessError``).
-    """
+def child_setup() -> None:
+    """``preexec_fn`` for ranks: die with the launcher (parent-death signal)."""
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if cgroup_procs_fd >= 0:
-        os.write(cgroup_procs_fd, b"0")  # "0": the writing process itself
 
 
 def prepare() -> None:

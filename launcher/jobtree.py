@@ -4,26 +4,27 @@ A rank's child that calls ``setsid()`` or ``setpgid(0, 0)`` is out of reach of `
 mechanisms find such processes, so that "the job is over" means every descendant is gone:
 
 - **cgroup v2**, where mounted and writable (a container usually has its own): the job gets a cgroup
-  below the launcher's and each attempt one in it, which every rank joins before ``exec``. Nothing
-  started inside can leave without privileges; ``cgroup.kill`` (Linux 5.14; older kernels: freeze,
-  SIGKILL every member, thaw) ends an attempt, or the whole job, at once.
-- **everywhere**: every process the job starts carries ``LAUNCHER_JOB_TOKEN=<job>.<leaf>`` (one leaf per spawn) in its
-  environment, and the launcher is a child subreaper, so a process that left its group re-parents to
-  the launcher when its parent dies. One pass over ``/proc`` finds both kinds.
+  below the launcher's and each attempt one in it, where every rank is born (the launcher steps in
+  while it spawns). Nothing started inside can leave without privileges; ``cgroup.kill`` (Linux
+  5.14; older kernels: freeze, SIGKILL every member, thaw) ends an attempt, or the whole job, at once.
+- **everywhere**: every process the job starts carries ``LAUNCHER_JOB_TOKEN=<job>.<leaf>`` (a leaf
+  per spawn) in its environment, and the launcher is a child subreaper, so a process that left its
+  group re-parents to the launcher when its parent dies. One pass over ``/proc`` finds both kinds.
 
 Processes are only ever signalled after their pid and start time were checked (through a pidfd).
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
 import secrets
 import signal
 import time
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from launcher import envnames
-from launcher.cgroup import Cgroup, job_cgroup, not_used, read_file
+from launcher.cgroup import Cgroup, job_cgroup, not_used, read_file, write_file
 
 log = logging.getLogger(__name__)
 
@@ -114,30 +115,22 @@ def kill_verified(pid: int, start: int) -> bool:
             os.close(pidfd)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Leaf:
     """One spawn's share of the job: its environment token and, where cgroups are used, its cgroup.
 
     Attributes:
         token: ``<job token>.<leaf name>``.
-        cgroup: The cgroup (its attempt's) the child joins before ``exec``, or None.
-        procs_fd: Its ``cgroup.procs``, open for the child's write until :meth:`spawned`.
+        cgroup: The cgroup (its attempt's) the process was born in, or None.
     """
 
     token: str
     cgroup: Optional[Cgroup] = None
-    procs_fd: int = -1
 
     @property
     def env(self) -> Dict[str, str]:
         """What the spawned process's environment gets."""
         return {envnames.LAUNCHER_JOB_TOKEN: self.token}
-
-    def spawned(self) -> None:
-        """The child has joined (or the spawn failed): close our copy of ``cgroup.procs``."""
-        if self.procs_fd >= 0:
-            os.close(self.procs_fd)
-            self.procs_fd = -1
 
 
 class JobTree:
@@ -166,35 +159,46 @@ class JobTree:
         cgroup = job_cgroup(f"launcher-{os.getpid()}-{token}", os.environ if environ is None else environ)
         return cls(token, cgroup, adopt_orphans)
 
-    def leaf(self, name: str, cgroup_name: str) -> Leaf:
-        """A new leaf ``name`` (unique in the job) for one spawn, in the job's cgroup ``cgroup_name``.
+    def leaf(self, name: str, cgroup: Optional[Cgroup]) -> Leaf:
+        """A new leaf ``name`` (unique in the job) for one spawn inside ``cgroup`` (see :meth:`inside`)."""
+        return Leaf(f"{self.token}.{name}", cgroup)
 
-        Spawns share a cgroup per attempt: a process's first move into a new cgroup costs about
-        1 ms (the kernel sets up its css_set), a move into one that already has members almost nothing.
+    @contextlib.contextmanager
+    def inside(self, cgroup_name: str) -> Iterator[Optional[Cgroup]]:
+        """While spawning: this process sits in the job's cgroup ``cgroup_name``, so children are born there.
+
+        Yields the cgroup, or None without cgroups. Moving this process in and out around a burst of
+        spawns costs next to nothing; each child moving itself in before ``exec`` cost 1.5 to 2 ms
+        (measured). Never kill that cgroup from inside the block.
         """
-        token = f"{self.token}.{name}"
         if not self.contained or not (self._created or self._create()):
-            return Leaf(token)
+            yield None
+            return
         cgroup = Cgroup(os.path.join(self.cgroup.path, cgroup_name), self.cgroup.use_kill_file)
         try:
             os.makedirs(cgroup.path, exist_ok=True)
-            return Leaf(token, cgroup, os.open(cgroup.file("cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC))
+            write_file(cgroup.file("cgroup.procs"), "0")  # "0": this process
         except OSError as exc:
-            return self.uncontained(Leaf(token, cgroup), f"cannot create {cgroup.path}: {exc.strerror}")
+            self._uncontained(f"cannot move into {cgroup.path}: {exc.strerror}")
+            cgroup.remove()
+            yield None
+            return
+        try:
+            yield cgroup
+        finally:
+            try:
+                write_file(os.path.join(os.path.dirname(self.cgroup.path), "cgroup.procs"), "0")
+            except OSError as exc:  # then kill_leaves spares it, and the /proc sweep does the work
+                self._uncontained(f"cannot move back out of {cgroup.path}: {exc.strerror}")
 
     def _create(self) -> bool:
         self._created = self.contained = self.cgroup.create()
         return self._created
 
-    def uncontained(self, leaf: Leaf, reason: str) -> Leaf:
-        """``leaf``'s process cannot join its cgroup: go on without cgroups (one info line)."""
-        leaf.spawned()
-        if leaf.cgroup is not None:
-            leaf.cgroup.remove()
+    def _uncontained(self, reason: str) -> None:
         if self.contained:
             self.contained = False
             not_used(reason)
-        return Leaf(leaf.token)
 
     def kill_leaves(self, leaves: Iterable[Leaf], known_pgids: Iterable[int]) -> List[Stray]:
         """SIGKILL everything in the leaves' cgroups; returns the processes outside ``known_pgids``."""
@@ -202,14 +206,15 @@ class JobTree:
         for cgroup in _cgroups(leaves):
             if not cgroup.populated():
                 continue
-            for directory, _dirs, _files in os.walk(cgroup.path):
-                for pid in Cgroup(directory).procs():
-                    try:
-                        if os.getpgid(pid) not in known:
-                            strays.append(Stray(pid, cmdline(pid), "cgroup"))
-                    except ProcessLookupError:
-                        continue
-            cgroup.kill()
+            members = [pid for directory, _dirs, _files in os.walk(cgroup.path) for pid in Cgroup(directory).procs()]
+            for pid in members:
+                try:
+                    if os.getpgid(pid) not in known:
+                        strays.append(Stray(pid, cmdline(pid), "cgroup"))
+                except ProcessLookupError:
+                    continue
+            if os.getpid() not in members:  # stuck inside after a failed move back: never kill ourselves
+                cgroup.kill()
         return strays
 
     def remove_leaves(self, leaves: Iterable[Leaf], deadline: float, reap: Callable[[], None]) -> None:

@@ -9,7 +9,6 @@ milliseconds, and nothing polls.
 
 import abc
 import collections
-import functools
 import heapq
 import itertools
 import logging
@@ -24,6 +23,7 @@ from launcher import console as console_mod
 from launcher import guard as guard_mod
 from launcher import signals
 from launcher.errors import LauncherError
+from launcher.cgroup import Cgroup
 from launcher.jobtree import JobTree, Leaf, Stray
 from launcher.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.output import RankOutput, open_log
@@ -118,25 +118,29 @@ class LocalProcessGroup(ProcessGroup):
         self._leaves.clear()
         self.log_paths.clear()
         base = dict(os.environ)
-        for spec in specs:
-            try:
-                self._spawn(spec, attempt, base)
-            except OSError as exc:
-                self.kill_groups()
-                self.ensure_gone(5.0)
-                raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+        spec = specs[0] if specs else None
+        try:
+            with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
+                for spec in specs:
+                    self._spawn(spec, attempt, base, cgroup)
+        except OSError as exc:  # out of the cgroup again before killing what it holds
+            self.kill_groups()
+            self.ensure_gone(5.0)
+            raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 
-    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str]) -> None:
+    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup]) -> None:
         path = self._log_path(spec, attempt)
         log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
         read_fd = target = -1
         if self._on_console(spec):
             read_fd, target = os.pipe()
-        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", f"a{attempt}")
+        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
         try:
-            proc, self._leaves[spec.rank] = self._popen(list(spec.argv), {**base, **spec.env, **leaf.env},
-                                                        target if target >= 0 else log_fd, leaf)
+            proc = subprocess.Popen(
+                list(spec.argv), env={**base, **spec.env, **leaf.env}, stdin=subprocess.DEVNULL,
+                stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT,
+                start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
         except OSError:
             for fd in (log_fd, read_fd, target):
                 if fd >= 0:
@@ -155,23 +159,6 @@ class LocalProcessGroup(ProcessGroup):
         self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
         if self._guard is not None:
             self._guard.watch(proc.pid)
-
-    def _popen(self, argv: List[str], env: Dict[str, str], stdout: int, leaf: Leaf):
-        """Start one rank in a new session; it joins ``leaf``'s cgroup before ``exec``.
-
-        Returns ``(proc, leaf)``: the leaf without its cgroup when the child could not join it (the
-        job then goes on without cgroups).
-        """
-        try:
-            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=subprocess.STDOUT,
-                                    start_new_session=True, close_fds=True,
-                                    preexec_fn=functools.partial(guard_mod.child_setup, leaf.procs_fd)), leaf
-        except subprocess.SubprocessError:  # raised by child_setup alone: the cgroup refused the child
-            if leaf.cgroup is None:
-                raise
-            return self._popen(argv, env, stdout, self._tree.uncontained(leaf, "a rank cannot join its cgroup"))
-        finally:
-            leaf.spawned()
 
     def _open_log(self, spec: WorkerSpec, path: str) -> int:
         """The rank's log file; on a full or failing disk (reported once) /dev/null, so the rank
@@ -364,7 +351,8 @@ class LocalProcessGroup(ProcessGroup):
                 self._end_leaves([], deadline, [], True, leaf)
                 self._retired.append(leaf)
         try:
-            self._spawn(spec, attempt, dict(os.environ))
+            with self._tree.inside(f"a{attempt}") as cgroup:
+                self._spawn(spec, attempt, dict(os.environ), cgroup)
         except OSError as exc:
             raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from launcher.cgroup import Cgroup
-from launcher.jobtree import JobTree, Leaf
+from launcher.jobtree import JobTree
 from launcher.procgroup import LocalProcessGroup, RankExited
 from launcher.rankenv import WorkerSpec
 from tests.helpers.procs import pid_alive, wait_until
@@ -122,15 +122,10 @@ def test_respawn_and_ensure_gone_kill_what_left_the_group(tmp_path, job):
         assert not os.path.exists(job.cgroup.path)
 
 
-def test_a_rank_the_cgroup_refuses_starts_without_it(tmp_path, monkeypatch):
-    """The child's write to its leaf's cgroup.procs fails: the rank runs, the job goes on uncontained."""
+def test_a_rank_the_cgroup_refuses_starts_without_it(tmp_path):
+    """Moving into the attempt's cgroup fails (no cgroup.procs here): the rank runs, the job goes on uncontained."""
     tree = JobTree("t0k3n", Cgroup(str(tmp_path / "job")))
-    tree.contained = True
-
-    def leaf(name, cgroup_name):  # writing to /dev/full fails with ENOSPC
-        return Leaf(f"t0k3n.{name}", Cgroup(str(tmp_path / "job" / cgroup_name)), os.open("/dev/full", os.O_WRONLY))
-
-    monkeypatch.setattr(tree, "leaf", leaf)
+    tree._created = True
     grp = LocalProcessGroup(lambda spec, attempt: str(tmp_path / "r.log"), lambda spec: False, tree=tree)
     try:
         grp.start([spec(0, 0)], 0)

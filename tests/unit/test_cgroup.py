@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, strategies as st
 
 from launcher import cgroup as cg
-from launcher.guard import child_setup
 from tests.helpers.procs import pid_alive, wait_until
 
 HYBRID = """\
@@ -103,10 +102,10 @@ def test_kill_ends_every_member_and_remove_cleans_up(use_kill_file):
     assert group.create()
     leaf = cg.Cgroup(os.path.join(group.path, "leaf"))
     os.mkdir(leaf.path)
-    fd = os.open(leaf.file("cgroup.procs"), os.O_WRONLY)
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True,
-                              preexec_fn=lambda: child_setup(fd)) for _ in range(2)]
-    os.close(fd)
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+             for _ in range(2)]
+    for proc in procs:
+        cg.write_file(leaf.file("cgroup.procs"), str(proc.pid))
     try:
         assert sorted(leaf.procs()) == sorted(p.pid for p in procs)
         assert group.populated() and not group.remove()  # busy while they live

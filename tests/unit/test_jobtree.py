@@ -11,16 +11,15 @@ import pytest
 from hypothesis import given, strategies as st
 
 from launcher import jobtree
-from launcher.guard import child_setup
 from launcher.jobtree import JobTree, Leaf, Stray
 from tests.helpers.procs import pid_alive, wait_until
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
-@given(st.text(st.characters(blacklist_characters="\0"), max_size=16))
+@given(st.binary(max_size=16).filter(lambda comm: b"\0" not in comm))
 def test_stat_parser_copes_with_any_command_name(comm):
-    data = f"4242 ({comm}) S 17 4242 4242 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 987654 1 2".encode()
+    data = b"4242 (" + comm + b") S 17 4242 4242 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 987654 1 2"
     assert jobtree.parse_stat(data) == jobtree.ProcStat(4242, "S", 17, 4242, 987654)
 
 
@@ -94,14 +93,16 @@ def test_sweep_adopts_orphans_that_dropped_the_token(procs):
     assert orphan.wait(10) == -9
 
 
-def test_a_leaf_that_cannot_be_joined_leaves_the_job_uncontained(tmp_path, caplog):
+def test_a_cgroup_that_refuses_us_leaves_the_job_uncontained(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="launcher.cgroup")
     job = JobTree("t0k3n", jobtree.Cgroup(str(tmp_path / "job")))
-    job.contained = job._created = True  # as if created; its leaves have no cgroup.procs to open
-    leaf = job.leaf("a0-r0", "a0")
-    assert leaf == Leaf("t0k3n.a0-r0") and not job.contained
-    assert not (tmp_path / "job" / "a0").exists()
-    assert job.leaf("a0-r1", "a0") == Leaf("t0k3n.a0-r1")
+    job._created = True  # as if created: its attempt cgroups have no cgroup.procs to write
+    with job.inside("a0") as cgroup:
+        assert cgroup is None
+    assert not job.contained and not (tmp_path / "job" / "a0").exists()
+    with job.inside("a1") as cgroup:
+        assert cgroup is None
+    assert job.leaf("a1-r0", None) == Leaf("t0k3n.a1-r0")
     assert caplog.text.count("job cgroup not used") == 1
 
 
@@ -122,29 +123,41 @@ def real_tree():
     return job
 
 
-def test_kill_leaves_names_the_processes_outside_the_known_groups(procs):
+def test_children_are_born_inside_and_kill_leaves_names_the_strays(procs):
     job = real_tree()
-    leaf = job.leaf("a0-r0", "a0")
-    rank = procs(leaf.env, preexec_fn=lambda: child_setup(leaf.procs_fd))
-    escaped = procs(leaf.env, preexec_fn=lambda: child_setup(leaf.procs_fd))
-    leaf.spawned()
     try:
-        strays = job.kill_leaves([leaf], known_pgids=[rank.pid])
+        with job.inside("a0") as cgroup:
+            rank, escaped = procs(), procs()
+        assert jobtree.read_file(f"/proc/{rank.pid}/cgroup").decode().endswith(f"/a0\n")
+        assert os.getpid() not in cgroup.procs()  # back out
+        leaves = [job.leaf("a0-r0", cgroup), job.leaf("a0-r1", cgroup)]
+        strays = job.kill_leaves(leaves, known_pgids=[rank.pid])
         assert [(s.pid, s.found) for s in strays] == [(escaped.pid, "cgroup")]
-        assert rank.wait(10) == -9 and escaped.wait(10) == -9  # cgroup.kill: everyone in the leaf
-        job.remove_leaves([leaf], time.monotonic() + 10, lambda: None)
-        assert not os.path.exists(leaf.cgroup.path)
+        assert rank.wait(10) == -9 and escaped.wait(10) == -9  # cgroup.kill: everyone in it
+        job.remove_leaves(leaves, time.monotonic() + 10, lambda: None)
+        assert not os.path.exists(cgroup.path)
     finally:
         job.close(time.monotonic() + 5)
     assert not os.path.exists(job.cgroup.path)
 
 
+def test_kill_leaves_never_kills_a_cgroup_we_are_in(procs):
+    job = real_tree()
+    try:
+        with job.inside("a0") as cgroup:
+            child = procs()
+            strays = job.kill_leaves([job.leaf("a0-r0", cgroup)], known_pgids=[])
+            assert sorted(s.pid for s in strays) == sorted([child.pid, os.getpid()])
+        assert child.poll() is None  # nothing killed while we sat inside
+    finally:
+        job.kill_all(time.monotonic() + 10)
+
+
 def test_kill_all_the_orphan_guards_part(procs):
     """The launcher is gone: the guard kills the job's cgroup and its token carriers, removes the cgroup."""
     job = real_tree()
-    leaf = job.leaf("a0-r0", "a0")
-    inside = procs({}, preexec_fn=lambda: child_setup(leaf.procs_fd))  # no token: the cgroup finds it
-    leaf.spawned()
+    with job.inside("a0"):
+        inside = procs()  # no token: the cgroup finds it
     outside = procs(Leaf(f"{job.token}.a0-r1").env)  # no cgroup: the token finds it
     job.kill_all(time.monotonic() + 10)
     assert inside.wait(10) == -9 and outside.wait(10) == -9
