@@ -151,6 +151,7 @@ class JobTree:
         own = read_stat(os.getpid())
         self.started = own.start if own else 0  # no process of the job is older than its launcher
         self._created = False
+        self._spent: List[Cgroup] = []  # cgroups of ended attempts, removed by tidy()
 
     @classmethod
     def create(cls, adopt_orphans: bool = False, environ: Optional[Mapping[str, str]] = None) -> "JobTree":
@@ -217,12 +218,21 @@ class JobTree:
                 cgroup.kill()
         return strays
 
-    def remove_leaves(self, leaves: Iterable[Leaf], deadline: float, reap: Callable[[], None]) -> None:
-        """rmdir the leaves' cgroups once their processes are gone (up to ``deadline``)."""
+    def settle_leaves(self, leaves: Iterable[Leaf], deadline: float, reap: Callable[[], None]) -> None:
+        """Wait (up to ``deadline``) until the leaves' cgroups are empty; :meth:`tidy` removes them.
+
+        Removing a cgroup leaves kernel work behind that slowed the next attempt's spawns (measured):
+        the launcher removes the spent cgroups after them.
+        """
         for cgroup in _cgroups(leaves):
-            while not cgroup.remove() and time.monotonic() < deadline:
+            while cgroup.populated() and time.monotonic() < deadline:
                 reap()
                 time.sleep(_POLL)
+            self._spent.append(cgroup)
+
+    def tidy(self) -> None:
+        """rmdir the cgroups of ended attempts (one still busy stays for :meth:`close`)."""
+        self._spent = [cgroup for cgroup in self._spent if not cgroup.remove()]
 
     def sweep(self, deadline: float, reap: Callable[[], None], exempt: Iterable[int] = (),
               skip_pgids: Iterable[int] = (), leaf: Optional[Leaf] = None) -> List[Stray]:

@@ -123,6 +123,7 @@ class LocalProcessGroup(ProcessGroup):
             with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
                 for spec in specs:
                     self._spawn(spec, attempt, base, cgroup)
+            self._tree.tidy()  # the previous attempt's cgroup, now that the ranks run
         except OSError as exc:  # out of the cgroup again before killing what it holds
             self.kill_groups()
             self.ensure_gone(5.0)
@@ -324,7 +325,7 @@ class LocalProcessGroup(ProcessGroup):
         if scan or not self._tree.contained:
             exempt = {*self._watched, *self.pids().values(), *([self._guard.pid] if self._guard else [])}
             self._escaped.extend(self._tree.sweep(deadline, self._reap, exempt, skip_pgids, leaf))
-        self._tree.remove_leaves(leaves, deadline, self._reap)
+        self._tree.settle_leaves(leaves, deadline, self._reap)
 
     def take_escaped(self) -> List[Stray]:
         first: Dict[int, Stray] = {}
@@ -353,6 +354,7 @@ class LocalProcessGroup(ProcessGroup):
         try:
             with self._tree.inside(f"a{attempt}") as cgroup:
                 self._spawn(spec, attempt, dict(os.environ), cgroup)
+            self._tree.tidy()
         except OSError as exc:
             raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 

@@ -134,7 +134,9 @@ def test_children_are_born_inside_and_kill_leaves_names_the_strays(procs):
         strays = job.kill_leaves(leaves, known_pgids=[rank.pid])
         assert [(s.pid, s.found) for s in strays] == [(escaped.pid, "cgroup")]
         assert rank.wait(10) == -9 and escaped.wait(10) == -9  # cgroup.kill: everyone in it
-        job.remove_leaves(leaves, time.monotonic() + 10, lambda: None)
+        job.settle_leaves(leaves, time.monotonic() + 10, lambda: None)
+        assert os.path.exists(cgroup.path)  # removed after the next spawns
+        job.tidy()
         assert not os.path.exists(cgroup.path)
     finally:
         job.close(time.monotonic() + 5)
