@@ -169,8 +169,8 @@ class JobTree:
         """While spawning: this process sits in the job's cgroup ``cgroup_name``, so children are born there.
 
         Yields the cgroup, or None without cgroups. Moving this process in and out around a burst of
-        spawns costs next to nothing; each child moving itself in before ``exec`` cost 1.5 to 2 ms
-        (measured). Never kill that cgroup from inside the block.
+        spawns cost nothing measurable, less than each child moving itself in before ``exec``
+        (docs/process-tree.md). Never kill that cgroup from inside the block.
         """
         if not self.contained or not (self._created or self._create()):
             yield None
@@ -221,8 +221,8 @@ class JobTree:
     def settle_leaves(self, leaves: Iterable[Leaf], deadline: float, reap: Callable[[], None]) -> None:
         """Wait (up to ``deadline``) until the leaves' cgroups are empty; :meth:`tidy` removes them.
 
-        Removing a cgroup leaves kernel work behind that slowed the next attempt's spawns (measured):
-        the launcher removes the spent cgroups after them.
+        Removing a cgroup slowed the spawns around it (measured): the launcher removes the spent
+        cgroups a second after the next attempt started.
         """
         for cgroup in _cgroups(leaves):
             while cgroup.populated() and time.monotonic() < deadline:

@@ -36,6 +36,9 @@ __all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "Pro
 
 log = logging.getLogger(__name__)
 
+#: Seconds after a start before the spent attempts' cgroups are removed (an rmdir slows spawning).
+_TIDY_DELAY = 1.0
+
 
 class ProcessGroup(abc.ABC):
     """What the supervisor needs from the processes of an attempt."""
@@ -123,7 +126,7 @@ class LocalProcessGroup(ProcessGroup):
             with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
                 for spec in specs:
                     self._spawn(spec, attempt, base, cgroup)
-            self._tree.tidy()  # the previous attempt's cgroup, now that the ranks run
+            self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
         except OSError as exc:  # out of the cgroup again before killing what it holds
             self.kill_groups()
             self.ensure_gone(5.0)
@@ -354,7 +357,7 @@ class LocalProcessGroup(ProcessGroup):
         try:
             with self._tree.inside(f"a{attempt}") as cgroup:
                 self._spawn(spec, attempt, dict(os.environ), cgroup)
-            self._tree.tidy()
+            self.call_later(_TIDY_DELAY, self._tree.tidy)
         except OSError as exc:
             raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 
