@@ -20,6 +20,7 @@ from launcher import rundir as rundir_mod
 from launcher.control import ControlServer
 from launcher.errors import LauncherError, UsageError
 from launcher.events import EventLog
+from launcher.jobtree import JobTree, report_escaped
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
@@ -78,12 +79,13 @@ class Session:
                                 "gasp_signal": self.opts.gasp_signal}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
-        self.guard = guard_mod.OrphanGuard()
+        tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
+        self.guard = guard_mod.OrphanGuard(tree)
         if self.opts.debug_rank is not None or self.opts.pdb:
             from launcher.debugging import DebugConsole
 
             self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self._emit)
-        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard,
+        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
         self.control = ControlServer(self.run_dir.socket_address(), self.group.add_reader,
                                      self.group.remove_reader, self.group.post)
@@ -365,7 +367,8 @@ class Session:
         if self.control is not None:
             self.control.close()
         if self.group is not None:
-            self.group.ensure_gone(5.0)
+            self.group.ensure_gone(5.0, final=True)
+            report_escaped(self._emit, self.group.take_escaped(), attempt=None)
             self.group.close()
             self._report_console()
         if self.guard is not None:
