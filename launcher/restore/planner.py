@@ -26,6 +26,7 @@ from launcher.errors import UsageError
 from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX, KIND_BREAKPOINT,
                                           KIND_PERIODIC, Checkpoint, ScanResult, compile_patterns,
                                           scan_checkpoints, verify_digest)
+from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.faults import FaultReport, collect_faults
 from launcher.restore.groups import ReplicaGroups, resolve_groups
 from launcher.restore.plan import KIND_NONE, RestorePlan
@@ -84,8 +85,14 @@ class _Choice:
     picks: Tuple[Checkpoint, ...]
 
 
-def compute_plan(inputs: PlanInputs) -> RestorePlan:
+def compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex] = None) -> RestorePlan:
     """Read every input and compute the plan. Bad file contents only add warnings.
+
+    Args:
+        inputs: what to read.
+        index: the launcher's index of the checkpoint directory; used when it indexes
+            ``inputs.checkpoint_dir`` with the same patterns and settle interval, else the tree is
+            scanned in full.
 
     Raises:
         UsageError: the options themselves are wrong (world size < 1, two group sources, a layout that
@@ -100,8 +107,12 @@ def compute_plan(inputs: PlanInputs) -> RestorePlan:
                             inputs.extra_fault_ranks, inputs.previous_failed_ranks)
     scan = None
     if inputs.checkpoint_dir is not None:
-        scan = scan_checkpoints(inputs.checkpoint_dir, inputs.world_size, patterns,
-                                inputs.settle_seconds)
+        if index is not None and (index.root, index.patterns, index.settle_seconds) == (
+                inputs.checkpoint_dir, patterns, inputs.settle_seconds):
+            scan = index.scan(inputs.world_size)
+        else:
+            scan = scan_checkpoints(inputs.checkpoint_dir, inputs.world_size, patterns,
+                                    inputs.settle_seconds)
     plan = build_plan(inputs.world_size, groups, faults, scan)
     # A file that fails its digest sidecar is left out and the plan recomputed; each round removes
     # at least one file, and only the files a plan picks are read (one per replica group for a
