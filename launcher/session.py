@@ -22,7 +22,7 @@ from launcher.events import EventLog
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
-from launcher.attempt import PLAN_FILE, attempt_specs, taskd_rank_env
+from launcher.attempt import PLAN_FILE, attempt_specs, checkpoint_index, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.runner import format_root_cause, parse_rank_filter, session_name
 from launcher.policy import NoSync, RestartPolicy, RunResult
@@ -51,6 +51,7 @@ class Session:
         self.group: Optional[LocalProcessGroup] = None
         self.control: Optional[ControlServer] = None
         self.follower = None  # reset.json follower, when the cluster provides the file
+        self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
         self.taskd_env: Dict[str, str] = {}
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
@@ -76,6 +77,7 @@ class Session:
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
+        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
@@ -257,7 +259,8 @@ class Session:
         if attempt:
             self._refresh_rank_table()
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
-                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
+                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env,
+                                    ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)
         return specs
@@ -314,6 +317,10 @@ class Session:
             self.follower.close()
         if self.control is not None:
             self.control.close()
+        if self.ckpt_index is not None:
+            if self.ckpt_index.fileno() is not None:
+                self.group.remove_reader(self.ckpt_index.fileno())
+            self.ckpt_index.close()
         if self.group is not None:
             self.group.ensure_gone(5.0)
             self.group.close()

@@ -94,6 +94,7 @@ class CheckpointIndex:
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
         self._call_later, self._update_pending = call_later, False
+        self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
         if watch:
             self._start_inotify()
@@ -119,9 +120,9 @@ class CheckpointIndex:
         try:
             self._wds[self._inotify.add_watch(self._fd, path, WATCH_MASK)] = rank
         except OSError as exc:
-            if exc.errno == errno.ENOSPC:  # fs.inotify.max_user_watches: mtimes and settling still apply
-                logger.warning("checkpoint index: out of inotify watches at %s; stopping inotify", path)
-                self.close()
+            if exc.errno == errno.ENOSPC and self._all_watched:  # fs.inotify.max_user_watches
+                logger.warning("checkpoint index: out of inotify watches at %s; following directory mtimes", path)
+            self._all_watched = False  # unwatched directories: their mtimes tell
 
     def drain(self) -> None:
         """Read the queued inotify events: mark changed rank directories, note completed files."""
@@ -268,7 +269,7 @@ class CheckpointIndex:
         """The ranks whose directory must be listed again: inotify events, and, where inotify cannot
         see every write (a shared file system, or no watches), a changed directory mtime."""
         dirty, self._dirty = self._dirty, set()
-        if self._fd is not None and not self._shared:
+        if self._fd is not None and self._all_watched and not self._shared:
             return sorted(dirty & set(ranks))
 
         def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:

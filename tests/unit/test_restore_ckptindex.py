@@ -186,13 +186,14 @@ def test_missing_root_then_created(tmp_path):
     index.close()
 
 
-def test_plan_from_the_index_equals_the_full_scan_plan(tmp_path):
+def test_plan_from_the_index_equals_the_full_scan_plan(tmp_path, listings):
     root = str(tmp_path)
     _tree(root, 8)
     inputs = PlanInputs(world_size=8, dp=2, tp=2, pp=2, extra_fault_ranks=(3,), checkpoint_dir=root,
                         settle_seconds=0)
     index = CheckpointIndex(root, settle_seconds=0)
     assert compute_plan(inputs, index=index) == compute_plan(inputs)
+    assert listings  # the plan came from the index
     index.close()
 
 
