@@ -37,6 +37,7 @@ import string
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
 
 from launcher.errors import UsageError
@@ -99,7 +100,7 @@ class Checkpoint:
     step: int
     size: int
 
-    @property
+    @cached_property  # the planner reads it several times per file, 16,384 ranks x files per plan
     def key(self) -> Tuple[int, int]:
         """Order of recency: ``(epoch, step)``, a missing epoch counting as 0."""
         return (self.epoch or 0, self.step)

@@ -16,6 +16,10 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   after writing (``IN_CLOSE_WRITE``) or renamed into place (``IN_MOVED_TO``) and not touched since
   counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
   system raise no inotify events: for them the mtime check above applies, and the settle interval.
+* **As files appear.** With the event loop's timer (``call_later``), :meth:`CheckpointIndex.drain`
+  schedules :meth:`CheckpointIndex.update` after a burst of events, which lists the touched
+  directories then (local file systems only, never sleeping), so a save round is indexed while it
+  happens and the plan before the restart finds little left to read.
 * **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
   saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
@@ -30,7 +34,8 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.filewatch import IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events
+from launcher.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
+                                parse_events)
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Checkpoint, CheckpointPattern,
                                           ScanResult, _Candidate, _Notes, _rank_dirs, _scan_rank, _settle,
                                           probed_map, rank_checkpoints, unreadable_root)
@@ -81,7 +86,8 @@ class CheckpointIndex:
 
     def __init__(self, root: str, patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
                  settle_seconds: float = DEFAULT_SETTLE_SECONDS, watch: bool = True,
-                 racy_seconds: float = RACY_SECONDS, call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None):
+                 racy_seconds: float = RACY_SECONDS,
+                 call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None):
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
         self._racy_ns = int(racy_seconds * 1e9)
         self._root_stamp: DirStamp = None

@@ -220,11 +220,12 @@ def _index(scan: ScanResult) -> Tuple[Index, Index]:
     breakpoints: Index = []
     periodics: Index = []
     for items in scan.checkpoints:
-        per_kind: Dict[str, Dict[Key, Checkpoint]] = {KIND_BREAKPOINT: {}, KIND_PERIODIC: {}}
+        on_break: Dict[Key, Checkpoint] = {}
+        on_period: Dict[Key, Checkpoint] = {}
         for ckpt in items:
-            per_kind[ckpt.kind][ckpt.key] = ckpt
-        breakpoints.append(per_kind[KIND_BREAKPOINT])
-        periodics.append(per_kind[KIND_PERIODIC])
+            (on_break if ckpt.kind == KIND_BREAKPOINT else on_period)[ckpt.key] = ckpt
+        breakpoints.append(on_break)
+        periodics.append(on_period)
     return breakpoints, periodics
 
 

@@ -114,12 +114,26 @@ def test_mtimes_relist_only_changed_directories(tmp_path, listings):
     assert result == scan_checkpoints(root, 4, settle_seconds=0)
 
 
-def test_inotify_lists_changed_directories_before_the_scan(tmp_path, listings):
+@pytest.fixture(name="watched")
+def _watched(tmp_path):
+    """``make(ranks, settle_seconds=0)``: a tree of ``ranks`` in tmp_path and its inotify index."""
+    made = []
+
+    def make(ranks, settle_seconds=0):
+        _tree(str(tmp_path), ranks)
+        made.append(CheckpointIndex(str(tmp_path), settle_seconds=settle_seconds))
+        if made[-1].fileno() is None:
+            pytest.skip("no inotify here")
+        return made[-1]
+
+    yield make
+    for index in made:
+        index.close()
+
+
+def test_inotify_lists_changed_directories_before_the_scan(tmp_path, listings, watched):
     root = str(tmp_path)
-    _tree(root)
-    index = CheckpointIndex(root, settle_seconds=0)
-    if index.fileno() is None:
-        pytest.skip("no inotify here")
+    index = watched(4)
     index.scan(4)
     listings.clear()
     (tmp_path / "rank_1" / "ckpt-1_200.pt").write_bytes(b"y")
@@ -128,19 +142,15 @@ def test_inotify_lists_changed_directories_before_the_scan(tmp_path, listings):
     listings.clear()
     assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
     assert not listings
-    index.close()
 
 
 def _no_sleep(seconds):
     raise AssertionError(f"slept {seconds} s")
 
 
-def test_files_reported_complete_cost_no_settle_sleep(tmp_path, monkeypatch):
+def test_files_reported_complete_cost_no_settle_sleep(tmp_path, monkeypatch, watched):
     root = str(tmp_path)
-    _tree(root, 2)
-    index = CheckpointIndex(root, settle_seconds=30)
-    if index.fileno() is None:
-        pytest.skip("no inotify here")
+    index = watched(2, settle_seconds=30)
     slept = []
     monkeypatch.setattr(checkpoints.time, "sleep", slept.append)
     first = index.scan(2)
@@ -149,7 +159,6 @@ def test_files_reported_complete_cost_no_settle_sleep(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoints.time, "sleep", _no_sleep)
     (tmp_path / "rank_1" / "ckpt-1_200.pt").write_bytes(b"w" * 8)  # closed after writing: reported
     assert index.scan(2) == scan_checkpoints(root, 2, settle_seconds=0)
-    index.close()
 
 
 def test_unreported_new_files_are_settled_once(tmp_path, monkeypatch):
@@ -163,18 +172,13 @@ def test_unreported_new_files_are_settled_once(tmp_path, monkeypatch):
     assert slept == [30]
 
 
-def test_event_queue_overflow_relists_everything(tmp_path, listings):
-    root = str(tmp_path)
-    _tree(root, 3)
-    index = CheckpointIndex(root, settle_seconds=0)
-    if index.fileno() is None:
-        pytest.skip("no inotify here")
+def test_event_queue_overflow_relists_everything(listings, watched):
+    index = watched(3)
     index.scan(3)
     listings.clear()
     index._event(-1, IN_Q_OVERFLOW, "")  # pylint: disable=protected-access
     index.scan(3)
     assert listings == [0, 1, 2]
-    index.close()
 
 
 def test_missing_root_then_created(tmp_path):
@@ -183,7 +187,6 @@ def test_missing_root_then_created(tmp_path):
     assert index.scan(2) == scan_checkpoints(root, 2, settle_seconds=0)
     _tree(root, 2)
     assert index.scan(2) == scan_checkpoints(root, 2, settle_seconds=0)
-    index.close()
 
 
 def test_plan_from_the_index_equals_the_full_scan_plan(tmp_path, listings):
