@@ -10,6 +10,7 @@ import os
 from typing import Callable, Dict, List, Sequence, Tuple
 
 from launcher import envnames
+from launcher.errors import UsageError
 from launcher.gasp import GRACEFUL_EXIT_FILE
 from launcher.options import RunOptions
 from launcher.rankenv import EnvContext, WorkerSpec, worker_specs
@@ -62,7 +63,11 @@ def checkpoint_index(opts: RunOptions, add_reader: Callable[[int, Callable[[], N
     from launcher.restore import CheckpointIndex
     from launcher.restore.checkpoints import compile_patterns
 
-    index = CheckpointIndex(opts.checkpoint_dir, compile_patterns(opts.checkpoint_pattern), call_later=call_later)
+    try:
+        patterns = compile_patterns(opts.checkpoint_pattern)
+    except UsageError:
+        return None  # the first plan reports it, as it does without the index
+    index = CheckpointIndex(opts.checkpoint_dir, patterns, call_later=call_later)
     if index.fileno() is not None:
         add_reader(index.fileno(), index.drain)
     return index

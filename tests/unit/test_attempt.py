@@ -71,3 +71,9 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
         assert index._ranks  # pylint: disable=protected-access  # the plan was read through the index
     finally:
         index.close()
+
+
+def test_a_bad_checkpoint_pattern_is_left_to_the_plan_to_report(tmp_path):
+    """No index (the session must start and stop cleanly); the first plan exits 2 as before."""
+    opts = RunOptions(command=("x",), checkpoint_dir=str(tmp_path), checkpoint_pattern="no step group")
+    assert checkpoint_index(opts, {}.__setitem__, None) is None
