@@ -237,8 +237,8 @@ class CheckpointIndex:
         for checkpoint in checked:
             self._settled[checkpoint.path] = stamps[checkpoint.path]
             known[checkpoint.rank].append(checkpoint)
-        self._unsettled = {candidate.checkpoint.rank for candidate in fresh} - {c.rank for c in checked} | {
-            rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
+        # A rank with a file dropped as still being written (or left to settle) is looked at again.
+        self._unsettled = {rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
         for rank in ranks:
             entry = self._ranks[rank]
             entry.notes = _Notes()

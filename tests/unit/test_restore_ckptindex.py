@@ -202,3 +202,19 @@ def test_plan_from_the_index_equals_the_full_scan_plan(tmp_path, listings):
 
 def test_shared_file_systems_are_detected_from_the_mount_table():
     assert shared_file_system("/proc/self")  # proc: not a type known to see every write locally
+
+
+def test_a_file_still_being_written_is_looked_at_again(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    _tree(root, 1)
+    index = CheckpointIndex(root, settle_seconds=30, watch=False)
+    growing = tmp_path / "rank_0" / "ckpt-1_100.pt"
+
+    def grow(_seconds):
+        with open(growing, "ab") as fh:  # the writer is still at it during the settle interval
+            fh.write(b"more")
+
+    monkeypatch.setattr(checkpoints.time, "sleep", grow)
+    assert [c.step for c in index.scan(1).checkpoints[0]] == [150]
+    monkeypatch.setattr(checkpoints.time, "sleep", lambda _seconds: None)  # the writer finished
+    assert sorted(c.step for c in index.scan(1).checkpoints[0]) == [100, 150]
