@@ -181,7 +181,8 @@ def build_plan(world_size: int, groups: ReplicaGroups, faults: FaultReport,
     warnings.extend(scan.warnings)
     breakpoint_index, periodic_index = _index(scan)
     breakpoint_choice, reason = _breakpoint(groups.groups, faults, breakpoint_index, warnings)
-    periodic = _periodic(groups.groups, faults.ranks, periodic_index, warnings)
+    periodic = _periodic(groups.groups, faults.ranks, periodic_index, warnings,
+                         breakpoint_choice.key if breakpoint_choice else None)
     choice = breakpoint_choice
     if periodic and (not choice or periodic.key > choice.key):
         if choice:
@@ -302,10 +303,15 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
 
 
 def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index,
-              warnings: List[str]) -> Optional[_Choice]:
-    """The newest periodic choice, or None."""
+              warnings: List[str], newer_than: Optional[Key] = None) -> Optional[_Choice]:
+    """The newest periodic choice, or None; only steps after ``newer_than`` (the breakpoint choice:
+    an older periodic step would not be used, and its warnings would describe a plan not taken)."""
     newest = max((key for per_rank in index for key in per_rank), default=None)
+    if newer_than is not None and (newest is None or newest <= newer_than):
+        return None  # the common case at scale: no pass over every group for a choice not taken
     for key in _common_keys(groups, index):
+        if newer_than is not None and key <= newer_than:
+            break
         picks: List[Optional[Checkpoint]] = [None] * len(index)
         for group in groups:
             chosen = _pick_periodic(group, faults, index, key, warnings)

@@ -359,3 +359,13 @@ def test_digest_sidecar_mismatch_is_skipped(tmp_path):
     assert (plan.kind, plan.sources) == (KIND_BREAKPOINT, (1, 1))
     assert any("digest does not match" in w and "rank_0/ckpt-0_30_breakpoint.pt" in w for w in plan.warnings)
     assert not any("unexpected" in w for w in plan.warnings)
+
+
+def test_breakpoint_plan_has_no_warnings_about_older_periodic_steps():
+    """A periodic step older than the breakpoint one is never used: no "...; using <step>" warning."""
+    files = everyone(3, KIND_BREAKPOINT, [30])
+    for rank in range(3):
+        files[rank] += [(KIND_PERIODIC, 10, 100)] + ([(KIND_PERIODIC, 20, 100)] if rank != 2 else [])
+    plan = plan_for(3, singletons(3), files)
+    assert (plan.kind, plan.step) == (KIND_BREAKPOINT, 30)
+    assert not [w for w in plan.warnings if "periodic" in w], plan.warnings
