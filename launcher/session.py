@@ -24,7 +24,7 @@ from launcher.jobtree import JobTree, report_escaped
 from launcher.options import DEFAULT_RESET_JSON, RunOptions
 from launcher.procgroup import ClusterUpdate, LocalProcessGroup
 from launcher.recovery import resolve_strategy
-from launcher.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
+from launcher.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
 from launcher.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.runner import (KEEP_ATTEMPT_LOGS, format_root_cause, parse_rank_filter, prune_attempt_logs,
                              session_name)
@@ -58,6 +58,7 @@ class Session:
         self.debug = None  # launcher.debugging.DebugConsole with --debug-rank / --pdb
         self.control: Optional[ControlServer] = None
         self.follower = None  # reset.json follower, when the cluster provides the file
+        self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
         self.taskd_env: Dict[str, str] = {}
         self.sidecar: Optional[subprocess.Popen] = None
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
@@ -91,6 +92,7 @@ class Session:
                                      self.group.remove_reader, self.group.post)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self._follow_reset_json()
+        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
@@ -293,7 +295,8 @@ class Session:
             if removed:
                 self._emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
-                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
+                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env,
+                                    ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)
         return specs
@@ -366,6 +369,10 @@ class Session:
             self.follower.close()
         if self.control is not None:
             self.control.close()
+        if self.ckpt_index is not None:
+            if self.ckpt_index.fileno() is not None:
+                self.group.remove_reader(self.ckpt_index.fileno())
+            self.ckpt_index.close()
         if self.group is not None:
             self.group.ensure_gone(5.0, final=True)
             report_escaped(self._emit, self.group.take_escaped(), attempt=None)

@@ -5,7 +5,8 @@ directory and returns a :class:`RestorePlan`; ``plan.env_for(rank)`` is what tha
 See ``docs/restore-plan.md``.
 """
 
+from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.plan import RestorePlan
 from launcher.restore.planner import PlanInputs, build_plan, compute_plan
 
-__all__ = ["PlanInputs", "RestorePlan", "build_plan", "compute_plan"]
+__all__ = ["CheckpointIndex", "PlanInputs", "RestorePlan", "build_plan", "compute_plan"]
