@@ -8,6 +8,11 @@
   no checkpoint directory; then with a synthetic checkpoint directory (``rank_<r>/`` holding a periodic
   and, on healthy ranks, a breakpoint checkpoint), including the scanner's default settle interval;
   and every rank's environment from that plan (``plan.env_for``).
+* The same plan before a restart from the launcher's checkpoint index (issue #19): nothing saved
+  since the last plan, and after ``SAVERS`` ranks saved a new checkpoint (inotify events drained and
+  the changed directories listed as the event loop does while the files appear, timed apart).
+* On a simulated shared file system: the full scan of ``SLOW_FS_RANKS`` rank directories, and the
+  index's check of all 16,384 (directory mtimes, no inotify).
 """
 
 import os
@@ -70,6 +75,9 @@ def _env_builder(table) -> Callable[[Optional[int]], int]:
 
 
 def _make_checkpoints(root: str) -> None:
+    """The tree, with every directory's mtime an hour back (saved long before the plan; directories
+    changed within the index's racy window would be listed again)."""
+    old = time.time() - 3600
     for rank in range(WORLD):
         rank_dir = os.path.join(root, f"rank_{rank}")
         os.mkdir(rank_dir)
@@ -77,6 +85,40 @@ def _make_checkpoints(root: str) -> None:
         for name in names:
             with open(os.path.join(rank_dir, name), "wb") as fh:
                 fh.write(b"x" * 64)
+        os.utime(rank_dir, (old, old))
+    os.utime(root, (old, old))
+
+
+SAVERS = 2048
+
+
+def _index_times(root: str, inputs, settings: Settings) -> Dict[str, List[float]]:
+    """The plan from the checkpoint index: unchanged tree; then per run ``SAVERS`` ranks (spread over
+    the job) save the next periodic step, untimed, the index's event-loop update timed apart."""
+    from launcher.restore import CheckpointIndex, compute_plan
+
+    index = CheckpointIndex(root)
+    try:
+        compute_plan(inputs, index=index)  # the launcher's first plan: a full listing
+        out = {"plan_index": timed(lambda: compute_plan(inputs, index=index), settings),
+               "plan_index_saved": [], "index_update": []}
+        for run in range(settings.warmup + settings.runs):
+            step = 200 + run
+            for rank in range(0, WORLD, WORLD // SAVERS):
+                with open(os.path.join(root, f"rank_{rank}", f"ckpt-1_{step}.pt"), "wb") as fh:
+                    fh.write(b"y" * 64)
+                if rank % 512 == 0:
+                    index.drain()  # the event loop reads the queue as events come
+            start = time.perf_counter()
+            index.update()  # what the event loop's timer runs after the burst
+            update = time.perf_counter() - start
+            [plan_time] = timed(lambda: compute_plan(inputs, index=index), Settings(1, 0, settings.quick))
+            if run >= settings.warmup:
+                out["index_update"].append(update)
+                out["plan_index_saved"].append(plan_time)
+        return out
+    finally:
+        index.close()
 
 
 def run(settings: Settings) -> Result:
@@ -105,7 +147,7 @@ def diagnostics(doc: dict, table, settings: Settings) -> Dict[str, float]:
     all-servers environments again with the table's quadratic lookups memoised (patched in this
     process only, restored afterwards)."""
     from launcher.jobspec.ranktable.walk import semantic_problems
-    from launcher.jobspec.ranktable.validate import _validator  # pylint: disable=protected-access
+    from launcher.jobspec.ranktable.validate import _passes, _validator  # pylint: disable=protected-access
 
     def schema_only() -> None:
         """Only the JSON Schema walk."""
@@ -114,6 +156,7 @@ def diagnostics(doc: dict, table, settings: Settings) -> Dict[str, float]:
 
     quick = Settings(max(1, settings.runs // 2), 1, settings.quick)
     out = {"schema_only_s": median(timed(schema_only, quick)),
+           "compiled_only_s": median(timed(lambda: _passes(doc["version"], dict(doc)), quick)),
            "semantic_only_s": median(timed(lambda: semantic_problems(doc), quick))}
     out["env_all_servers_memoised_s"] = median(_memoised(table, lambda: timed(lambda: _env_builder(table)(None),
                                                                                quick)))
@@ -159,6 +202,7 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
         plan = compute_plan(with_ckpt)
         out["plan_env_all_ranks"] = timed(lambda: [plan.env_for(r) for r in range(WORLD)], settings)
         progress(f"scale: plan with checkpoints: {plan.kind} at step {plan.step}, {len(plan.warnings)} warning(s)")
+        out.update(_index_times(root, with_ckpt, settings))
         out.update(_slow_fs_scan(root))
     return out
 
@@ -171,7 +215,7 @@ def _slow_fs_scan(root: str) -> Dict[str, List[float]]:
     (``os.scandir`` and ``os.stat`` sleep ``SLOW_FS_LATENCY`` first), once as the launcher does it
     (threads after the probe) and once forced into one thread. One run each: the serial one takes
     seconds, and sleeps are not noisy."""
-    from launcher.restore import checkpoints
+    from launcher.restore import CheckpointIndex, checkpoints
 
     real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS)
 
@@ -182,6 +226,8 @@ def _slow_fs_scan(root: str) -> Dict[str, List[float]]:
         return wrapped
 
     out = {}
+    index = CheckpointIndex(root, watch=False)  # as on NFS: no events from the other nodes' writes
+    index.scan(WORLD)
     try:
         checkpoints.os.scandir, checkpoints.os.stat = slow(real[0]), slow(real[1])
         for key, threshold in (("slow_fs_scan", real[2]), ("slow_fs_scan_one_thread", float("inf"))):
@@ -189,10 +235,14 @@ def _slow_fs_scan(root: str) -> Dict[str, List[float]]:
             start = time.perf_counter()
             checkpoints.scan_checkpoints(root, SLOW_FS_RANKS)
             out[key] = [time.perf_counter() - start]
+        checkpoints.SLOW_RANK_SECONDS = real[2]
+        start = time.perf_counter()
+        index.scan(WORLD)
+        out["slow_fs_index"] = [time.perf_counter() - start]
     finally:
         checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS = real
     progress(f"scale: slow file system scan: {out['slow_fs_scan'][0]:.2f} s, one thread "
-             f"{out['slow_fs_scan_one_thread'][0]:.2f} s")
+             f"{out['slow_fs_scan_one_thread'][0]:.2f} s, index of {WORLD} ranks {out['slow_fs_index'][0]:.2f} s")
     return out
 
 
@@ -201,7 +251,9 @@ _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devic
          ("env_one_server", f"environments of the {DEVICES} local ranks of one server"),
          ("env_all_servers", f"environments of every rank, all {SERVERS} servers"),
          ("plan_no_ckpt", f"restore plan, {WORLD:,} ranks, groups of {DP}, {len(FAULTS)} faults, no checkpoints"),
-         ("plan_ckpt", "restore plan, same, synthetic checkpoint dir (incl. 50 ms settle)"),
+         ("plan_ckpt", "restore plan, same, synthetic checkpoint dir, full scan (`launcher plan`; incl. 50 ms settle)"),
+         ("plan_index", "restore plan before a restart, checkpoint index, nothing saved since the last plan"),
+         ("plan_index_saved", f"restore plan before a restart, checkpoint index, after {SAVERS:,} ranks saved"),
          ("plan_env_all_ranks", f"restore environment of all {WORLD:,} ranks from that plan"))
 
 
@@ -227,8 +279,9 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
     lines = [f"- The rank table is {len(text) / 1e6:.2f} MB of JSON ({table.world_size:,} ranks); `json.loads` "
              f"of it takes {fmt(ms(decode))} ms (not included above). {build(None):,} rank environments "
              "are built for all servers.",
-             f"- Validation split: JSON Schema (jsonschema) {fmt(ms(diag['schema_only_s']))} ms, semantic checks "
-             f"{fmt(ms(diag['semantic_only_s']))} ms.",
+             f"- Validation split: JSON Schema compiled by fastjsonschema {fmt(ms(diag['compiled_only_s']))} ms, "
+             f"semantic checks {fmt(ms(diag['semantic_only_s']))} ms; the jsonschema walk, now run only to "
+             f"explain a table that fails, {fmt(ms(diag['schema_only_s']))} ms.",
              "- Environments of all servers with `RankTable.world_size`, `server_index` and `find_servers` "
              f"memoised (patched in the bench process only): {fmt(ms(diag['env_all_servers_memoised_s']))} ms."]
     if "slow_fs_scan" in times:
@@ -236,5 +289,11 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"simulated shared file system, {SLOW_FS_LATENCY * 1e3:.0f} ms per `scandir`/`stat` (one run "
                      f"each): {fmt(median(times['slow_fs_scan']))} s as the launcher scans (the first "
                      f"{PROBE_RANKS} directories time the file system, then {SCAN_THREADS} threads), "
-                     f"{fmt(median(times['slow_fs_scan_one_thread']))} s in one thread.")
+                     f"{fmt(median(times['slow_fs_scan_one_thread']))} s in one thread. The checkpoint index's "
+                     f"check of all {WORLD:,} rank directories there (one `stat` each, no inotify, nothing "
+                     f"changed): {fmt(median(times['slow_fs_index']))} s.")
+    if "index_update" in times:
+        lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
+                     f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "
+                     "outside the plan's time.")
     return lines

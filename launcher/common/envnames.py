@@ -85,6 +85,10 @@ LAUNCHER_RESUME_STEP = "LAUNCHER_RESUME_STEP"
 LAUNCHER_RESUME_KIND = "LAUNCHER_RESUME_KIND"  # "breakpoint" or "periodic"
 LAUNCHER_DEBUG_RANK = "LAUNCHER_DEBUG_RANK"  # --debug-rank: the rank holding the terminal
 LAUNCHER_CONTROL_SOCKET = "LAUNCHER_CONTROL_SOCKET"  # --pdb: where a failing rank asks for the terminal
+LAUNCHER_JOB_TOKEN = "LAUNCHER_JOB_TOKEN"  # "<job>.<leaf>": finds the job's processes that left their group
+
+# --- Read by the launcher itself (not an option of `launcher run`) ------------------------------
+LAUNCHER_CGROUP = "LAUNCHER_CGROUP"  # "off": no job cgroup, even where cgroup v2 is writable
 
 # --- Options of `launcher run` read from the environment (LAUNCHER_<OPTION>) -------------------
 ENV_PREFIX = "LAUNCHER_"

@@ -7,7 +7,8 @@ See ``docs/restore-plan.md``.
 May import: ``launcher.cluster`` (the reset.json reader), ``launcher.jobspec``, ``launcher.common``.
 """
 
+from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.plan import RestorePlan
 from launcher.restore.planner import PlanInputs, build_plan, compute_plan
 
-__all__ = ["PlanInputs", "RestorePlan", "build_plan", "compute_plan"]
+__all__ = ["CheckpointIndex", "PlanInputs", "RestorePlan", "build_plan", "compute_plan"]

@@ -37,6 +37,7 @@ import string
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
 
 from launcher.common.errors import UsageError
@@ -100,7 +101,7 @@ class Checkpoint:
     step: int
     size: int
 
-    @property
+    @cached_property  # the planner reads it several times per file, 16,384 ranks x files per plan
     def key(self) -> Tuple[int, int]:
         """Order of recency: ``(epoch, step)``, a missing epoch counting as 0."""
         return (self.epoch or 0, self.step)
@@ -364,16 +365,10 @@ def scan_checkpoints(checkpoint_dir: str, world_size: int,
         Per rank, its complete checkpoints sorted by kind, (epoch, step) and path.
     """
     notes = _Notes()
-    per_rank: List[List[Checkpoint]] = [[] for _ in range(world_size)]
     try:
         dirs = _rank_dirs(checkpoint_dir, world_size, notes)
-    except FileNotFoundError:
-        # Normal for a job's first start; the plan's reason says it, since it is also what a mistyped
-        # path does.
-        return ScanResult(tuple(() for _ in range(world_size)), absent=f"{checkpoint_dir} does not exist yet")
     except OSError as exc:
-        return ScanResult(tuple(() for _ in range(world_size)),
-                          (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))
+        return unreadable_root(checkpoint_dir, world_size, exc)
 
     def scan(ranks: List[int]) -> Tuple[List[_Candidate], _Notes]:
         batch_notes, found = _Notes(), []  # per batch: no shared state between the threads
@@ -381,18 +376,46 @@ def scan_checkpoints(checkpoint_dir: str, world_size: int,
             found.extend(_scan_rank(rank, dirs[rank], patterns, batch_notes))
         return found, batch_notes
 
-    ranks = sorted(dirs)
-    began = time.monotonic()
-    results = _map(scan, ranks[:PROBE_RANKS], False)
-    parallel = len(ranks) > PROBE_RANKS and time.monotonic() - began > SLOW_RANK_SECONDS * PROBE_RANKS
-    results += _map(scan, ranks[PROBE_RANKS:], parallel)
+    results, parallel = probed_map(scan, sorted(dirs))
     candidates: List[_Candidate] = []
     for found, batch_notes in results:
         candidates.extend(found)
         notes.merge(batch_notes)
-    for ckpt in _drop_ambiguous(_settle(candidates, settle_seconds, notes, parallel), notes):
+    return finish_scan(world_size, _settle(candidates, settle_seconds, notes, parallel), notes)
+
+
+def unreadable_root(checkpoint_dir: str, world_size: int, exc: OSError) -> ScanResult:
+    """The scan result when the checkpoint directory itself cannot be listed: no checkpoints."""
+    if isinstance(exc, FileNotFoundError):
+        # Normal for a job's first start; the plan's reason says it, since it is also what a mistyped
+        # path does.
+        return ScanResult(tuple(() for _ in range(world_size)), absent=f"{checkpoint_dir} does not exist yet")
+    return ScanResult(tuple(() for _ in range(world_size)),
+                      (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))
+
+
+def probed_map(func: Callable[[List[T]], R], ranks: List[T]) -> Tuple[List[R], bool]:
+    """``func`` over batches of ``ranks``: the first ``PROBE_RANKS`` in this thread, timed; the rest
+    from the thread pool when those were slow (a shared file system). Returns the results and
+    whether the file system was found slow."""
+    began = time.monotonic()
+    results = _map(func, ranks[:PROBE_RANKS], False)
+    parallel = len(ranks) > PROBE_RANKS and time.monotonic() - began > SLOW_RANK_SECONDS * PROBE_RANKS
+    return results + _map(func, ranks[PROBE_RANKS:], parallel), parallel
+
+
+def finish_scan(world_size: int, settled: List[Checkpoint], notes: _Notes) -> ScanResult:
+    """The scan result from the settled checkpoints of ranks below ``world_size``: ambiguous steps
+    dropped, each rank's checkpoints sorted by kind, (epoch, step) and path."""
+    per_rank: List[List[Checkpoint]] = [[] for _ in range(world_size)]
+    for ckpt in settled:
         per_rank[ckpt.rank].append(ckpt)
-    ordered = tuple(tuple(sorted(items, key=lambda c: (c.kind, c.key, c.path))) for items in per_rank)
-    logger.debug("scanned %d rank directories under %s: %d complete checkpoints", len(dirs),
-                 checkpoint_dir, sum(len(items) for items in ordered))
+    ordered = tuple(rank_checkpoints(items, notes) for items in per_rank)
+    logger.debug("%d complete checkpoints of %d ranks", sum(len(items) for items in ordered), world_size)
     return ScanResult(ordered, notes.lines())
+
+
+def rank_checkpoints(settled: List[Checkpoint], notes: _Notes) -> Tuple[Checkpoint, ...]:
+    """One rank's settled checkpoints as the scan reports them: ambiguous steps dropped, sorted by
+    kind, (epoch, step) and path."""
+    return tuple(sorted(_drop_ambiguous(settled, notes), key=lambda c: (c.kind, c.key, c.path)))

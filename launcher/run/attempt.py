@@ -7,10 +7,11 @@ run shows exactly what a start would give each rank.
 """
 
 import os
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from launcher.supervision import debugging
 from launcher.common import envnames
+from launcher.common.errors import UsageError
 from launcher.control.gasp import GRACEFUL_EXIT_FILE
 from launcher.jobspec.options import RunOptions
 from launcher.common.rundir import CONTROL_SOCKET
@@ -20,7 +21,8 @@ PLAN_FILE = "restore_plan.json"
 
 
 def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before: Sequence[int], *,
-                  log_session: str, gasp_allowed: bool, taskd_env: Dict[str, str]) -> Tuple[List[WorkerSpec], object]:
+                  log_session: str, gasp_allowed: bool, taskd_env: Dict[str, str],
+                  ckpt_index: object = None) -> Tuple[List[WorkerSpec], object]:
     """The processes of one attempt and the restore plan behind them (None without --checkpoint-dir).
 
     Args:
@@ -31,12 +33,14 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
         log_session: This launcher invocation's log directory.
         gasp_allowed: Whether a dying-gasp save is allowed right now (``--gasp-min-interval``).
         taskd_env: TaskD variables for every rank (empty without TaskD).
+        ckpt_index: the session's :class:`launcher.restore.CheckpointIndex` (from
+            :func:`checkpoint_index`), so the plan re-reads only what changed.
     """
     plan = None
     if opts.checkpoint_dir:
         from launcher.restore import compute_plan
 
-        plan = compute_plan(restore_inputs(opts, ctx, failed_before))
+        plan = compute_plan(restore_inputs(opts, ctx, failed_before), index=ckpt_index)
     common = {**taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
               envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if gasp_allowed else "0"}
     if opts.graceful_exit and ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
@@ -60,6 +64,25 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
 def error_file_path(log_session: str, attempt: int, rank: int) -> str:
     """Where rank ``rank`` of ``attempt`` finds ``TORCHELASTIC_ERROR_FILE`` (torch's ``@record`` writes it)."""
     return os.path.join(log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
+
+
+def checkpoint_index(opts: RunOptions, add_reader: Callable[[int, Callable[[], None]], None],
+                     call_later: Callable[[float, Callable[[], None]], object]):
+    """The index of ``--checkpoint-dir`` kept for the plans before restarts, fed by the event loop
+    (inotify events are drained as they come); None without ``--checkpoint-dir``."""
+    if not opts.checkpoint_dir:
+        return None
+    from launcher.restore import CheckpointIndex
+    from launcher.restore.checkpoints import compile_patterns
+
+    try:
+        patterns = compile_patterns(opts.checkpoint_pattern)
+    except UsageError:
+        return None  # the first plan reports it, as it does without the index
+    index = CheckpointIndex(opts.checkpoint_dir, patterns, call_later=call_later)
+    if index.fileno() is not None:
+        add_reader(index.fileno(), index.drain)
+    return index
 
 
 def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:

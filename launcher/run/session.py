@@ -21,11 +21,12 @@ from launcher.cluster.taskd import TaskdManager
 from launcher.control.server import ControlChannel
 from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
+from launcher.supervision.jobtree import JobTree, report_escaped
 from launcher.jobspec.options import RunOptions, parse_rank_filter
 from launcher.supervision.integration import Integrations
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
-from launcher.run.attempt import PLAN_FILE, attempt_specs, error_file_path, taskd_rank_env
+from launcher.run.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
@@ -56,6 +57,7 @@ class Session:
         self.guard: Optional[guard_mod.OrphanGuard] = None
         self.group: Optional[LocalProcessGroup] = None
         self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
+        self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
         self.taskd_env: Dict[str, str] = {}
         # What runs beside the ranks (launcher.supervision.integration): started in this order before
         # the first attempt, stopped in reverse when the session ends. A new one is one line here.
@@ -81,14 +83,16 @@ class Session:
                                 "gasp_signal": self.opts.gasp_signal}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
-        self.guard = guard_mod.OrphanGuard()
+        tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
+        self.guard = guard_mod.OrphanGuard(tree)
         if self.opts.debug_rank is not None or self.opts.pdb:
             from launcher.supervision.debugging import DebugConsole
 
             self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
-        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard,
+        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
+        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
@@ -199,7 +203,8 @@ class Session:
             if removed:
                 self.emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
-                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env)
+                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env,
+                                    ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)
         return specs
@@ -269,8 +274,13 @@ class Session:
 
     def __exit__(self, *exc_info: object) -> None:
         self.integrations.stop()
+        if self.ckpt_index is not None:
+            if self.ckpt_index.fileno() is not None:
+                self.group.remove_reader(self.ckpt_index.fileno())
+            self.ckpt_index.close()
         if self.group is not None:
-            self.group.ensure_gone(5.0)
+            self.group.ensure_gone(5.0, final=True)
+            report_escaped(self.emit, self.group.take_escaped(), attempt=None)
             self.group.close()
             self._report_console()
         if self.guard is not None:

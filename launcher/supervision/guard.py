@@ -4,7 +4,9 @@
 - The orphan guard, a small process forked once at start (before any thread exists), learns each
   rank's process-group id over a pipe. When the pipe reaches end-of-file (the launcher exited or was
   SIGKILLed) it SIGKILLs every group it still knows, so dataloader workers and other grandchildren
-  die too. It sits in its own session so a signal to the launcher's group does not take it down.
+  die too, then the job's cgroup and every process carrying the job's token
+  (:meth:`launcher.supervision.jobtree.JobTree.kill_all`): those that left their group. It sits in its own
+  session so a signal to the launcher's group does not take it down.
 - ``become_subreaper`` makes orphaned grandchildren re-parent to the launcher, which reaps them
   (as PID 1 in a container it reaps everything anyway).
 """
@@ -14,7 +16,10 @@ import ctypes.util
 import logging
 import os
 import signal
+import time
 from typing import Optional, Set
+
+from launcher.supervision.jobtree import JobTree
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +56,18 @@ def prepare() -> None:
 
 
 class OrphanGuard:
-    """Parent side of the guard process: tell it which process groups to kill if we die."""
+    """Parent side of the guard process: tell it which process groups to kill if we die.
 
-    def __init__(self) -> None:
+    Args:
+        tree: The job's process tree; when given, the guard also kills its cgroup and token carriers.
+    """
+
+    def __init__(self, tree: Optional[JobTree] = None) -> None:
         read_fd, self._write_fd = os.pipe()
         self.pid = os.fork()
         if self.pid == 0:  # pragma: no cover - runs in the forked guard
             os.close(self._write_fd)
-            _guard_main(read_fd)
+            _guard_main(read_fd, tree)
         os.close(read_fd)
         os.set_inheritable(self._write_fd, False)
 
@@ -83,7 +92,7 @@ class OrphanGuard:
             self._write_fd = -1
 
 
-def _guard_main(read_fd: int) -> None:  # pragma: no cover - runs in the forked guard
+def _guard_main(read_fd: int, tree: Optional[JobTree]) -> None:  # pragma: no cover - runs in the forked guard
     code = 0
     try:
         os.setsid()
@@ -111,6 +120,8 @@ def _guard_main(read_fd: int) -> None:  # pragma: no cover - runs in the forked 
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
+        if tree is not None:  # after a clean exit there is nothing left: one /proc scan
+            tree.kill_all(time.monotonic() + 5.0)
     except BaseException:  # never let the guard run the launcher's code after fork
         code = 1
     os._exit(code)

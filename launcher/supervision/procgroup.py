@@ -17,12 +17,14 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from launcher.supervision import console as console_mod
 from launcher.supervision import guard as guard_mod
 from launcher.common import signals
 from launcher.common.errors import LauncherError
+from launcher.supervision.cgroup import Cgroup
+from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log
 from launcher.jobspec.rankenv import WorkerSpec
@@ -34,8 +36,8 @@ __all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "Pro
 
 log = logging.getLogger(__name__)
 
-
-
+#: Seconds after a start before the spent attempts' cgroups are removed (an rmdir slows spawning).
+_TIDY_DELAY = 1.0
 
 
 class ProcessGroup(abc.ABC):
@@ -61,6 +63,10 @@ class ProcessGroup(abc.ABC):
     def ensure_gone(self, timeout: float) -> List[int]:
         """Kill and reap every process of the attempt; returns pgids still present at the timeout."""
 
+    def take_escaped(self) -> List[Stray]:
+        """Processes outside the ranks' groups killed since the last call (by ``ensure_gone``, ``respawn``)."""
+        return []
+
     @abc.abstractmethod
     def pids(self) -> Dict[int, int]:
         """Rank -> pid of its main process, for ranks still running."""
@@ -77,17 +83,23 @@ class LocalProcessGroup(ProcessGroup):
         log_path: ``(spec, attempt) -> path`` of the rank's log file.
         on_console: ``spec -> bool``: whether the rank's output is also shown on the console.
         orphan_guard: Kills the ranks' process groups if the launcher dies; optional.
+        tree: The job's processes beyond the ranks' groups (cgroup, token, orphans); default: a new
+            job that does not adopt this process's other children.
         on_terminal: ``spec -> bool``: whether the rank gets the launcher's own stdin, stdout and
             stderr (``--debug-rank``) instead of /dev/null and its log; optional.
     """
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
-                 orphan_guard: Optional[guard_mod.OrphanGuard] = None,
+                 orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
                  on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False):
         self._log_path = log_path
         self._on_console = on_console
         self._on_terminal = on_terminal
         self._guard = orphan_guard
+        self._tree = tree or JobTree.create()
+        self._leaves: Dict[int, Leaf] = {}
+        self._retired: List[Leaf] = []  # leaves of respawned ranks: their cgroup ends with the attempt
+        self._escaped: List[Stray] = []
         self._selector = selectors.DefaultSelector()
         self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
         self._queue: Deque[Event] = collections.deque()
@@ -110,36 +122,29 @@ class LocalProcessGroup(ProcessGroup):
     def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
         self._procs.clear()
         self._pgids.clear()
+        self._leaves.clear()
         self.log_paths.clear()
         base = dict(os.environ)
-        for spec in specs:
-            try:
-                self._spawn(spec, attempt, base)
-            except OSError as exc:
-                self.kill_groups()
-                self.ensure_gone(5.0)
-                raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+        spec = specs[0] if specs else None
+        try:
+            with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
+                for spec in specs:
+                    self._spawn(spec, attempt, base, cgroup)
+            self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
+        except OSError as exc:  # out of the cgroup again before killing what it holds
+            self.kill_groups()
+            self.ensure_gone(5.0)
+            raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 
-    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str]) -> None:
+    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup]) -> None:
         path = self._log_path(spec, attempt)
         log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
-        read_fd = target = -1
-        terminal = self._on_terminal(spec)
-        if terminal:  # still its own session: the terminal's Ctrl-C reaches the launcher, which passes it on
-            try:
-                os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
-                                 f"its output is there, not in this file\n".encode())
-            except OSError:  # a full disk: the note is a courtesy, the rank starts anyway
-                pass
-            stdio = {}
-        else:
-            if self._on_console(spec):
-                read_fd, target = os.pipe()
-            stdio = dict(stdin=subprocess.DEVNULL, stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT)
+        stdio, read_fd, target = self._stdio(spec, log_fd)
+        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
         try:
             proc = subprocess.Popen(
-                list(spec.argv), env={**base, **spec.env}, **stdio,
+                list(spec.argv), env={**base, **spec.env, **leaf.env}, **stdio,
                 start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
         except OSError:
             for fd in (log_fd, read_fd, target):
@@ -159,6 +164,21 @@ class LocalProcessGroup(ProcessGroup):
         self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
         if self._guard is not None:
             self._guard.watch(proc.pid)
+
+    def _stdio(self, spec: WorkerSpec, log_fd: int) -> Tuple[Dict[str, int], int, int]:
+        """Popen's stdio for ``spec``, and the console pipe's ends (-1 when its output is not teed)."""
+        if self._on_terminal(spec):  # still its own session: the terminal's Ctrl-C reaches the launcher
+            try:
+                os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
+                                 f"its output is there, not in this file\n".encode())
+            except OSError:  # a full disk: the note is a courtesy, the rank starts anyway
+                pass
+            return {}, -1, -1
+        read_fd = target = -1
+        if self._on_console(spec):
+            read_fd, target = os.pipe()
+        return (dict(stdin=subprocess.DEVNULL, stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT),
+                read_fd, target)
 
     def _open_log(self, spec: WorkerSpec, path: str) -> int:
         """The rank's log file; on a full or failing disk (reported once) /dev/null, so the rank
@@ -289,9 +309,17 @@ class LocalProcessGroup(ProcessGroup):
                 except (ProcessLookupError, PermissionError):
                     pass
 
-    def ensure_gone(self, timeout: float) -> List[int]:
+    def ensure_gone(self, timeout: float, final: bool = False) -> List[int]:
+        """Also kills the processes that left their rank's group (see ``take_escaped``).
+
+        ``final``: the job is over: scan /proc for the job's processes even where the cgroup holds them.
+        """
         deadline = time.monotonic() + timeout
         self.kill_groups()
+        leaves = [*self._leaves.values(), *self._retired]
+        self._leaves.clear()
+        self._retired.clear()
+        self._escaped.extend(self._tree.kill_leaves(leaves, self._pgids.values()))
         alive = list(self._pgids.items())
         while alive:
             self._reap()
@@ -300,6 +328,7 @@ class LocalProcessGroup(ProcessGroup):
                 break
             self.kill_groups(rank for rank, _ in alive)  # members forked after the first kill
             time.sleep(0.002)
+        self._end_leaves(leaves, deadline, [pgid for _, pgid in alive], final)
         gone = set(self._pgids.values()) - {pgid for _, pgid in alive}
         if self._guard is not None:
             for pgid in gone:
@@ -309,11 +338,27 @@ class LocalProcessGroup(ProcessGroup):
             self._unregister_output(out, fd)
         return [pgid for _, pgid in alive]
 
+    def _end_leaves(self, leaves: List[Leaf], deadline: float, skip_pgids: Sequence[int], scan: bool,
+                    leaf: Optional[Leaf] = None) -> None:
+        """After the groups are gone: the /proc sweep where needed, then remove the leaf cgroups."""
+        if scan or not self._tree.contained:
+            exempt = {*self._watched, *self.pids().values(), *([self._guard.pid] if self._guard else [])}
+            self._escaped.extend(self._tree.sweep(deadline, self._reap, exempt, skip_pgids, leaf))
+        self._tree.settle_leaves(leaves, deadline, self._reap)
+
+    def take_escaped(self) -> List[Stray]:
+        first: Dict[int, Stray] = {}
+        for stray in self._escaped:
+            first.setdefault(stray.pid, stray)
+        self._escaped.clear()
+        return list(first.values())
+
     def pids(self) -> Dict[int, int]:
         return {rank: p.pid for rank, p in self._procs.items() if p.returncode is None}
 
     def respawn(self, spec: WorkerSpec, attempt: int) -> None:
         old = self._pgids.get(spec.rank)
+        leaf = self._leaves.pop(spec.rank, None)
         if old is not None:
             self.kill_groups([spec.rank])
             deadline = time.monotonic() + 5.0
@@ -322,8 +367,13 @@ class LocalProcessGroup(ProcessGroup):
                 time.sleep(0.002)
             if self._guard is not None and not _group_exists(old):
                 self._guard.forget(old)
+            if leaf is not None:  # its token, not its cgroup: the attempt's other ranks share that
+                self._end_leaves([], deadline, [], True, leaf)
+                self._retired.append(leaf)
         try:
-            self._spawn(spec, attempt, dict(os.environ))
+            with self._tree.inside(f"a{attempt}") as cgroup:
+                self._spawn(spec, attempt, dict(os.environ), cgroup)
+            self.call_later(_TIDY_DELAY, self._tree.tidy)
         except OSError as exc:
             raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 
@@ -332,10 +382,11 @@ class LocalProcessGroup(ProcessGroup):
         return self._pgids.get(rank)
 
     def close(self) -> None:
-        """Release the selector (call after ``ensure_gone``)."""
+        """Release the selector, the consoles and the job's cgroup (call after ``ensure_gone``)."""
         for console in console_mod.consoles():
             console.detach()
         self._selector.close()
+        self._tree.close(time.monotonic() + 0.5)
 
 
 def _group_exists(pgid: int) -> bool:

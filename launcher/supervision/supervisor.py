@@ -12,6 +12,7 @@ import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 from launcher.supervision.debugging import DEBUG_REQUEST, DebugConsole
+from launcher.supervision.jobtree import report_escaped
 from launcher.supervision.procgroup import ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
 from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate, RestartPolicy,
                              RunResult)
@@ -176,6 +177,7 @@ class Supervisor:
         while not attempt.finished:
             self._handle(attempt, self.group.wait_event(None))
         leftovers = self.group.ensure_gone(KILL_SETTLE_SECONDS)
+        report_escaped(self.emit, self.group.take_escaped(), attempt=number)
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)

@@ -4,7 +4,7 @@ from typing import Dict, Optional
 
 import pytest
 
-from launcher.run.attempt import attempt_specs, restore_inputs
+from launcher.run.attempt import attempt_specs, checkpoint_index, restore_inputs
 from launcher.jobspec.options import RunOptions
 from launcher.jobspec.rankenv import EnvContext
 from launcher.jobspec.ranktable.generate import build_local_table
@@ -50,3 +50,30 @@ def test_restore_inputs_read_the_given_root_once_ranks_wrote_there(tmp_path):
     assert restore_inputs(RunOptions(command=("x",)), ctx).group_info_root is None  # nothing written yet
     (root / "device1" / "group_info.pb").write_bytes(b"")
     assert restore_inputs(RunOptions(command=("x",)), ctx).group_info_root == str(root)
+
+
+def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
+    """With --checkpoint-dir the session's index feeds the plan; its inotify fd goes to the event loop."""
+    ckpt = tmp_path / "ckpt"
+    for rank in (0, 1):
+        (ckpt / f"rank_{rank}").mkdir(parents=True)
+        (ckpt / f"rank_{rank}" / "ckpt-1_5_breakpoint.pt").write_bytes(b"x")
+    opts = RunOptions(command=("x",), checkpoint_dir=str(ckpt))
+    readers = {}
+    assert checkpoint_index(RunOptions(command=("x",)), readers.__setitem__, None) is None
+    index = checkpoint_index(opts, readers.__setitem__, lambda delay, callback: None)
+    try:
+        assert list(readers) == ([index.fileno()] if index.fileno() is not None else [])
+        ctx = make_ctx(tmp_path, "pytorch")
+        _, plan = attempt_specs(opts, ctx, 1, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={},
+                                ckpt_index=index)
+        assert (plan.kind, plan.step) == ("breakpoint", 5)
+        assert index._ranks  # pylint: disable=protected-access  # the plan was read through the index
+    finally:
+        index.close()
+
+
+def test_a_bad_checkpoint_pattern_is_left_to_the_plan_to_report(tmp_path):
+    """No index (the session must start and stop cleanly); the first plan exits 2 as before."""
+    opts = RunOptions(command=("x",), checkpoint_dir=str(tmp_path), checkpoint_pattern="no step group")
+    assert checkpoint_index(opts, {}.__setitem__, None) is None

@@ -6,10 +6,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.common.errors import UsageError
 from launcher.jobspec.ranktable import RankTableError, generate_rank_table, load_rank_table, validate_rank_table
-from launcher.jobspec.ranktable.validate import json_path
+from launcher.jobspec.ranktable.validate import _passes, _validator, draft7_compatible, json_path
 from launcher.common.resources import load_schema
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
@@ -123,3 +125,55 @@ def test_problems_after_a_skipped_entry_are_still_found():
 ])
 def test_json_path(parts, expected):
     assert json_path(parts) == expected
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.2", "2.0"])
+def test_schemas_mean_the_same_compiled_as_draft_7(version):
+    """The compiled validator reads the 2020-12 schemas as draft 7: only keywords of equal meaning."""
+    assert draft7_compatible(load_schema(f"ranktable-{version}.schema.json"))
+
+
+@pytest.mark.parametrize("schema", [
+    {"properties": {"a": {"$ref": "#/$defs/x", "minLength": 1}}},  # draft 7 ignores $ref's siblings
+    {"items": [{"type": "string"}]},  # a list of schemas: draft 7 tuple items, gone in 2020-12
+    {"prefixItems": [{"type": "string"}]},
+    {"$defs": {"x": {"unevaluatedProperties": False}}},
+])
+def test_schemas_with_draft_specific_keywords_are_not_draft_7_compatible(schema):
+    assert not draft7_compatible(schema)
+
+
+_GOOD = sorted((DATA / "good").glob("*.json"))
+_JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False),
+                  st.sampled_from(["", "0", "01", "x", "1.2.3.4", "completed", "1.0"]),
+                  st.lists(st.integers(0, 2), max_size=2), st.dictionaries(st.sampled_from(["a", "rank_id"]),
+                                                                           st.text(max_size=2), max_size=2))
+
+
+def _locations(value, path=()):
+    """Every (container, key) pair in a decoded JSON document."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in items:
+        yield value, key
+        yield from _locations(child, path + (key,))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_GOOD), st.lists(st.tuples(st.integers(0, 10 ** 6), st.booleans(), _JUNK), max_size=4))
+def test_compiled_validator_agrees_with_jsonschema(path, edits):
+    """Differential: on mutated tables the fast pass/fail equals "jsonschema found no error"."""
+    data = json.loads(path.read_text())
+    for where, delete, junk in edits:
+        spots = list(_locations(data))
+        if not spots:  # everything deleted
+            break
+        container, key = spots[where % len(spots)]
+        if delete and isinstance(container, dict):
+            del container[key]
+        else:
+            container[key] = junk
+    version = data.get("version")
+    if version not in ("1.0", "1.2", "2.0"):
+        return
+    slow_ok = not any(_validator(version).iter_errors(data))
+    assert _passes(version, data) == slow_ok

@@ -369,3 +369,13 @@ def test_a_missing_checkpoint_dir_is_the_reason_not_a_warning(tmp_path):
     assert result.kind == "none"
     assert result.reason == f"no checkpoints: {tmp_path / 'ckpt'} does not exist yet"
     assert result.warnings == ()
+
+
+def test_breakpoint_plan_has_no_warnings_about_older_periodic_steps():
+    """A periodic step older than the breakpoint one is never used: no "...; using <step>" warning."""
+    files = everyone(3, KIND_BREAKPOINT, [30])
+    for rank in range(3):
+        files[rank] += [(KIND_PERIODIC, 10, 100)] + ([(KIND_PERIODIC, 20, 100)] if rank != 2 else [])
+    plan = plan_for(3, singletons(3), files)
+    assert (plan.kind, plan.step) == (KIND_BREAKPOINT, 30)
+    assert not [w for w in plan.warnings if "periodic" in w], plan.warnings

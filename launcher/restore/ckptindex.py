@@ -1,0 +1,334 @@
+"""An index of the checkpoint tree, kept by the launcher between restarts (issue #19).
+
+A full scan (:func:`launcher.restore.checkpoints.scan_checkpoints`) lists every ``rank_<r>/``
+directory, stats every checkpoint twice and sleeps the settle interval once: 1.3 s for 16,384 ranks
+on a local disk, minutes on a shared file system. :class:`CheckpointIndex` keeps what the last look
+found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only what changed:
+
+* **Directory mtimes** are the cross-check that works everywhere, NFS included: every scan stats each
+  rank directory (one call, no listing) and re-lists those whose ``(mtime, inode)`` changed. Creating,
+  deleting or renaming a file changes its directory's mtime, on whichever node it happened. A
+  directory whose mtime is younger than ``racy_seconds`` at the look is listed again next time
+  (a file created within the same clock tick would not change it again; git's "racy" rule).
+* **inotify** (one watch per rank directory and one on the checkpoint directory, through
+  :mod:`launcher.common.filewatch`'s calls; inotify is not recursive) adds what mtimes miss on a local
+  file system: writes into an existing file mark its directory for re-listing, and a file closed
+  after writing (``IN_CLOSE_WRITE``) or renamed into place (``IN_MOVED_TO``) and not touched since
+  counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
+  system raise no inotify events: for them the mtime check above applies, and the settle interval.
+* **As files appear.** With the event loop's timer (``call_later``), :meth:`CheckpointIndex.drain`
+  schedules :meth:`CheckpointIndex.update` after a burst of events, which lists the touched
+  directories then (local file systems only, never sleeping), so a save round is indexed while it
+  happens and the plan before the restart finds little left to read.
+* **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
+  saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
+  one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
+
+Everything the index concludes comes from the same functions the full scan uses, which stays the
+fallback (``launcher plan`` is one-shot and uses it) and the cross-check in the tests.
+"""
+
+import errno
+import logging
+import os
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
+                                parse_events)
+from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Checkpoint, CheckpointPattern,
+                                          ScanResult, _Candidate, _Notes, _rank_dirs, _scan_rank, _settle,
+                                          probed_map, rank_checkpoints, unreadable_root)
+
+logger = logging.getLogger(__name__)
+
+#: Seconds from a burst of inotify events to the listing of the directories they changed.
+UPDATE_DELAY = 0.2
+#: A directory modified this recently (seconds) at the look is listed again at the next scan.
+RACY_SECONDS = 2.0
+_ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
+_READ_SIZE = 64 * 1024
+DirStamp = Optional[Tuple[int, int]]  # (mtime_ns, inode) of a directory; None when it cannot be stat-ed
+
+
+def _dir_stamp(path: str) -> DirStamp:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_mtime_ns, st.st_ino)
+
+
+class _RankEntry:
+    """What the last listing of one rank directory found, and its result once every file settled."""
+
+    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result")
+
+    def __init__(self, path: str):
+        self.path = path
+        self.stamp: DirStamp = None
+        self.candidates: List[_Candidate] = []
+        self.list_notes = self.notes = _Notes()  # of the listing; of the listing and the result
+        self.result: Optional[Tuple[Checkpoint, ...]] = None
+
+
+class CheckpointIndex:
+    """The checkpoints under ``<root>/rank_<r>/``, re-read incrementally (see the module docstring).
+
+    Args:
+        root: the checkpoint directory (``--checkpoint-dir``).
+        patterns: from :func:`launcher.restore.checkpoints.compile_patterns`.
+        settle_seconds: as for the full scan.
+        watch: use inotify (False: directory mtimes only, as on a shared file system).
+        racy_seconds: see ``RACY_SECONDS``.
+        call_later: the event loop's timer; with it, :meth:`drain` schedules :meth:`update`.
+    """
+
+    def __init__(self, root: str, patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
+                 settle_seconds: float = DEFAULT_SETTLE_SECONDS, watch: bool = True,
+                 racy_seconds: float = RACY_SECONDS,
+                 call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None):
+        self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
+        self._racy_ns = int(racy_seconds * 1e9)
+        self._root_stamp: DirStamp = None
+        self._root_notes = _Notes()
+        self._ranks: Dict[int, _RankEntry] = {}
+        self._dirty: Set[int] = set()  # ranks with inotify events since their last listing
+        self._complete: Set[str] = set()  # paths closed after writing or renamed in, untouched since
+        self._settled: Dict[str, Tuple[int, int]] = {}  # path -> (size, mtime_ns) seen settled
+        self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
+        self._shared: Optional[bool] = None  # root on a file system other machines write to
+        self._inotify, self._fd = None, None
+        self._call_later, self._update_pending = call_later, False
+        self._all_watched = True  # every rank directory has its inotify watch
+        self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
+        if watch:
+            self._start_inotify()
+
+    # -- inotify ------------------------------------------------------------------------------
+    def fileno(self) -> Optional[int]:
+        """The inotify descriptor to drain from an event loop (:meth:`drain`), None without inotify."""
+        return self._fd
+
+    def _start_inotify(self) -> None:
+        from launcher.common.filewatch import _load_inotify  # pylint: disable=import-outside-toplevel
+
+        try:
+            self._inotify = _load_inotify()
+            self._fd = self._inotify.init()
+        except (ImportError, AttributeError, OSError) as exc:
+            logger.info("inotify unavailable (%s); checkpoint index follows directory mtimes only", exc)
+            self._inotify = self._fd = None
+
+    def _watch(self, path: str, rank: int) -> None:
+        if self._fd is None:
+            return
+        try:
+            self._wds[self._inotify.add_watch(self._fd, path, WATCH_MASK)] = rank
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC and self._all_watched:  # fs.inotify.max_user_watches
+                logger.warning("checkpoint index: out of inotify watches at %s; following directory mtimes", path)
+            self._all_watched = False  # unwatched directories: their mtimes tell
+
+    def drain(self) -> None:
+        """Read the queued inotify events: mark changed rank directories, note completed files."""
+        while self._fd is not None:
+            try:
+                data = os.read(self._fd, _READ_SIZE)
+            except (BlockingIOError, InterruptedError):
+                return
+            for wd, mask, name in parse_events(data):
+                self._event(wd, mask, name)
+            if self._call_later is not None and self._dirty and not self._update_pending:
+                self._update_pending = True  # one listing per burst of events, not one per event
+                self._call_later(UPDATE_DELAY, self.update)
+
+    def _event(self, wd: int, mask: int, name: str) -> None:
+        if mask & IN_Q_OVERFLOW:  # events lost: trust nothing that came from them
+            self._dirty.update(self._ranks)
+            self._complete.clear()
+            self._root_stamp = None
+            return
+        rank = self._wds.get(wd)
+        if rank is None:
+            return
+        if rank < 0 or mask & LOST_MASK:
+            self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
+            if mask & IN_IGNORED:
+                del self._wds[wd]
+            return
+        self._dirty.add(rank)
+        if name:
+            path = os.path.join(self._ranks[rank].path, name) if rank in self._ranks else None
+            if path is not None and mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+                self._complete.add(path)
+            elif path is not None:
+                self._complete.discard(path)
+
+    def close(self) -> None:
+        """Stop watching (idempotent); the index keeps working from directory mtimes."""
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = None
+        self._wds.clear()
+
+    # -- scanning -----------------------------------------------------------------------------
+    def scan(self, world_size: int) -> ScanResult:
+        """The same result as ``scan_checkpoints(root, world_size, patterns, settle_seconds)``,
+        reading only the rank directories that changed since the last scan."""
+        self.drain()
+        try:
+            self._refresh_root()
+        except OSError as exc:
+            self._root_stamp, self._ranks = None, {}
+            return unreadable_root(self.root, world_size, exc)
+        ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
+        parallel = self._relist(self._stale(ranks))
+        notes = _Notes()
+        notes.merge(self._root_notes)
+        for rank in self._ranks:
+            if rank >= world_size:
+                notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
+        self._settle_pending([rank for rank in ranks if self._ranks[rank].result is None], notes, parallel)
+        per_rank: List[Tuple[Checkpoint, ...]] = [()] * world_size
+        for rank in ranks:
+            entry = self._ranks[rank]
+            per_rank[rank] = entry.result
+            if entry.notes.by_reason:
+                notes.merge(entry.notes)
+        for rank in self._unsettled:
+            self._ranks[rank].result = None  # a file was still being written: look again next time
+        return ScanResult(tuple(per_rank), notes.lines())
+
+    def update(self) -> None:
+        """Read the queued events and list the changed rank directories now, from the event loop,
+        so that the scan before a restart finds little left to do. Only on a local file system (a
+        listing there takes microseconds); never sleeps: files that need settling wait for
+        :meth:`scan`."""
+        self._update_pending = False
+        self.drain()
+        if self._shared is not False:
+            return
+        ranks = sorted(self._dirty.intersection(self._ranks))
+        self._dirty.difference_update(ranks)
+        self._relist(ranks)
+        self._settle_pending(ranks, _Notes(), False, sleep=False)
+
+    def _settle_pending(self, ranks: List[int], notes: _Notes, parallel: bool, sleep: bool = True) -> None:
+        """Compute the result of every rank in ``ranks``: settle what is new (one sleep for all of
+        them, none when every file was reported complete or seen settled before). Without
+        ``sleep``, ranks with files to settle are left without a result."""
+        known: Dict[int, List[Checkpoint]] = {rank: [] for rank in ranks}
+        fresh = []
+        for rank in ranks:
+            for candidate in self._ranks[rank].candidates:
+                path = candidate.checkpoint.path
+                if path in self._complete or self._settled.get(path) == candidate.stamp:
+                    known[rank].append(candidate.checkpoint)
+                else:
+                    fresh.append(candidate)
+        if not sleep:
+            waiting = {candidate.checkpoint.rank for candidate in fresh}
+            ranks, fresh = [rank for rank in ranks if rank not in waiting], []
+        settle_notes = _Notes()
+        checked = _settle(fresh, self.settle_seconds, settle_notes, parallel)
+        notes.merge(settle_notes)
+        stamps = {candidate.checkpoint.path: candidate.stamp for candidate in fresh}
+        for checkpoint in checked:
+            self._settled[checkpoint.path] = stamps[checkpoint.path]
+            known[checkpoint.rank].append(checkpoint)
+        # A rank with a file dropped as still being written (or left to settle) is looked at again.
+        self._unsettled = {rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
+        for rank in ranks:
+            entry = self._ranks[rank]
+            entry.notes = _Notes()
+            entry.notes.merge(entry.list_notes)
+            entry.result = rank_checkpoints(known[rank], entry.notes)
+
+    def _refresh_root(self) -> None:
+        """List the checkpoint directory again when it changed: rank directories come and go."""
+        stamp = _dir_stamp(self.root)
+        if stamp is not None and stamp == self._root_stamp:
+            return
+        self._watch(self.root, -1)  # the same descriptor again when already watched
+        if self._shared is None:
+            self._shared = shared_file_system(self.root)
+        notes = _Notes()
+        dirs = _rank_dirs(self.root, _ANY_RANK, notes)
+        self._root_stamp, self._root_notes = self._trusted(stamp), notes
+        for rank in set(self._ranks) - set(dirs):
+            del self._ranks[rank]
+        for rank, path in dirs.items():
+            if rank not in self._ranks or self._ranks[rank].path != path:
+                self._ranks[rank] = _RankEntry(path)
+                self._dirty.add(rank)
+            self._watch(path, rank)
+
+    def _trusted(self, stamp: DirStamp) -> DirStamp:
+        """``stamp``, or None when the directory changed too recently for its mtime to prove the
+        next change (None never equals a later stamp, so the directory is listed again)."""
+        if stamp is None or stamp[0] >= time.time_ns() - self._racy_ns:
+            return None
+        return stamp
+
+    def _stale(self, ranks: List[int]) -> List[int]:
+        """The ranks whose directory must be listed again: inotify events, and, where inotify cannot
+        see every write (a shared file system, or no watches), a changed directory mtime."""
+        dirty, self._dirty = self._dirty, set()
+        if self._fd is not None and self._all_watched and not self._shared:
+            return sorted(dirty & set(ranks))
+
+        def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:
+            return [(rank, _dir_stamp(self._ranks[rank].path)) for rank in batch]
+
+        stale = []
+        for batch in probed_map(check, ranks)[0]:
+            for rank, stamp in batch:
+                if rank in dirty or stamp is None or stamp != self._ranks[rank].stamp:
+                    stale.append(rank)
+        return stale
+
+    def _relist(self, ranks: List[int]) -> bool:
+        """List and classify the given rank directories again (what the full scan does for each).
+        Returns whether the file system was found slow."""
+        def scan(batch: List[int]) -> List[Tuple[int, DirStamp, List[_Candidate], _Notes]]:
+            out = []
+            for rank in batch:
+                notes, path = _Notes(), self._ranks[rank].path
+                stamp = self._trusted(_dir_stamp(path))  # before the listing: a later change shows
+                out.append((rank, stamp, _scan_rank(rank, path, self.patterns, notes), notes))
+            return out
+
+        results, parallel = probed_map(scan, ranks)
+        for batch in results:
+            for rank, stamp, candidates, notes in batch:
+                entry = self._ranks[rank]
+                present = {candidate.checkpoint.path for candidate in candidates}
+                for old in entry.candidates:  # forget deleted files (rotation): the index stays bounded
+                    if old.checkpoint.path not in present:
+                        self._settled.pop(old.checkpoint.path, None)
+                        self._complete.discard(old.checkpoint.path)
+                entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
+        return parallel
+
+
+#: File system types on which inotify sees every write (all writers are on this machine).
+LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs"})
+
+
+def shared_file_system(path: str) -> bool:
+    """Whether ``path`` may be written by other machines: any file system type not known to be
+    local (NFS, CIFS, Lustre, GPFS, CephFS, FUSE mounts of object stores, ...), or unknown."""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                mount = fields[4].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, fstype = mount, fields[fields.index("-") + 1]
+    except (OSError, ValueError, IndexError):
+        return True
+    return fstype not in LOCAL_FS_TYPES

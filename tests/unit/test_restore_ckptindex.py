@@ -1,0 +1,220 @@
+"""The checkpoint index: same result as the full scan, reading only what changed, settling for free."""
+
+import os
+import shutil
+import tempfile
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from launcher.common.filewatch import IN_Q_OVERFLOW
+from launcher.restore import PlanInputs, compute_plan
+from launcher.restore import checkpoints, ckptindex
+from launcher.restore.checkpoints import scan_checkpoints
+from launcher.restore.ckptindex import CheckpointIndex, shared_file_system
+
+NAMES = ["ckpt-1_100.pt", "ckpt-1_100_breakpoint.pt", "ckpt-2_50.pt", "a-1_100.ckpt", "x_1-1_100.ckpt",
+         "weird.bin", "ckpt-1_100.pt.sha256", ".hidden", "m_train.ckpt", "ckpt-1_7.pt.tmp"]
+WORLD = 3
+_RANK = st.integers(0, WORLD)  # WORLD itself is a directory beyond the world size
+OPS = st.one_of(
+    st.tuples(st.just("write"), _RANK, st.sampled_from(NAMES), st.integers(0, 2)),
+    st.tuples(st.just("rename"), _RANK, st.sampled_from(NAMES), st.integers(1, 2)),
+    st.tuples(st.just("append"), _RANK, st.sampled_from(NAMES), st.just(1)),
+    st.tuples(st.just("delete"), _RANK, st.sampled_from(NAMES), st.just(0)),
+    st.tuples(st.just("rmdir"), _RANK, st.just(""), st.just(0)),
+    st.tuples(st.just("junk"), st.just(0), st.sampled_from(["notes.txt", "rank_01"]), st.just(0)),
+    st.tuples(st.sampled_from(["update", "scan"]), st.just(0), st.just(""), st.just(0)),
+)
+
+
+def _apply(root, index, op):
+    kind, rank, name, size = op
+    rank_dir = os.path.join(root, f"rank_{rank}")
+    path = os.path.join(rank_dir, name)
+    if kind in ("write", "rename"):
+        os.makedirs(rank_dir, exist_ok=True)
+        with open(path + ".tmp" if kind == "rename" else path, "wb") as fh:
+            fh.write(b"x" * size)
+        if kind == "rename":
+            os.replace(path + ".tmp", path)
+    elif kind == "append" and os.path.isfile(path):
+        with open(path, "ab") as fh:  # in place: the directory's mtime does not change
+            fh.write(b"y")
+    elif kind == "delete" and os.path.isfile(path):
+        os.remove(path)
+    elif kind == "rmdir":
+        shutil.rmtree(rank_dir, ignore_errors=True)
+    elif kind == "junk":
+        os.makedirs(os.path.join(root, name), exist_ok=True)
+    elif kind == "update":
+        index.update()
+    elif kind == "scan":
+        index.scan(WORLD)
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(OPS, max_size=25))
+def test_index_equals_full_scan_after_any_file_events(watch, ops):
+    with tempfile.TemporaryDirectory() as root:
+        index = CheckpointIndex(root, settle_seconds=0, watch=watch)
+        try:
+            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+            for op in ops:
+                _apply(root, index, op)
+            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+            assert index.scan(WORLD - 1) == scan_checkpoints(root, WORLD - 1, settle_seconds=0)
+        finally:
+            index.close()
+
+
+def _tree(root, ranks=4):
+    for rank in range(ranks):
+        os.makedirs(os.path.join(root, f"rank_{rank}"))
+        for name in ("ckpt-1_100.pt", "ckpt-1_150_breakpoint.pt"):
+            with open(os.path.join(root, f"rank_{rank}", name), "wb") as fh:
+                fh.write(b"x" * 8)
+
+
+def _age(root):
+    """Move every directory's mtime an hour back: older than the racy window."""
+    for path in [root] + [os.path.join(root, name) for name in os.listdir(root)]:
+        os.utime(path, (os.path.getmtime(path) - 3600,) * 2)
+
+
+@pytest.fixture(name="listings")
+def _listings(monkeypatch):
+    """The rank directories the index lists, in order."""
+    seen = []
+    real = ckptindex._scan_rank  # pylint: disable=protected-access
+
+    def counting(rank, *args):
+        seen.append(rank)
+        return real(rank, *args)
+
+    monkeypatch.setattr(ckptindex, "_scan_rank", counting)
+    return seen
+
+
+def test_mtimes_relist_only_changed_directories(tmp_path, listings):
+    root = str(tmp_path)
+    _tree(root)
+    _age(root)
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    index.scan(4)
+    assert listings == [0, 1, 2, 3]
+    listings.clear()
+    index.scan(4)
+    assert not listings
+    (tmp_path / "rank_2" / "ckpt-1_200.pt").write_bytes(b"y")  # another node's save: only an mtime shows it
+    result = index.scan(4)
+    assert listings == [2]
+    assert result == scan_checkpoints(root, 4, settle_seconds=0)
+
+
+@pytest.fixture(name="watched")
+def _watched(tmp_path):
+    """``make(ranks, settle_seconds=0)``: a tree of ``ranks`` in tmp_path and its inotify index."""
+    made = []
+
+    def make(ranks, settle_seconds=0):
+        _tree(str(tmp_path), ranks)
+        made.append(CheckpointIndex(str(tmp_path), settle_seconds=settle_seconds))
+        if made[-1].fileno() is None:
+            pytest.skip("no inotify here")
+        return made[-1]
+
+    yield make
+    for index in made:
+        index.close()
+
+
+def test_inotify_lists_changed_directories_before_the_scan(tmp_path, listings, watched):
+    root = str(tmp_path)
+    index = watched(4)
+    index.scan(4)
+    listings.clear()
+    (tmp_path / "rank_1" / "ckpt-1_200.pt").write_bytes(b"y")
+    index.update()  # what the event loop's timer does after the events
+    assert listings == [1]
+    listings.clear()
+    assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
+    assert not listings
+
+
+def _no_sleep(seconds):
+    raise AssertionError(f"slept {seconds} s")
+
+
+def test_files_reported_complete_cost_no_settle_sleep(tmp_path, monkeypatch, watched):
+    root = str(tmp_path)
+    index = watched(2, settle_seconds=30)
+    slept = []
+    monkeypatch.setattr(checkpoints.time, "sleep", slept.append)
+    first = index.scan(2)
+    assert slept == [30]  # once: the files written before the index watched them
+    assert first == scan_checkpoints(root, 2, settle_seconds=0)
+    monkeypatch.setattr(checkpoints.time, "sleep", _no_sleep)
+    (tmp_path / "rank_1" / "ckpt-1_200.pt").write_bytes(b"w" * 8)  # closed after writing: reported
+    assert index.scan(2) == scan_checkpoints(root, 2, settle_seconds=0)
+
+
+def test_unreported_new_files_are_settled_once(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    _tree(root, 2)
+    index = CheckpointIndex(root, settle_seconds=30, watch=False)
+    slept = []
+    monkeypatch.setattr(checkpoints.time, "sleep", slept.append)
+    index.scan(2)
+    index.scan(2)
+    assert slept == [30]
+
+
+def test_event_queue_overflow_relists_everything(listings, watched):
+    index = watched(3)
+    index.scan(3)
+    listings.clear()
+    index._event(-1, IN_Q_OVERFLOW, "")  # pylint: disable=protected-access
+    index.scan(3)
+    assert listings == [0, 1, 2]
+
+
+def test_missing_root_then_created(tmp_path):
+    root = str(tmp_path / "ckpt")
+    index = CheckpointIndex(root, settle_seconds=0)
+    assert index.scan(2) == scan_checkpoints(root, 2, settle_seconds=0)
+    _tree(root, 2)
+    assert index.scan(2) == scan_checkpoints(root, 2, settle_seconds=0)
+
+
+def test_plan_from_the_index_equals_the_full_scan_plan(tmp_path, listings):
+    root = str(tmp_path)
+    _tree(root, 8)
+    inputs = PlanInputs(world_size=8, dp=2, tp=2, pp=2, extra_fault_ranks=(3,), checkpoint_dir=root,
+                        settle_seconds=0)
+    index = CheckpointIndex(root, settle_seconds=0)
+    assert compute_plan(inputs, index=index) == compute_plan(inputs)
+    assert listings  # the plan came from the index
+    index.close()
+
+
+def test_shared_file_systems_are_detected_from_the_mount_table():
+    assert shared_file_system("/proc/self")  # proc: not a type known to see every write locally
+
+
+def test_a_file_still_being_written_is_looked_at_again(tmp_path, monkeypatch):
+    root = str(tmp_path)
+    _tree(root, 1)
+    index = CheckpointIndex(root, settle_seconds=30, watch=False)
+    growing = tmp_path / "rank_0" / "ckpt-1_100.pt"
+
+    def grow(_seconds):
+        with open(growing, "ab") as fh:  # the writer is still at it during the settle interval
+            fh.write(b"more")
+
+    monkeypatch.setattr(checkpoints.time, "sleep", grow)
+    assert [c.step for c in index.scan(1).checkpoints[0]] == [150]
+    monkeypatch.setattr(checkpoints.time, "sleep", lambda _seconds: None)  # the writer finished
+    assert sorted(c.step for c in index.scan(1).checkpoints[0]) == [100, 150]
