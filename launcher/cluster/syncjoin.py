@@ -10,7 +10,8 @@ than at their ``--sync-timeout``.
 import logging
 from typing import Any, Mapping, Optional
 
-from launcher.cluster.sync import Coordinator, SyncDir
+from launcher.cluster.sync import Coordinator
+from launcher.cluster.syncdir import SyncDir
 from launcher.common.errors import LauncherError, UsageError
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.policy import RunResult
