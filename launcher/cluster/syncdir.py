@@ -65,7 +65,8 @@ class Generation:
 
     def failures(self, exclude: Optional[int] = None) -> List[Failure]:
         """Each node's first failure, earliest first (by the failing node's clock)."""
-        found = [(r.get("exited_at", 0.0), i, failure_of(self.number, r)) for i, r in self.failed.items() if i != exclude]
+        found = [(r.get("exited_at", 0.0), i, failure_of(self.number, r))
+                 for i, r in self.failed.items() if i != exclude]
         return [f for _, _, f in sorted(found, key=lambda item: item[:2])]
 
     def exit_code(self) -> int:

@@ -13,7 +13,7 @@ import click
 
 from launcher.common.errors import UsageError
 from launcher.jobspec.ranktable import (RankTable, RankTableError, generate_rank_table, load_rank_table,
-                                load_rank_table_document, parse_rank_table, validate_rank_table)
+                                        load_rank_table_document, parse_rank_table, validate_rank_table)
 
 _FILE = click.Path(dir_okay=False)
 

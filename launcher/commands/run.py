@@ -6,8 +6,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import click
 
 from launcher.commands import torchrun
-from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, RunOptions,
-                              SignalType, env_var_for, load_config)
+from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT,
+                                      RunOptions, SignalType, env_var_for, load_config)
 
 log = logging.getLogger(__name__)
 

@@ -35,7 +35,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
-                                parse_events)
+                                       parse_events)
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Checkpoint, CheckpointPattern,
                                           ScanResult, _Candidate, _Notes, _rank_dirs, _scan_rank, _settle,
                                           probed_map, rank_checkpoints, unreadable_root)

@@ -76,7 +76,7 @@ class Session:
         if previous and not previous.get("ended"):
             # The launcher before us on this run dir never reached its end (SIGKILL, OOM, node loss).
             self.emit("unclean_previous_run", previous_pid=previous.get("pid"), started=previous.get("started"),
-                       run_id=previous.get("run_id"))
+                      run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
                                 "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
@@ -120,9 +120,9 @@ class Session:
         """Supervise the job to its end; returns the exit status."""
         topo = self.ctx.topology
         self.emit("start", argv=list(self.opts.command), framework=self.ctx.framework, source=topo.source,
-                   world_size=topo.table.world_size, server=topo.server.server_id,
-                   local_ranks=list(topo.server.ranks), max_restarts=self.opts.max_restarts,
-                   log_dir=self.log_session)
+                  world_size=topo.table.world_size, server=topo.server.server_id,
+                  local_ranks=list(topo.server.ranks), max_restarts=self.opts.max_restarts,
+                  log_dir=self.log_session)
         log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
                  topo.source, self.log_session)
         strategy = resolve_strategy(self.opts.recover_strategy, self.ctx.base_env)
@@ -175,8 +175,8 @@ class Session:
             return
         new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
         self.emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
-                   old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
-                   world_size=table.world_size)
+                  old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
+                  world_size=table.world_size)
         log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
                     table.revision, list(topo.server.ranks), list(new.server.ranks))
         self.ctx = dataclasses.replace(self.ctx, topology=new)
@@ -226,8 +226,8 @@ class Session:
         """The restore plan of this (re)start, in the run dir and events.jsonl."""
         self.run_dir.write_json(PLAN_FILE, plan.to_json())
         self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
-                   restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
-                   warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
+                  restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
+                  warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
         self.plans[attempt] = plan
         if not attempt:  # a restart says it in its own line (Supervisor)
             log.info("restore plan: %s", resume_summary(plan))

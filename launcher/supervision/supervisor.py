@@ -14,9 +14,10 @@ from typing import Callable, Dict, List, Optional, Sequence
 from launcher.supervision.debugging import DebugConsole
 from launcher.supervision.jobtree import report_escaped
 from launcher.supervision.requests import OutsideRequests
-from launcher.supervision.procgroup import ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited, SignalReceived
-from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate, RestartPolicy,
-                             RunResult)
+from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited,
+                                            SignalReceived)
+from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
+                                         RestartPolicy, RunResult)
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.states import Worker, WorkerState
 

@@ -1,4 +1,5 @@
-"""Unit tests for ``launcher.commands.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output, lazy imports."""
+"""Unit tests for ``launcher.commands.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output,
+lazy imports."""
 
 import json
 import re

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from launcher.commands.cli import main
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
-                              load_config)
+                                      load_config)
 from launcher.jobspec import options
 from launcher.jobspec.options import default_gasp_timeout, parse_rank_filter
 

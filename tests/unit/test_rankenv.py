@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from launcher.common.errors import UsageError
 from launcher.jobspec.rankenv import (ROLE_SCHEDULER, ROLE_WORKER, SCHEDULER_RANK, EnvContext, WorkerSpec,
-                              build_rank_env, check_visible_devices, derived_run_id, scheduler_env, worker_specs)
+                                      build_rank_env, check_visible_devices, derived_run_id, scheduler_env,
+                                      worker_specs)
 from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
 from launcher.jobspec.topology import Topology
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.ranktable import (RankTableError, RankTableNotReady, generate_rank_table, load_rank_table,
-                                parse_rank_table, validate_rank_table)
+                                        parse_rank_table, validate_rank_table)
 from launcher.jobspec.ranktable import parse as parse_module
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
