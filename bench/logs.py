@@ -114,8 +114,8 @@ def formatting_cost(chunks: int = 300) -> Dict[str, float]:
     """Nanoseconds per line of the launcher's console formatting (``RankOutput._to_console`` on read-size
     chunks of ``r seq`` lines, console = /dev/null), and of a reference that prefixes with one
     ``bytes.replace`` per chunk (what a Python tee can do at best)."""
-    from launcher.console import Console
-    from launcher.output import CHUNK, RankOutput
+    from launcher.supervision.console import Console
+    from launcher.supervision.output import CHUNK, RankOutput
 
     chunk = b"".join(b"3 %d\n" % i for i in range(1000000, 1013000))[:CHUNK]
     lines = chunk.count(b"\n") * chunks

@@ -51,15 +51,15 @@ def timed(func: Callable[[], object], settings: Settings) -> List[float]:
 
 
 def _table_doc() -> dict:
-    from launcher.ranktable import generate_rank_table
+    from launcher.jobspec.ranktable import generate_rank_table
 
     return generate_rank_table([(f"10.{i // 256}.{i % 256}.1", DEVICES) for i in range(SERVERS)])
 
 
 def _env_builder(table) -> Callable[[Optional[int]], int]:
     """``build(index)``: every local rank's spec on server ``index`` (None: on every server)."""
-    from launcher.rankenv import EnvContext, worker_specs
-    from launcher.topology import Topology, locate_server
+    from launcher.jobspec.rankenv import EnvContext, worker_specs
+    from launcher.jobspec.topology import Topology, locate_server
 
     def build(index: Optional[int]) -> int:
         """Build the specs; returns how many."""
@@ -123,7 +123,7 @@ def _index_times(root: str, inputs, settings: Settings) -> Dict[str, List[float]
 
 def run(settings: Settings) -> Result:
     """Time every step; each must stay under 100 ms."""
-    from launcher.ranktable import parse_rank_table, validate_rank_table
+    from launcher.jobspec.ranktable import parse_rank_table, validate_rank_table
 
     doc = _table_doc()
     table = parse_rank_table(doc)
@@ -146,8 +146,8 @@ def diagnostics(doc: dict, table, settings: Settings) -> Dict[str, float]:
     """Where the misses come from: validation split into JSON Schema and semantic checks, and the
     all-servers environments again with the table's quadratic lookups memoised (patched in this
     process only, restored afterwards)."""
-    from launcher.ranktable.parse import semantic_problems
-    from launcher.ranktable.validate import _passes, _validator  # pylint: disable=protected-access
+    from launcher.jobspec.ranktable.walk import semantic_problems
+    from launcher.jobspec.ranktable.validate import _passes, _validator  # pylint: disable=protected-access
 
     def schema_only() -> None:
         """Only the JSON Schema walk."""
@@ -166,7 +166,7 @@ def diagnostics(doc: dict, table, settings: Settings) -> Dict[str, float]:
 def _memoised(table, measure: Callable[[], List[float]]) -> List[float]:
     """Run ``measure`` with ``RankTable.world_size``, ``server_index`` and ``find_servers`` answered
     from precomputed values (what caching them in the launcher would give)."""
-    from launcher.ranktable.model import RankTable
+    from launcher.jobspec.ranktable.model import RankTable
 
     world = sum(len(s.devices) for s in table.servers)
     index = {id(s): i for i, s in enumerate(table.servers)}

@@ -12,20 +12,20 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Run the launcher CLI and exit with its status."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["run"]:
-        from launcher import signals
+        from launcher.common import signals
 
         signals.install()
     if args == ["prestop"]:
         # What a preStop hook runs: skip click and the CLI so the gasp starts sooner.
         sys.exit(_fast_prestop())
-    from launcher.cli import main as cli_main
+    from launcher.commands.cli import main as cli_main
 
     sys.exit(cli_main(args))
 
 
 def _fast_prestop() -> int:
-    from launcher.errors import LauncherError
-    from launcher.prestop import prestop
+    from launcher.common.errors import LauncherError
+    from launcher.control.prestop import prestop
 
     try:
         return prestop()

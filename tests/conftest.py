@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from launcher.guard import become_subreaper
+from launcher.supervision.guard import become_subreaper
 
 become_subreaper()
 

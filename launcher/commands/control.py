@@ -5,8 +5,8 @@ from typing import Optional
 
 import click
 
-from launcher.errors import LauncherError
-from launcher.options import SignalType
+from launcher.common.errors import LauncherError
+from launcher.jobspec.options import SignalType
 
 _RUN_DIR = click.option("--run-dir", type=click.Path(file_okay=False), envvar="LAUNCHER_RUN_DIR",
                         show_envvar=True, help="The run dir of the `launcher run` to address.")
@@ -29,7 +29,7 @@ def prestop(run_dir: Optional[str], job: Optional[str], timeout: Optional[float]
     A supervisor that does not acknowledge within 2 s (stopped, hung) is bypassed: the ranks it
     recorded get the save signal from prestop itself.
     """
-    from launcher.prestop import prestop as run_prestop
+    from launcher.control.prestop import prestop as run_prestop
 
     return run_prestop(run_dir, timeout, signame, job)
 
@@ -41,8 +41,8 @@ def prestop(run_dir: Optional[str], job: Optional[str], timeout: Optional[float]
 @click.option("--timeout", type=click.FloatRange(min=0), help="Give up waiting after this many seconds.")
 def exit_(run_dir: Optional[str], job: Optional[str], no_wait: bool, timeout: Optional[float]) -> int:
     """Stop the whole job at a step boundary, saving first (graceful exit on request)."""
-    from launcher.ctlclient import NoSupervisor, request
-    from launcher.prestop import open_run_dir
+    from launcher.control.client import NoSupervisor, request
+    from launcher.control.prestop import open_run_dir
 
     rd = open_run_dir(run_dir, job)
     if rd is None:
@@ -70,8 +70,8 @@ def exit_(run_dir: Optional[str], job: Optional[str], no_wait: bool, timeout: Op
 @click.option("--json", "as_json", is_flag=True, help="One JSON list.")
 def jobs(as_json: bool) -> int:
     """List this user's jobs on this machine: running ones and the run dirs kept of ended ones."""
-    from launcher import jobs as jobs_mod
-    from launcher.rundir import base_dir
+    from launcher.common import jobs as jobs_mod
+    from launcher.common.rundir import base_dir
 
     found = jobs_mod.scan(base_dir())
     if as_json:

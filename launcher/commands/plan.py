@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import click
 from click.core import ParameterSource
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 from launcher.restore import PlanInputs, compute_plan
 from launcher.restore.checkpoints import DEFAULT_SETTLE_SECONDS
 from launcher.restore.faults import DEFAULT_FAULT_NPUS_PATH, DEFAULT_RESET_JSON_PATH

@@ -1,7 +1,7 @@
 """``launcher ranktable``: show, validate and generate rank tables (``hccl.json``).
 
-The commands parse their options and delegate to :mod:`launcher.ranktable`; problems are raised as
-``UsageError`` / ``LauncherError`` for ``launcher.cli.main`` to print and turn into exit codes.
+The commands parse their options and delegate to :mod:`launcher.jobspec.ranktable`; problems are raised as
+``UsageError`` / ``LauncherError`` for ``launcher.commands.cli.main`` to print and turn into exit codes.
 """
 
 import json
@@ -11,9 +11,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from launcher.errors import UsageError
-from launcher.ranktable import (RankTable, RankTableError, generate_rank_table, load_rank_table,
-                                load_rank_table_document, parse_rank_table, validate_rank_table)
+from launcher.common.errors import UsageError
+from launcher.jobspec.ranktable import (RankTable, RankTableError, generate_rank_table, load_rank_table,
+                                        load_rank_table_document, parse_rank_table, validate_rank_table)
 
 _FILE = click.Path(dir_okay=False)
 

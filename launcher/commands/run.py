@@ -1,4 +1,4 @@
-"""``launcher run [OPTIONS] [--] COMMAND [ARGS]...``: parse, then delegate to ``launcher.runner``."""
+"""``launcher run [OPTIONS] [--] COMMAND [ARGS]...``: parse, then delegate to ``launcher.run.runner``."""
 
 import logging
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -6,8 +6,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import click
 
 from launcher.commands import torchrun
-from launcher.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, RunOptions,
-                              SignalType, env_var_for, load_config)
+from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT,
+                                      RunOptions, SignalType, env_var_for, load_config)
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def run(**kwargs: Any) -> int:
 
       launcher run --rank-table /user/serverid/devindex/config/hccl.json -- python train.py
     """
-    from launcher.runner import execute
+    from launcher.run.runner import execute
 
     return execute(run_options(click.get_current_context()))
 

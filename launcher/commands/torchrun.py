@@ -13,8 +13,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import click
 
-from launcher import envnames
-from launcher.errors import UsageError
+from launcher.common import envnames
+from launcher.common.errors import UsageError
 
 #: The rendezvous backends whose torchrun meaning the launcher keeps: rank 0 hosts the store.
 RDZV_BACKENDS = ("static", "c10d")

@@ -3,6 +3,8 @@
 ``compute_plan(PlanInputs(...))`` reads the fault reports, the replica groups and the checkpoint
 directory and returns a :class:`RestorePlan`; ``plan.env_for(rank)`` is what that rank's process gets.
 See ``docs/restore-plan.md``.
+
+May import: ``launcher.cluster`` (the reset.json reader), ``launcher.jobspec``, ``launcher.common``.
 """
 
 from launcher.restore.ckptindex import CheckpointIndex

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
 
-from launcher.errors import UsageError
-from launcher.inputfiles import open_regular, read_line
+from launcher.common.errors import UsageError
+from launcher.common.inputfiles import open_regular, read_line
 
 logger = logging.getLogger(__name__)
 

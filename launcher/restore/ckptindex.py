@@ -11,7 +11,7 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   directory whose mtime is younger than ``racy_seconds`` at the look is listed again next time
   (a file created within the same clock tick would not change it again; git's "racy" rule).
 * **inotify** (one watch per rank directory and one on the checkpoint directory, through
-  :mod:`launcher.filewatch`'s calls; inotify is not recursive) adds what mtimes miss on a local
+  :mod:`launcher.common.filewatch`'s calls; inotify is not recursive) adds what mtimes miss on a local
   file system: writes into an existing file mark its directory for re-listing, and a file closed
   after writing (``IN_CLOSE_WRITE``) or renamed into place (``IN_MOVED_TO``) and not touched since
   counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
@@ -34,8 +34,8 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
-                                parse_events)
+from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
+                                       parse_events)
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Checkpoint, CheckpointPattern,
                                           ScanResult, _Candidate, _Notes, _rank_dirs, _scan_rank, _settle,
                                           probed_map, rank_checkpoints, unreadable_root)
@@ -111,7 +111,7 @@ class CheckpointIndex:
         return self._fd
 
     def _start_inotify(self) -> None:
-        from launcher.filewatch import _load_inotify  # pylint: disable=import-outside-toplevel
+        from launcher.common.filewatch import _load_inotify  # pylint: disable=import-outside-toplevel
 
         try:
             self._inotify = _load_inotify()

@@ -20,10 +20,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-from launcher.errors import UsageError
-from launcher.inputfiles import LIMIT_REPORT, InputFileError, brief, read_json
-from launcher.options import DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON
-from launcher.resetjson import FAULT_STATUSES, HEALTHY_STATUSES, int_rank, parse_reset
+from launcher.common.errors import UsageError
+from launcher.common.inputfiles import LIMIT_REPORT, InputFileError, brief, read_json
+from launcher.jobspec.options import DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON
+from launcher.cluster.resetjson import FAULT_STATUSES, HEALTHY_STATUSES, int_rank, parse_reset
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def parse_fault_npus(payload: Any) -> List[int]:
 
 
 def parse_reset_json(payload: Any) -> Tuple[List[int], List[str]]:
-    """Fault rank ids from a parsed ``reset.json`` (parsed by ``launcher.resetjson``, the one reader).
+    """Fault rank ids from a parsed ``reset.json`` (parsed by ``launcher.cluster.resetjson``, the one reader).
 
     Returns:
         The ranks whose status marks them faulty, plus those with an unknown status (a rank of

@@ -14,7 +14,7 @@ from typing import List, Tuple
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError, Message
 
-from launcher.resources import schema_path
+from launcher.common.resources import schema_path
 
 PROTO_FILE = "group_info.proto"
 MESSAGE_NAME = "ParallelGroupMap"

@@ -25,9 +25,9 @@ import os
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from launcher.errors import UsageError
-from launcher.inputfiles import LIMIT_BINARY, LIMIT_REPORT, InputFileError, brief, read_bytes, read_yaml
-from launcher.resources import load_schema
+from launcher.common.errors import UsageError
+from launcher.common.inputfiles import LIMIT_BINARY, LIMIT_REPORT, InputFileError, brief, read_bytes, read_yaml
+from launcher.common.resources import load_schema
 
 logger = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Dict, Optional, Tuple
 
-from launcher import envnames
+from launcher.common import envnames
 
 KIND_BREAKPOINT = "breakpoint"
 KIND_PERIODIC = "periodic"

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
-from launcher import envnames
-from launcher.errors import UsageError
+from launcher.common import envnames
+from launcher.common.errors import UsageError
 from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX, KIND_BREAKPOINT,
                                           KIND_PERIODIC, Checkpoint, ScanResult, compile_patterns,
                                           scan_checkpoints, verify_digest)

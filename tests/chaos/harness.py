@@ -58,7 +58,7 @@ def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
 
 
 def read_events(path: Path) -> List[dict]:
-    from launcher.events import read_events as _read
+    from launcher.monitoring.events import read_events as _read
 
     return _read(str(path))
 

@@ -74,7 +74,7 @@ class Launcher:
         raise AssertionError(f"only {self.ready_lines(suffix)} ready; stderr:\n{self.stderr}")
 
     def events(self) -> List[dict]:
-        from launcher.events import read_events
+        from launcher.monitoring.events import read_events
 
         return read_events(str(self.run_dir / "events.jsonl"))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.cgroup import job_cgroup
+from launcher.supervision.cgroup import job_cgroup
 from tests.helpers.procs import pid_alive, wait_until
 
 ESCAPER = str(Path(__file__).resolve().parents[1] / "workers" / "escaper.py")

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from launcher.cgroup import Cgroup
-from launcher.jobtree import JobTree
-from launcher.procgroup import LocalProcessGroup, RankExited
-from launcher.rankenv import WorkerSpec
+from launcher.supervision.cgroup import Cgroup
+from launcher.supervision.jobtree import JobTree
+from launcher.supervision.procgroup import LocalProcessGroup, RankExited
+from launcher.jobspec.rankenv import WorkerSpec
 from tests.helpers.procs import pid_alive, wait_until
 
 
@@ -65,7 +65,7 @@ def test_a_log_file_that_cannot_be_created_does_not_stop_the_rank(tmp_path, capl
     grp = LocalProcessGroup(lambda spec, attempt: str(tmp_path / "not-a-dir" / f"a{attempt}" / f"r{spec.rank}.log"),
                             lambda spec: spec.rank == 0)
     try:
-        with caplog.at_level("WARNING", logger="launcher.procgroup"):
+        with caplog.at_level("WARNING", logger="launcher.supervision.procgroup"):
             for attempt in (0, 1):
                 grp.start([spec(0, 4), spec(1, 0)], attempt)
                 events = [grp.wait_event(10), grp.wait_event(10)]

@@ -1,6 +1,6 @@
 """The TaskD sidecar as a real process, running the stand-in manager (``tests/stubs/taskd``).
 
-Each test starts ``python -m launcher.taskd_sidecar`` with the stub on ``PYTHONPATH``, a free port in
+Each test starts ``python -m launcher.cluster.taskd_sidecar`` with the stub on ``PYTHONPATH``, a free port in
 ``TASKD_STUB_PORT`` and ``TASKD_STUB_DIR`` in the test's tmp dir, where the stub records its config
 and a ``manager-started-<pid>`` file per start. Waits poll those files and events.jsonl, never sleep.
 """
@@ -17,9 +17,9 @@ from typing import List, Optional
 
 import pytest
 
-from launcher import taskd
-from launcher.events import EventLog, read_events
-from launcher.taskd_sidecar import EXIT_INIT_FAILED, Sidecar
+from launcher.cluster import taskd
+from launcher.monitoring.events import EventLog, read_events
+from launcher.cluster.taskd_sidecar import EXIT_INIT_FAILED, Sidecar
 from tests.helpers.procs import pid_alive, wait_until
 from tests.integration.conftest import REPO
 
@@ -179,7 +179,7 @@ def test_refuses_to_start_when_its_parent_is_gone(sidecar):
 
 
 def test_bad_config_is_exit_2(sidecar):
-    argv = [sys.executable, "-m", "launcher.taskd_sidecar", "--config", "[1, 2]", "--events",
+    argv = [sys.executable, "-m", "launcher.cluster.taskd_sidecar", "--config", "[1, 2]", "--events",
             str(sidecar.events_path), "--run-id", "r"]
     result = subprocess.run(argv, capture_output=True, text=True, cwd=str(REPO), timeout=30)
     assert result.returncode == 2
@@ -195,7 +195,7 @@ def test_pod_ip_reaches_the_manager(sidecar):
 
 def test_a_manager_ignoring_sigterm_is_killed(tmp_path, monkeypatch):
     """In-process: the stop escalates to SIGKILL after STOP_TIMEOUT and records it."""
-    from launcher import taskd_sidecar
+    from launcher.cluster import taskd_sidecar
 
     monkeypatch.setattr(taskd_sidecar, "STOP_TIMEOUT", 0.3)
     events = EventLog(str(tmp_path / "events.jsonl"), "r")

@@ -16,8 +16,8 @@ def clean_env(monkeypatch, tmp_path):
         if name in _CLEARED or name.startswith(("LAUNCHER_", "MS_", "TORCHELASTIC_")):
             monkeypatch.delenv(name)
     missing = str(tmp_path / "no-such-dir" / "hccl.json")
-    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", missing)
-    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", missing)
+    monkeypatch.setattr("launcher.jobspec.options.DEFAULT_RANK_TABLE", missing)
+    monkeypatch.setattr("launcher.jobspec.topology.DEFAULT_RANK_TABLE", missing)
 
 
 @pytest.fixture(autouse=True)

@@ -1,14 +1,14 @@
-"""Unit tests for ``launcher.attempt``: what one (re)start hands the ranks beyond the job-wide env."""
+"""Unit tests for ``launcher.run.attempt``: what one (re)start hands the ranks beyond the job-wide env."""
 
 from typing import Dict, Optional
 
 import pytest
 
-from launcher.attempt import attempt_specs, checkpoint_index, restore_inputs
-from launcher.options import RunOptions
-from launcher.rankenv import EnvContext
-from launcher.ranktable.generate import build_local_table
-from launcher.topology import Topology
+from launcher.run.attempt import attempt_specs, checkpoint_index, restore_inputs
+from launcher.jobspec.options import RunOptions
+from launcher.jobspec.rankenv import EnvContext
+from launcher.jobspec.ranktable.generate import build_local_table
+from launcher.jobspec.topology import Topology
 
 
 def make_ctx(tmp_path, framework: str = "mindspore", base_env: Optional[Dict[str, str]] = None,

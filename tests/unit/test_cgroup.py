@@ -8,7 +8,7 @@ import sys
 import pytest
 from hypothesis import given, strategies as st
 
-from launcher import cgroup as cg
+from launcher.supervision import cgroup as cg
 from tests.helpers.procs import pid_alive, wait_until
 
 HYBRID = """\
@@ -71,7 +71,7 @@ def test_directory_property(root_parts, rest):
 
 
 def test_switched_off_by_the_environment_says_so_once(caplog):
-    caplog.set_level(logging.INFO, logger="launcher.cgroup")
+    caplog.set_level(logging.INFO, logger="launcher.supervision.cgroup")
     assert cg.job_cgroup("x", {"LAUNCHER_CGROUP": "off"}) is None
     assert [r.getMessage() for r in caplog.records if "job cgroup not used" in r.getMessage()] == [
         "job cgroup not used (LAUNCHER_CGROUP=off): processes that leave their rank's group are found by "
@@ -79,7 +79,7 @@ def test_switched_off_by_the_environment_says_so_once(caplog):
 
 
 def test_a_directory_without_kill_or_freeze_is_not_used(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="launcher.cgroup")
+    caplog.set_level(logging.INFO, logger="launcher.supervision.cgroup")
     group = cg.Cgroup(str(tmp_path / "job"))
     assert not group.create()
     assert not os.path.exists(group.path)

@@ -1,4 +1,5 @@
-"""Unit tests for ``launcher.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output, lazy imports."""
+"""Unit tests for ``launcher.commands.cli`` and ``launcher.commands.run``: exit codes, messages, dry-run output,
+lazy imports."""
 
 import json
 import re
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from launcher import __version__
-from launcher.cli import main
+from launcher.commands.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -285,8 +286,8 @@ def test_dry_run_with_rank_table_file_env_and_pod_ip(capsys, tmp_path, monkeypat
 
 def test_dry_run_with_default_rank_table_path(capsys, tmp_path, monkeypatch):
     table = write_table(tmp_path / "hccl.json", TWO_BY_TWO)
-    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", table)
-    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", table)
+    monkeypatch.setattr("launcher.jobspec.options.DEFAULT_RANK_TABLE", table)
+    monkeypatch.setattr("launcher.jobspec.topology.DEFAULT_RANK_TABLE", table)
     doc = dry_json(capsys, "--server-id", "10.0.0.11", "--rank-table-timeout", "0", "--", "true")
     assert doc["rank_table_file"] == table
     assert doc["server"]["server_id"] == "10.0.0.11"
@@ -338,11 +339,11 @@ def test_run_help_shows_env_vars(capsys):
 
 
 _PROBE = ("import sys, io, contextlib\n"
-          "from launcher.cli import main\n"
+          "from launcher.commands.cli import main\n"
           "with contextlib.redirect_stdout(io.StringIO()):\n"
           "    code = main({argv!r})\n"
-          "print(code, sorted(m for m in ('jsonschema', 'yaml', 'google.protobuf', 'launcher.session',"
-          " 'launcher.procgroup', 'hypothesis') if m in sys.modules))\n")
+          "print(code, sorted(m for m in ('jsonschema', 'yaml', 'google.protobuf', 'launcher.run.session',"
+          " 'launcher.supervision.procgroup', 'hypothesis') if m in sys.modules))\n")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"]])
@@ -355,7 +356,7 @@ def test_help_does_not_import_heavy_modules(argv):
 
 def test_dry_run_refuses_sync_dir_without_a_shared_run_id(capsys, tmp_path):
     """--sync-dir is scoped by run id: with several servers a generated one is refused, dry run too."""
-    from launcher.ranktable import generate_rank_table
+    from launcher.jobspec.ranktable import generate_rank_table
 
     table = tmp_path / "hccl.json"
     table.write_text(json.dumps(generate_rank_table([("10.0.0.1", 1), ("10.0.0.2", 1)])))
@@ -501,10 +502,10 @@ def test_refused_torchrun_options_each_say_what_to_do(capsys):
 
 
 def test_shutdown_timeout_is_stop_timeout(capsys, monkeypatch):
-    import launcher.runner
+    import launcher.run.runner
 
     seen = []
-    monkeypatch.setattr(launcher.runner, "execute", lambda opts: seen.append(opts.stop_timeout) or 0)
+    monkeypatch.setattr(launcher.run.runner, "execute", lambda opts: seen.append(opts.stop_timeout) or 0)
     assert run_cli(capsys, "run", "--shutdown_timeout", "7", "--", "true")[0] == 0
     assert seen == [7.0]
 

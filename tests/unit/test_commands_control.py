@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from launcher.cli import main
-from launcher.rundir import CONTROL_SOCKET
+from launcher.commands.cli import main
+from launcher.common.rundir import CONTROL_SOCKET
 
 
 @pytest.fixture

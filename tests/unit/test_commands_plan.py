@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.commands.plan import parse_rank_list, plan
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 
 GROUP_INFO = Path(__file__).resolve().parent.parent / "data" / "restore" / "group_info_dp2_tp2"
 

@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from launcher.commands.ranktable import format_ranks, ranktable
-from launcher.errors import UsageError
-from launcher.ranktable import RankTableError, RankTableNotReady, load_rank_table
+from launcher.common.errors import UsageError
+from launcher.jobspec.ranktable import RankTableError, RankTableNotReady, load_rank_table
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
 TWO = str(DATA / "good" / "v1.0-two-servers.json")
@@ -144,7 +144,7 @@ def test_format_ranks(ranks, text):
 
 
 def test_through_the_cli_exit_codes_and_lines(capsys):
-    from launcher.cli import main
+    from launcher.commands.cli import main
 
     assert main(["ranktable", "validate", TWO]) == 0
     assert capsys.readouterr().out == "OK: 2 servers, 4 ranks (format 1.0)\n"

@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.console``: console writes never block, a backlog is bounded and counted.
+"""Unit tests for ``launcher.supervision.console``: console writes never block, a backlog is bounded and counted.
 
 Real pipes and socket pairs; the "event loop" is the test calling ``flush_ready`` as a selector would.
 """
@@ -10,7 +10,7 @@ import socket
 
 import pytest
 
-from launcher.console import Console, ConsoleHandler
+from launcher.supervision.console import Console, ConsoleHandler
 
 F_SETPIPE_SZ = 1031
 

@@ -1,4 +1,4 @@
-"""launcher.debugging and the rank-side hooks: environment, argv, Ctrl-C and terminal requests,
+"""launcher.supervision.debugging and the rank-side hooks: environment, argv, Ctrl-C and terminal requests,
 and the supervisor's policy while a rank holds the terminal (scripted events, no processes)."""
 
 import os
@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from launcher import debugging
-from launcher.debugging import DOUBLE_PRESS_SECONDS, HOOKS_DIR, HOOKS_FILE, DebugConsole
-from launcher.errors import UsageError
-from launcher.policy import RestartPolicy
-from launcher.procgroup import ControlRequest, SignalReceived
-from launcher.supervisor import Supervisor
+from launcher.supervision import debugging
+from launcher.supervision.debugging import DOUBLE_PRESS_SECONDS, HOOKS_DIR, HOOKS_FILE, DebugConsole
+from launcher.common.errors import UsageError
+from launcher.supervision.policy import RestartPolicy
+from launcher.supervision.procgroup import ControlRequest, SignalReceived
+from launcher.supervision.supervisor import Supervisor
 from tests.unit.test_supervisor import ScriptedGroup, exited, specs_for
 
 SOCKET = "/run/x/control.sock"
@@ -238,7 +238,7 @@ def test_root_cause_hint_for_a_debugger_that_read_end_of_file():
 # -- the options through the CLI (dry run: nothing starts) -------------------------------------
 @pytest.fixture
 def cli(clean_env, restore_launcher_logger, monkeypatch, tmp_path, capsys):
-    from launcher.cli import main
+    from launcher.commands.cli import main
 
     monkeypatch.setenv("LAUNCHER_RUN_DIR", str(tmp_path / "run"))
     script = tmp_path / "train.py"

@@ -1,12 +1,12 @@
-"""torch's error file and log tracebacks, read into the root-cause summary (launcher.errorfile)."""
+"""torch's error file and log tracebacks, read into the root-cause summary (launcher.monitoring.errorfile)."""
 
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errorfile import (MAX_ERROR_FILE_BYTES, MAX_TRACEBACK_LINES, TRACEBACK_HEADER, clip,
-                                explain_failure, last_traceback, read_error_file)
+from launcher.monitoring.errorfile import (MAX_ERROR_FILE_BYTES, MAX_TRACEBACK_LINES, TRACEBACK_HEADER, clip,
+                                           explain_failure, last_traceback, read_error_file)
 
 CALLSTACK = (f"{TRACEBACK_HEADER}\n"
              '  File "/job/train.py", line 12, in main\n'

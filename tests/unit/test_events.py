@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.events``: the ``events.jsonl`` lifecycle log."""
+"""Unit tests for ``launcher.monitoring.events``: the ``events.jsonl`` lifecycle log."""
 
 import json
 import os
@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from launcher import events as events_mod
-from launcher.events import EventLog, read_events
+from launcher.monitoring import events as events_mod
+from launcher.monitoring.events import EventLog, read_events
 
 
 @pytest.fixture
@@ -126,7 +126,7 @@ def test_read_events_skips_garbage_and_torn_lines(path):
 
 def test_full_disk_warns_once_and_emit_goes_on(caplog):
     log = EventLog("/dev/full", "run-1")  # every write fails with ENOSPC, as on a full disk
-    with caplog.at_level("WARNING", logger="launcher.events"):
+    with caplog.at_level("WARNING", logger="launcher.monitoring.events"):
         for i in range(3):
             assert log.emit("tick", i=i)["i"] == i
     log.close()

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from launcher import filewatch
-from launcher.filewatch import IN_IGNORED, IN_Q_OVERFLOW, PathWatcher
-from launcher.procgroup import LocalProcessGroup
+from launcher.common import filewatch
+from launcher.common.filewatch import IN_IGNORED, IN_Q_OVERFLOW, PathWatcher
+from launcher.supervision.procgroup import LocalProcessGroup
 from tests.helpers.configmap import ConfigMapDir
 
 FAST = 0.02  # poll_interval of the tests: a missing directory is retried, or the fallback polls, this often

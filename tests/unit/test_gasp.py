@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.gasp``: the crash-loop gate, the gasp timeout, the graceful-exit file,
+"""Unit tests for ``launcher.control.gasp``: the crash-loop gate, the gasp timeout, the graceful-exit file,
 and the supervisor-less gasp (pid + create-time verification, signal, wait, SIGKILL).
 
 The gate runs on a fake clock against a state file in ``tmp_path``; a hypothesis model checks it over
@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import gasp
-from launcher.gasp import GaspGate, RecordedRank, default_gasp_timeout, fallback_gasp, verified_ranks
+from launcher.control import gasp
+from launcher.control.gasp import GaspGate, RecordedRank, fallback_gasp, verified_ranks
 from tests.helpers.procs import RankSpawner, wait_until
 
 
@@ -142,28 +142,6 @@ def test_gate_matches_a_model_over_any_gasp_sequence(interval, steps):
                 last = clock.now
 
 
-# -- the gasp timeout --------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("grace, timeout", [(30, 25), (50, 45), (100, 90), (300, 270), (6, 1), (5.5, 1),
-                                            (3, 1), (0, 1)])
-def test_default_gasp_timeout_keeps_5s_or_10_percent(grace, timeout):
-    assert default_gasp_timeout(grace) == pytest.approx(timeout)
-
-
-@given(st.floats(6, 1e6))
-def test_default_gasp_timeout_plus_margin_fits_the_grace_period(grace):
-    timeout = default_gasp_timeout(grace)
-    assert timeout >= 1.0
-    assert timeout + gasp.MIN_MARGIN <= grace + 1e-9 * grace
-    assert timeout <= 0.9 * grace + 1e-9 * grace
-
-
-@given(st.floats(0, 1e6), st.floats(0, 1e6))
-def test_default_gasp_timeout_is_monotonic_with_a_1s_floor(a, b):
-    low, high = sorted((a, b))
-    assert 1.0 <= default_gasp_timeout(low) <= default_gasp_timeout(high)
-
-
 # -- the graceful-exit file --------------------------------------------------------------------------
 
 def test_write_graceful_exit_replaces_the_file_atomically(tmp_path):
@@ -256,7 +234,7 @@ def test_full_run_dir_never_refuses_the_save(tmp_path, caplog):
     path = tmp_path / "gasp.json"
     os.symlink("/dev/full", f"{path}.{os.getpid()}.tmp")  # writes fail with ENOSPC, as on a full disk
     gate = gasp.GaspGate(str(path), 60.0, clock=lambda: 1000.0)
-    with caplog.at_level("WARNING", logger="launcher.gasp"):
+    with caplog.at_level("WARNING", logger="launcher.control.gasp"):
         assert gate.try_save() is True
     assert "saving anyway" in caplog.text and "No space left on device" in caplog.text
     assert os.listdir(tmp_path) == []  # no temp file left behind
@@ -265,6 +243,6 @@ def test_full_run_dir_never_refuses_the_save(tmp_path, caplog):
 def test_write_graceful_exit_on_a_full_disk_warns(tmp_path, caplog):
     path = tmp_path / "graceful_exit.json"
     os.symlink("/dev/full", f"{path}.{os.getpid()}.tmp")
-    with caplog.at_level("WARNING", logger="launcher.gasp"):
+    with caplog.at_level("WARNING", logger="launcher.control.gasp"):
         assert gasp.write_graceful_exit(str(path), 1) is False
     assert "No space left on device" in caplog.text and os.listdir(tmp_path) == []

@@ -1,11 +1,11 @@
-"""Unit tests for ``launcher.hostfacts``: visible NPUs and this container's addresses."""
+"""Unit tests for ``launcher.jobspec.hostfacts``: visible NPUs and this container's addresses."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import UsageError
-from launcher.hostfacts import davinci_devices, local_addresses, parse_visible_devices, visible_devices
+from launcher.common.errors import UsageError
+from launcher.jobspec.hostfacts import davinci_devices, local_addresses, parse_visible_devices, visible_devices
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -81,5 +81,5 @@ def test_malformed_visible_devices_variable_is_a_usage_error(tmp_path):
     ({"XDL_IP": "10.0.0.1"}, True), ({"XDL_IP": "10.0.0.1", "POD_IP": "172.16.0.5"}, True),
 ])
 def test_local_addresses_read_only_when_they_decide_something(monkeypatch, environ, reads):
-    monkeypatch.setattr("launcher.topology.host_addresses", lambda: ["127.0.0.1", "10.0.0.1"])
+    monkeypatch.setattr("launcher.jobspec.topology.host_addresses", lambda: ["127.0.0.1", "10.0.0.1"])
     assert local_addresses(environ) == (("127.0.0.1", "10.0.0.1") if reads else ())

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import inputfiles
-from launcher.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, InputFileError,
-                                 loads_json, nests_too_deep, read_bytes, read_json, read_line, read_yaml)
+from launcher.common import inputfiles
+from launcher.common.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, InputFileError,
+                                        loads_json, nests_too_deep, read_bytes, read_json, read_line, read_yaml)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "malformed"
 CORPUS_FILES = sorted(p.name for p in CORPUS.iterdir() if p.name != "README.md")

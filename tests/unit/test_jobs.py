@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.jobs``: per-job run dirs under the base dir, found by a lock probe."""
+"""Unit tests for ``launcher.common.jobs``: per-job run dirs under the base dir, found by a lock probe."""
 
 import fcntl
 import json
@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from launcher import jobs
-from launcher.errors import UsageError
-from launcher.rundir import LAUNCHER, LOCK, RunDir
+from launcher.common import jobs
+from launcher.common.errors import UsageError
+from launcher.common.rundir import LAUNCHER, LOCK, RunDir
 
 
 @pytest.fixture
@@ -135,7 +135,7 @@ def test_a_lock_probe_does_not_make_a_starting_launcher_fail(base):
 
 
 def test_jobs_command_lists_as_text_and_json(base, capsys, monkeypatch, clean_env, restore_launcher_logger):
-    from launcher.cli import main
+    from launcher.commands.cli import main
 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(base.parent))
     assert main(["jobs"]) == 0

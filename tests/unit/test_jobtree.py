@@ -10,8 +10,8 @@ import psutil
 import pytest
 from hypothesis import given, strategies as st
 
-from launcher import jobtree
-from launcher.jobtree import JobTree, Leaf, Stray
+from launcher.supervision import jobtree
+from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from tests.helpers.procs import pid_alive, wait_until
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -94,7 +94,7 @@ def test_sweep_adopts_orphans_that_dropped_the_token(procs):
 
 
 def test_a_cgroup_that_refuses_us_leaves_the_job_uncontained(tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="launcher.cgroup")
+    caplog.set_level(logging.INFO, logger="launcher.supervision.cgroup")
     job = JobTree("t0k3n", jobtree.Cgroup(str(tmp_path / "job")))
     job._created = True  # as if created: its attempt cgroups have no cgroup.procs to write
     with job.inside("a0") as cgroup:

@@ -32,9 +32,9 @@ import pytest
 import yaml
 from referencing import Registry, Resource
 
-from launcher.cli import cli
+from launcher.commands.cli import cli
 from launcher.commands.run import run_options
-from launcher.options import DEFAULT_RANK_TABLE
+from launcher.jobspec.options import DEFAULT_RANK_TABLE
 
 try:  # the test extra installs it; without it only the schema tests are skipped
     import kubernetes_validate.utils as kv_utils
@@ -341,7 +341,7 @@ def test_container_command_is_launcher_run_and_parses(name, monkeypatch):
 @pytest.mark.parametrize("name", manifest_names())
 def test_recover_strategy_values_are_known(name, monkeypatch):
     """click takes --recover-strategy as free text; the launcher checks the names when it runs."""
-    from launcher.recovery import parse_strategies
+    from launcher.jobspec.recovery import parse_strategies
 
     for label, _pod, container in containers(name):
         strategy = parse_launcher(main_argv(container), monkeypatch, container_env(container)).params.get(
@@ -367,8 +367,8 @@ def test_a_misspelt_option_is_caught(monkeypatch):
         parse_launcher(argv, monkeypatch, container_env(container))
     with pytest.raises(click.UsageError):
         parse_launcher(["launcher", "prestop", "--no-such-option"], monkeypatch, {})
-    from launcher.errors import UsageError
-    from launcher.recovery import parse_strategies
+    from launcher.common.errors import UsageError
+    from launcher.jobspec.recovery import parse_strategies
 
     with pytest.raises(UsageError):
         parse_strategies("dump,exti", "--recover-strategy")

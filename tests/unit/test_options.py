@@ -1,6 +1,6 @@
-"""Unit tests for ``launcher.options`` (config file, precedence, defaults) and ``--console-ranks`` parsing.
+"""Unit tests for ``launcher.jobspec.options`` (config file, precedence, defaults) and ``--console-ranks`` parsing.
 
-Precedence is checked end to end through ``launcher.cli.main(["run", "--dry-run", "--json", ...])``:
+Precedence is checked end to end through ``launcher.commands.cli.main(["run", "--dry-run", "--json", ...])``:
 default < config file < ``LAUNCHER_*`` environment < command line.
 """
 
@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.cli import main
-from launcher.errors import UsageError
-from launcher.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
-                              load_config)
-from launcher.runner import parse_rank_filter
+from launcher.commands.cli import main
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import (DEFAULT_MASTER_PORT, FRAMEWORKS, RunOptions, env_var_for,
+                                      load_config)
+from launcher.jobspec import options
+from launcher.jobspec.options import default_gasp_timeout, parse_rank_filter
 
 
 @pytest.fixture(autouse=True)
@@ -344,7 +345,7 @@ def test_gasp_signal_refused_at_parse_time_even_with_dry_run(capsys, value):
 def test_gasp_signal_names_and_numbers(value, name):
     import signal
 
-    from launcher.options import SignalType, parse_signal
+    from launcher.jobspec.options import SignalType, parse_signal
 
     assert parse_signal(value) == int(signal.Signals[name])
     assert SignalType().convert(value, None, None) == name
@@ -360,7 +361,7 @@ def test_gasp_signal_from_environment_is_checked_too(capsys, monkeypatch):
 def test_parse_signal_property(number):
     import signal
 
-    from launcher.options import UNCATCHABLE, parse_signal
+    from launcher.jobspec.options import UNCATCHABLE, parse_signal
 
     try:
         signum = parse_signal(str(number))
@@ -373,3 +374,25 @@ def test_parse_signal_property(number):
 def test_prestop_signal_option_checked(capsys):
     assert main(["prestop", "--signal", "99"]) == 2
     assert "--signal '99'" in capsys.readouterr().err
+
+
+# -- the gasp timeout --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("grace, timeout", [(30, 25), (50, 45), (100, 90), (300, 270), (6, 1), (5.5, 1),
+                                            (3, 1), (0, 1)])
+def test_default_gasp_timeout_keeps_5s_or_10_percent(grace, timeout):
+    assert default_gasp_timeout(grace) == pytest.approx(timeout)
+
+
+@given(st.floats(6, 1e6))
+def test_default_gasp_timeout_plus_margin_fits_the_grace_period(grace):
+    timeout = default_gasp_timeout(grace)
+    assert timeout >= 1.0
+    assert timeout + options.MIN_MARGIN <= grace + 1e-9 * grace
+    assert timeout <= 0.9 * grace + 1e-9 * grace
+
+
+@given(st.floats(0, 1e6), st.floats(0, 1e6))
+def test_default_gasp_timeout_is_monotonic_with_a_1s_floor(a, b):
+    low, high = sorted((a, b))
+    assert 1.0 <= default_gasp_timeout(low) <= default_gasp_timeout(high)

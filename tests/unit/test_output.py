@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.output``: teeing a rank's pipe to its log file and the prefixed console.
+"""Unit tests for ``launcher.supervision.output``: teeing a rank's pipe to its log file and the prefixed console.
 
 Real pipes and files; the console is an ``io.BytesIO``. Read ends are non-blocking, as
 ``LocalProcessGroup`` sets them up.
@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from launcher import output as output_mod
-from launcher.output import RankOutput, open_log, tail_lines
+from launcher.supervision import output as output_mod
+from launcher.supervision.output import RankOutput, open_log, tail_lines
 
 
 class Pipe:
@@ -317,7 +317,7 @@ def test_full_disk_log_file_warns_once_and_the_console_goes_on(tmp_path, caplog)
     full = os.open("/dev/full", os.O_WRONLY)  # every write fails with ENOSPC, as on a full disk
     out = RankOutput(read_fd, full, "rank 2", console, log_path="/logs/rank_2.log")
     try:
-        with caplog.at_level("WARNING", logger="launcher.output"):
+        with caplog.at_level("WARNING", logger="launcher.supervision.output"):
             for i in range(3):
                 os.write(write_fd, b"step %d\n" % i)
                 assert out.pump() is True

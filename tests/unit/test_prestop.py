@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.prestop``: the run-dir check, the report lines, and ``prestop()`` in-process.
+"""Unit tests for ``launcher.control.prestop``: the run-dir check, the report lines, and ``prestop()`` in-process.
 
 With a supervisor, a fake one (a thread serving the run dir's control socket) checks the request and
 the relaying of its answers. Without one, ``state.json`` records tiny real ranks (``sys.executable
@@ -18,10 +18,10 @@ import time
 import psutil
 import pytest
 
-from launcher.errors import LauncherError, UsageError
-from launcher.events import read_events
-from launcher.prestop import open_run_dir, prestop, print_gasp
-from launcher.rundir import CONTROL_SOCKET, EVENTS, STATE
+from launcher.common.errors import LauncherError, UsageError
+from launcher.monitoring.events import read_events
+from launcher.control.prestop import open_run_dir, prestop, print_gasp
+from launcher.common.rundir import CONTROL_SOCKET, EVENTS, STATE
 from tests.helpers.procs import RankSpawner
 
 
@@ -224,7 +224,7 @@ def test_prestop_only_stranger_recorded_is_a_no_op(run_dir, spawn, capsys):
 
 def died_job(base, name, *ranks):
     """A job dir whose launcher died: lock file not held, launcher.json without "ended"."""
-    from launcher.rundir import LAUNCHER, RunDir
+    from launcher.common.rundir import LAUNCHER, RunDir
 
     rd = RunDir(str(base / name))
     rd.lock()

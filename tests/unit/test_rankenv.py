@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.rankenv``: the per-rank environment contracts (pure functions).
+"""Unit tests for ``launcher.jobspec.rankenv``: the per-rank environment contracts (pure functions).
 
 Tables are built by hand from the data model so these tests do not depend on the rank-table parser.
 """
@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import UsageError
-from launcher.rankenv import (ROLE_SCHEDULER, ROLE_WORKER, SCHEDULER_RANK, EnvContext, WorkerSpec,
-                              build_rank_env, check_visible_devices, derived_run_id, scheduler_env, worker_specs)
-from launcher.ranktable.model import Device, RankTable, ServerEntry
-from launcher.topology import Topology
+from launcher.common.errors import UsageError
+from launcher.jobspec.rankenv import (ROLE_SCHEDULER, ROLE_WORKER, SCHEDULER_RANK, EnvContext, WorkerSpec,
+                                      build_rank_env, check_visible_devices, derived_run_id, scheduler_env,
+                                      worker_specs)
+from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
+from launcher.jobspec.topology import Topology
 
 TABLE_FILE = "/user/serverid/devindex/config/hccl.json"
 GI_ROOT = "/ckpt/group_info"

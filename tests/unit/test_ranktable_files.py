@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.ranktable import RankTableError, load_rank_table
+from launcher.jobspec.ranktable import RankTableError, load_rank_table
 
 GOOD = Path(__file__).resolve().parents[1] / "data" / "ranktables" / "good"
 

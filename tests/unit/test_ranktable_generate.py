@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import UsageError
-from launcher.ranktable import (RankTableNotReady, build_local_table, generate_rank_table, parse_rank_table,
-                                validate_rank_table)
+from launcher.common.errors import UsageError
+from launcher.jobspec.ranktable import (RankTableNotReady, build_local_table, generate_rank_table, parse_rank_table,
+                                        validate_rank_table)
 
 SHAPES = st.lists(st.integers(min_value=1, max_value=16), min_size=1, max_size=24)
 

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import LauncherError, UsageError
-from launcher.ranktable import (RankTableError, RankTableNotReady, generate_rank_table, load_rank_table,
-                                parse_rank_table, validate_rank_table)
-from launcher.ranktable import parse as parse_module
+from launcher.common.errors import LauncherError, UsageError
+from launcher.jobspec.ranktable import (RankTableError, RankTableNotReady, generate_rank_table, load_rank_table,
+                                        parse_rank_table, validate_rank_table)
+from launcher.jobspec.ranktable import parse as parse_module
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
 GOOD = DATA / "good"
@@ -135,7 +135,7 @@ def test_non_object_is_rejected():
 
 
 def test_parse_error_text_is_the_fallback(monkeypatch):
-    monkeypatch.setattr("launcher.ranktable.validate.validate_rank_table", lambda data: [])
+    monkeypatch.setattr("launcher.jobspec.ranktable.parse.validate_rank_table", lambda data: [])
     data = good("v1.0-two-servers.json")
     data["server_list"][0]["device"][0]["rank_id"] = 0
     with pytest.raises(RankTableError) as info:
@@ -156,7 +156,7 @@ def test_many_problems_are_capped():
 
 
 def test_parse_does_not_import_jsonschema():
-    code = ("import sys, json; from launcher.ranktable import load_rank_table; "
+    code = ("import sys, json; from launcher.jobspec.ranktable import load_rank_table; "
             f"load_rank_table({str(GOOD / 'v1.2-superpod.json')!r}); "
             "assert 'jsonschema' not in sys.modules and 'tenacity' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.errors import UsageError
-from launcher.ranktable import RankTableError, generate_rank_table, load_rank_table, validate_rank_table
-from launcher.ranktable.validate import _passes, _validator, draft7_compatible, json_path
-from launcher.resources import load_schema
+from launcher.common.errors import UsageError
+from launcher.jobspec.ranktable import RankTableError, generate_rank_table, load_rank_table, validate_rank_table
+from launcher.jobspec.ranktable.validate import _passes, _validator, draft7_compatible, json_path
+from launcher.common.resources import load_schema
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
 BAD = DATA / "bad"

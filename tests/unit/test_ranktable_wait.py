@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from launcher.errors import LauncherError, UsageError
-from launcher.ranktable import RankTableError, generate_rank_table, wait_for_rank_table
+from launcher.common.errors import LauncherError, UsageError
+from launcher.jobspec.ranktable import RankTableError, generate_rank_table, wait_for_rank_table
 
 COMPLETE = json.dumps(generate_rank_table([("10.0.0.1", 2), ("10.0.0.2", 2)]))
 INITIALIZING = json.dumps({"status": "initializing"})
@@ -22,7 +22,7 @@ def progress():
     records = []
     handler = logging.Handler(logging.INFO)
     handler.emit = records.append
-    logger = logging.getLogger("launcher.ranktable.wait")
+    logger = logging.getLogger("launcher.jobspec.ranktable.wait")
     old_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
@@ -148,7 +148,7 @@ def test_files_no_rewrite_can_fix_fail_at_once(tmp_path, make, problem):
 
 def test_missing_file_progress_every_30_s_by_default(tmp_path, progress, monkeypatch):
     """Ten lines in a 300 s wait, not sixty; the clock is simulated, nothing sleeps."""
-    from launcher.ranktable import wait as wait_mod
+    from launcher.jobspec.ranktable import wait as wait_mod
 
     now = [0.0]
     monkeypatch.setattr(wait_mod.time, "monotonic", lambda: now[0])
@@ -188,8 +188,8 @@ def test_stop_signal_ends_the_wait_at_once(tmp_path):
     import threading
     import time as time_mod
 
-    from launcher import signals
-    from launcher.errors import LauncherError
+    from launcher.common import signals
+    from launcher.common.errors import LauncherError
 
     signals.install()
     try:

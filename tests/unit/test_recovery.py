@@ -2,8 +2,8 @@
 
 import pytest
 
-from launcher.errors import UsageError
-from launcher.recovery import STRATEGIES, parse_strategies, resolve_strategy
+from launcher.common.errors import UsageError
+from launcher.jobspec.recovery import STRATEGIES, parse_strategies, resolve_strategy
 
 
 def test_default_is_retry():
@@ -47,7 +47,7 @@ def test_operator_variables():
 
 
 def test_unknown_strategy_on_the_command_line_exits_2(capsys):
-    from launcher.cli import main
+    from launcher.commands.cli import main
 
     code = main(["run", "--nproc-per-node", "1", "--recover-strategy", "pray", "--dry-run", "--", "true"])
     assert code == 2

@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 from launcher.restore import checkpoints
 from launcher.restore.checkpoints import (KIND_BREAKPOINT, KIND_PERIODIC, compile_patterns,
                                           scan_checkpoints)

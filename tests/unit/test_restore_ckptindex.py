@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher.filewatch import IN_Q_OVERFLOW
+from launcher.common.filewatch import IN_Q_OVERFLOW
 from launcher.restore import PlanInputs, compute_plan
 from launcher.restore import checkpoints, ckptindex
 from launcher.restore.checkpoints import scan_checkpoints

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 from launcher.restore.faults import (SOURCE_FAULT_NPUS, SOURCE_OPTION, SOURCE_PREVIOUS,
                                      SOURCE_RESET_JSON, collect_faults, parse_fault_npus,
                                      parse_reset_json)

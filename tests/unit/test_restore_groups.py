@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import UsageError
+from launcher.common.errors import UsageError
 from launcher.restore.groupinfo import parallel_group_map_class
 from launcher.restore.groups import (NO_GROUPS, ReplicaGroups, groups_from_layout, partition,
                                      resolve_groups, singletons)

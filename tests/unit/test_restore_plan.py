@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from launcher import envnames
+from launcher.common import envnames
 from launcher.restore.plan import KIND_BREAKPOINT, KIND_NONE, KIND_PERIODIC, RestorePlan
 
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from launcher import envnames
-from launcher.errors import UsageError
+from launcher.common import envnames
+from launcher.common.errors import UsageError
 from launcher.restore import PlanInputs, build_plan, compute_plan
 from launcher.restore.checkpoints import KIND_BREAKPOINT, KIND_PERIODIC, Checkpoint, ScanResult
 from launcher.restore.faults import FaultReport

@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.rundir``: the private, locked run dir and its JSON files."""
+"""Unit tests for ``launcher.common.rundir``: the private, locked run dir and its JSON files."""
 
 import json
 import os
@@ -6,9 +6,9 @@ import stat
 
 import pytest
 
-from launcher import rundir as rundir_mod
-from launcher.errors import LauncherError, UsageError
-from launcher.rundir import LAUNCHER, RunDir, base_dir, check_ancestors, check_private
+from launcher.common import rundir as rundir_mod
+from launcher.common.errors import LauncherError, UsageError
+from launcher.common.rundir import LAUNCHER, RunDir, base_dir, check_ancestors, check_private
 
 
 def mode_of(path) -> int:
@@ -238,7 +238,7 @@ def test_write_on_a_full_disk_warns_once_and_keeps_the_old_content(tmp_path, cap
 
     monkeypatch.setattr(json_mod, "dump", full_disk)  # the temp file's writes fail as on a full disk
     for _ in range(2):
-        with caplog.at_level("WARNING", logger="launcher.rundir"):
+        with caplog.at_level("WARNING", logger="launcher.common.rundir"):
             assert rd.write_json("state.json", {"ok": False}) is False
         assert not os.path.lexists(rd.file(f"state.json.{os.getpid()}.tmp"))
     monkeypatch.undo()

@@ -1,7 +1,7 @@
-"""Unit tests for ``launcher.session``'s words about restore plans (the rest runs in tests/integration)."""
+"""Unit tests for ``launcher.run.session``'s words about restore plans (the rest runs in tests/integration)."""
 
 from launcher.restore.plan import RestorePlan
-from launcher.session import resume_summary
+from launcher.run.session import resume_summary
 
 
 def plan(kind, step=None, sources=(), reason="why"):

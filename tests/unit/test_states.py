@@ -1,10 +1,10 @@
-"""Unit tests for ``launcher.states``: the worker lifecycle and how a process ended."""
+"""Unit tests for ``launcher.supervision.states``: the worker lifecycle and how a process ended."""
 
 import signal
 
 import pytest
 
-from launcher.states import TERMINAL, ExitInfo, InvalidTransition, Worker, WorkerState
+from launcher.supervision.states import TERMINAL, ExitInfo, InvalidTransition, Worker, WorkerState
 
 S = WorkerState
 ALLOWED = {
@@ -49,7 +49,7 @@ def test_forbidden_transition_raises_and_changes_nothing(old, new):
 
 
 def test_invalid_transition_is_a_runtime_error_not_a_user_error():
-    from launcher.errors import LauncherError
+    from launcher.common.errors import LauncherError
     assert issubclass(InvalidTransition, RuntimeError)
     assert not issubclass(InvalidTransition, LauncherError)
 

@@ -5,12 +5,12 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from launcher.procgroup import ControlRequest, ProcessGroup, RankExited, SignalReceived
-from launcher.rankenv import WorkerSpec
-from launcher.recovery import resolve_strategy
-from launcher.states import ExitInfo
-from launcher.policy import Agreement, Failure, NoSync, PeerUpdate, RestartPolicy
-from launcher.supervisor import Supervisor
+from launcher.supervision.procgroup import ControlRequest, ProcessGroup, RankExited, SignalReceived
+from launcher.jobspec.rankenv import WorkerSpec
+from launcher.jobspec.recovery import resolve_strategy
+from launcher.supervision.states import ExitInfo
+from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RestartPolicy
+from launcher.supervision.supervisor import Supervisor
 
 
 class ScriptedGroup(ProcessGroup):
@@ -281,7 +281,7 @@ def test_scheduler_is_signalled_only_after_the_workers_exited():
     assert signals_sent == [("signal", (0, 1), signal.SIGTERM), ("signal", (-1,), signal.SIGTERM)]
 
 
-# -- --sync-dir hooks (launcher.sync), with a scripted coordinator -------------------------------------
+# -- --sync-dir hooks (launcher.cluster.sync), with a scripted coordinator -------------------------------------
 class ScriptedSync(NoSync):
     """Records the supervisor's hook calls (into the group's call list, to check their order) and
     answers ``settle`` from a list of agreements; an agreement may first run the event loop."""
@@ -417,7 +417,7 @@ def test_restart_line_says_why_and_what_the_ranks_resume_from(caplog):
     group = ScriptedGroup(scripts)
     sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
                      resume_note=lambda attempt: f"resuming from plan {attempt}")
-    with caplog.at_level("INFO", logger="launcher.supervisor"):
+    with caplog.at_level("INFO", logger="launcher.supervision.supervisor"):
         assert sup.run().exit_code == 0
     assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("restarting")] == [
         "restarting (restart 1 of 3) after rank 1 failed (killed by SIGKILL); resuming from plan 1"]
@@ -425,7 +425,7 @@ def test_restart_line_says_why_and_what_the_ranks_resume_from(caplog):
 
 def test_first_ctrl_c_says_a_second_kills_now(caplog):
     scripts = [[SignalReceived(signal.SIGINT), SignalReceived(signal.SIGINT), None, exited(0, -9), exited(1, -9)]]
-    with caplog.at_level("INFO", logger="launcher.supervisor"):
+    with caplog.at_level("INFO", logger="launcher.supervision.supervisor"):
         supervise(scripts, grace_period=1000)
     messages = [r.getMessage() for r in caplog.records]
     first = next(i for i, m in enumerate(messages) if m.startswith("Ctrl-C:"))
@@ -437,7 +437,7 @@ def test_first_ctrl_c_says_a_second_kills_now(caplog):
 def test_one_ctrl_c_while_stopping_after_a_failure_does_not_kill(caplog):
     # rank 1 fails; rank 0 is stopping (SIGTERM) when the first Ctrl-C comes: no restart, no SIGKILL yet.
     scripts = [[exited(1, 1), SignalReceived(signal.SIGINT), exited(0, -15)], []]
-    with caplog.at_level("INFO", logger="launcher.supervisor"):
+    with caplog.at_level("INFO", logger="launcher.supervision.supervisor"):
         result, group, _, _ = supervise(scripts, max_restarts=3, stop_timeout=1000)
     assert not [c for c in group.calls if c[0] == "kill"]
     assert [c[0] for c in group.calls].count("start") == 1 and result.reason == "signal"

@@ -1,21 +1,21 @@
-"""Restart generations through a shared directory (``launcher.sync``), with a tmp dir and no processes.
+"""Restart generations through a shared directory (``launcher.cluster.sync``), with a tmp dir and no processes.
 
 Two or three :class:`Coordinator` objects on one tmp dir play the nodes of a job; the event loop is a
 fake (``call_later`` records callbacks, the test runs them) and so is the clock (``wait`` advances it).
 """
 
-import json
 import os
 from typing import Callable, List, Optional
 
 import pytest
 
-from launcher.cli import main
-from launcher.errors import UsageError
-from launcher.options import check_sync_options as check_options
-from launcher.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
-from launcher.states import ExitInfo
-from launcher.sync import Coordinator, Generation, SyncDir
+from launcher.commands.cli import main
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import check_sync_options as check_options
+from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
+from launcher.supervision.states import ExitInfo
+from launcher.cluster.sync import Coordinator
+from launcher.cluster.syncdir import SyncDir
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
 
@@ -88,74 +88,6 @@ def succeeded() -> RunResult:
 
 def gen_files(node: Node, generation: int = 0) -> List[str]:
     return sorted(os.listdir(node.files.gen_path(generation)))
-
-
-# -- joining: incarnations and stale directories ---------------------------------------------------
-def test_nodes_of_one_start_join_the_same_incarnation(tmp_path):
-    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
-    assert a.files.path == b.files.path == str(tmp_path / "job" / "inc_0")
-    assert sorted(os.listdir(a.files.path)) == ["join.0", "join.1"]
-    record = json.loads((tmp_path / "job" / "inc_0" / "join.1").read_text())
-    assert record["server"] == 1 and record["name"] == "server 1 (10.0.0.2)" and record["pid"] == os.getpid()
-
-
-def test_a_restarted_job_with_the_same_run_id_starts_a_new_incarnation(tmp_path):
-    """The old start's files (a failure, an abort) never reach the new one, in whatever order the new
-    launchers arrive."""
-    old_a, old_b = Node(tmp_path, 0), Node(tmp_path, 1)
-    old_b.sync.rank_failed(0, [3], failure(3, 7))
-    old_b.sync.settle(0, RunResult(7, "failed", 1), failure(3, 7), [3], old_b.waiter())
-    new_b = Node(tmp_path, 1)  # B first this time: its own join.1 marks inc_0 as a previous start
-    new_a = Node(tmp_path, 0)
-    assert new_a.files.path == new_b.files.path == str(tmp_path / "job" / "inc_1")
-    assert new_a.files.read(0) == Generation(0)
-    assert old_a.files.read(0).abort["exit_code"] == 7
-
-
-def test_a_closed_incarnation_is_not_joined_even_by_a_node_that_never_joined_it(tmp_path):
-    old_a = Node(tmp_path, 0)
-    old_a.sync.leave(0, RunResult(1, "sync-timeout", 1))  # node B never came; A gave up and closed it
-    new_b = Node(tmp_path, 1)
-    assert new_b.files.path.endswith("inc_1")
-    assert Node(tmp_path, 0).files.path.endswith("inc_1")
-
-
-def test_run_ids_keep_jobs_apart(tmp_path):
-    a = Node(tmp_path, 0, run_id="job-a")
-    Node(tmp_path, 1, run_id="job-b").sync.rank_failed(0, [1], failure(1))
-    assert a.files.read(0) == Generation(0)
-
-
-# -- the files --------------------------------------------------------------------------------------
-def test_read_collects_every_node_and_skips_temporary_and_unknown_files(tmp_path):
-    a, b, c = (Node(tmp_path, i, count=3) for i in range(3))
-    b.sync.rank_failed(0, [3], failure(3, -9, at=5.0))
-    a.sync.rank_failed(0, [0, 1], failure(0, 1, at=6.0))
-    a.files.write(0, "stopped.0", {})
-    c.files.write(0, "done.2", {})
-    gen = a.files.gen_path(0)
-    for junk in (".failed.2.json.host.1.tmp", "failed.x.json", "notes.txt"):
-        with open(os.path.join(gen, junk), "w") as fh:
-            fh.write("{")
-    with open(os.path.join(gen, "failed.2.json"), "w") as fh:
-        fh.write('{"ranks": [5')  # not complete yet (no rename): left out until it is
-    state = c.files.read(0)
-    assert sorted(state.failed) == [0, 1] and state.stopped == {0} and state.done == {2} and state.abort is None
-    assert state.failed_ranks() == (0, 1, 3)
-    assert state.missing(3) == [1]
-    assert [f.label for f in state.failures()] == ["rank 3 on server 1 (10.0.0.2)", "rank 0 on server 0 (10.0.0.1)"]
-    assert state.exit_code() == 137  # the earliest failure: SIGKILL
-    assert [f.rank for f in state.failures(exclude=1)] == [0]
-
-
-def test_writes_are_whole_files_and_abort_has_one_writer(tmp_path):
-    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
-    assert a.files.write(0, "abort", {"exit_code": 3, "reason": "first"}, exclusive=True)
-    assert not b.files.write(0, "abort", {"exit_code": 4, "reason": "second"}, exclusive=True)
-    assert gen_files(a) == ["abort"]  # no temporary file left behind
-    assert a.files.read(0).abort["reason"] == "first"
-    assert Generation(0, abort={"exit_code": 3}).exit_code() == 3
-    assert Generation(0).exit_code() == 1
 
 
 # -- during a generation: another node's failure ----------------------------------------------------
@@ -334,7 +266,7 @@ def test_run_refuses_a_generated_run_id_with_several_nodes(clean_env, restore_la
 
 def test_sync_options_from_the_environment_and_the_config_file(clean_env, restore_launcher_logger, tmp_path,
                                                                  capsys, monkeypatch):
-    from launcher.options import load_config
+    from launcher.jobspec.options import load_config
 
     config = tmp_path / "launcher.yaml"
     config.write_text("sync-dir: /shared/sync\nsync_timeout: 30\n")

@@ -1,4 +1,4 @@
-"""Unit tests for ``launcher.taskd``: enabling TaskD, the rank variables, the manager config, the port.
+"""Unit tests for ``launcher.cluster.taskd``: enabling TaskD, the rank variables, the manager config, the port.
 
 The stand-in ``taskd`` package lives in ``tests/stubs`` (TaskD is proprietary); tests put it on
 ``sys.path`` only for themselves and never import it, so ``find_spec("taskd")`` elsewhere is unaffected.
@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from launcher import taskd
-from launcher.errors import LauncherError, UsageError
+from launcher.cluster import taskd
+from launcher.common.errors import LauncherError, UsageError
 
 from tests.helpers.taskd_stub import REPO, STUB_LIB, STUB_PKG, STUBS, build_libtaskd
 
@@ -261,7 +261,7 @@ def test_time_wait_leftovers_do_not_count_as_busy():
 def test_sidecar_argv():
     config = taskd.manager_config("job", 2, 8)
     argv = taskd.sidecar_argv(config, "/run/events.jsonl", "run-1")
-    assert argv[:3] == [sys.executable, "-m", "launcher.taskd_sidecar"]
+    assert argv[:3] == [sys.executable, "-m", "launcher.cluster.taskd_sidecar"]
     opts = dict(zip(argv[3::2], argv[4::2]))
     assert json.loads(opts["--config"]) == config
     assert opts["--events"] == "/run/events.jsonl"
@@ -278,7 +278,7 @@ def test_sidecar_argv_with_pod_ip_and_parent():
 
 
 def test_sidecar_argv_parses():
-    from launcher.taskd_sidecar import _parse
+    from launcher.cluster.taskd_sidecar import _parse
 
     argv = taskd.sidecar_argv(taskd.manager_config("j", 1, 1), "/e", "r", pod_ip="10.1.1.1")
     args = _parse(argv[3:])
@@ -287,7 +287,7 @@ def test_sidecar_argv_parses():
 
 
 def test_no_heavy_imports():
-    code = ("import sys, launcher.taskd; bad = {'psutil', 'tenacity', 'taskd'} & set(sys.modules); "
+    code = ("import sys, launcher.cluster.taskd; bad = {'psutil', 'tenacity', 'taskd'} & set(sys.modules); "
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(REPO))
     assert out.stdout.strip() == "[]"

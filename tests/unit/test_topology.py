@@ -1,12 +1,12 @@
-"""Unit tests for ``launcher.topology``: where the ranks come from and which server is this one."""
+"""Unit tests for ``launcher.jobspec.topology``: where the ranks come from and which server is this one."""
 
 import pytest
 
-from launcher import topology
-from launcher.errors import UsageError
-from launcher.options import RunOptions
-from launcher.ranktable.model import Device, RankTable, ServerEntry
-from launcher.topology import Topology, locate_server, rank_table_path, resolve
+from launcher.jobspec import topology
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import RunOptions
+from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
+from launcher.jobspec.topology import Topology, locate_server, rank_table_path, resolve
 
 
 _REAL_HOST_ADDRESSES = topology.host_addresses
@@ -20,8 +20,8 @@ def opts(**kwargs) -> RunOptions:
 def default_table(tmp_path, monkeypatch):
     """Point the MindCluster default rank-table path at a tmp file (not created yet)."""
     path = tmp_path / "default" / "hccl.json"
-    monkeypatch.setattr("launcher.options.DEFAULT_RANK_TABLE", str(path))
-    monkeypatch.setattr("launcher.topology.DEFAULT_RANK_TABLE", str(path))
+    monkeypatch.setattr("launcher.jobspec.options.DEFAULT_RANK_TABLE", str(path))
+    monkeypatch.setattr("launcher.jobspec.topology.DEFAULT_RANK_TABLE", str(path))
     return path
 
 
@@ -84,7 +84,7 @@ def test_nproc_per_node_disables_env_and_default_lookup(default_table):
 
 @pytest.mark.parametrize("framework, dynamic", [("pytorch", False), ("mindspore", True), ("tensorflow", False)])
 def test_nproc_per_node_single_local_node_by_default(framework, dynamic, monkeypatch):
-    monkeypatch.setattr("launcher.topology.free_port", lambda host: 40123 if host == "127.0.0.1" else None)
+    monkeypatch.setattr("launcher.jobspec.topology.free_port", lambda host: 40123 if host == "127.0.0.1" else None)
     port = 40123
     topo = resolve(opts(nproc_per_node=4), framework, {})
     assert isinstance(topo, Topology)
@@ -345,7 +345,7 @@ def test_host_addresses_returns_unique_strings_without_scope_ids():
 
 def test_xdl_ip_shared_by_two_pods_is_narrowed_by_pod_ip():
     """Two pods of the job on one node: XDL_IP matches both, POD_IP picks this one."""
-    from launcher.ranktable.model import Device, RankTable, ServerEntry
+    from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
 
     table = RankTable(servers=(
         ServerEntry("10.0.0.1", (Device(0, 0), Device(1, 1)), container_ip="172.16.0.5"),
@@ -358,9 +358,9 @@ def test_xdl_ip_shared_by_two_pods_is_narrowed_by_pod_ip():
 def test_master_addr_option_overrides_a_file_table():
     """--master-addr is honoured with a rank table file too (the rank-0 server's table address
     may not be reachable, e.g. several launchers on one machine)."""
-    from launcher.options import RunOptions
-    from launcher.ranktable.model import Device, RankTable, ServerEntry
-    from launcher.topology import resolve
+    from launcher.jobspec.options import RunOptions
+    from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
+    from launcher.jobspec.topology import resolve
 
     table = RankTable(servers=(ServerEntry("10.0.0.1", (Device(0, 0),)), ServerEntry("10.0.0.2", (Device(1, 0),))),
                       source="/x/hccl.json")
@@ -391,7 +391,7 @@ def test_multi_node_and_explicit_ports_keep_their_values(framework, default):
 
 
 def test_free_port_on_a_foreign_address_falls_back_to_the_default():
-    from launcher.topology import free_port
+    from launcher.jobspec.topology import free_port
 
     assert free_port("192.0.2.1") is None  # TEST-NET-1: never an address of this host
     assert resolve(opts(nproc_per_node=1, master_addr="192.0.2.1"), "pytorch", {}).master_port == 29500

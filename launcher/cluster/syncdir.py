@@ -1,0 +1,201 @@
+"""The shared directory of coordinated restarts (``--sync-dir``): its files, written and read.
+
+Restart generations (docs/multinode.md): generation ``g`` is the attempt number, the same on every
+node. Files, under ``DIR/<run-id>/inc_<k>/`` (an incarnation is one start of the whole job; a job
+started again with the same run id, as a Volcano job restart does, gets the next one)::
+
+    join.<i>                  server i joined this incarnation
+    closed                    a launcher of this incarnation ended: a new start does not join it
+    gen_<g>/failed.<i>.json   server i's ranks that failed on their own in generation g, with exit info
+    gen_<g>/stopped.<i>       every process of generation g on server i is gone; it will restart
+    gen_<g>/done.<i>          every rank of server i exited 0 in generation g; it starts nothing more
+    gen_<g>/abort             the job ends in generation g (first writer wins): exit code and reason
+
+Every file is written whole (temp file, then rename, or link for the exclusive ones), so a reader sees
+all of it or nothing, and a node only ever creates its own files. Other nodes' files are found by
+listing the generation directory every ``interval`` seconds from the event loop: inotify does not
+see other NFS clients' writes.
+"""
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+
+from launcher.common.errors import LauncherError
+from launcher.supervision.policy import Failure
+from launcher.supervision.states import ExitInfo
+
+log = logging.getLogger(__name__)
+
+CLOSED, ABORT, STOPPED, DONE = "closed", "abort", "stopped", "done"
+_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)")
+_INCARNATION = re.compile(r"inc_(\d+)")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What the files of one generation say.
+
+    Attributes:
+        number: The generation (attempt number).
+        failed: Server index -> its ``failed.<i>.json`` record.
+        stopped: Servers whose processes of this generation are all gone, restarting.
+        done: Servers whose ranks all exited 0.
+        abort: The ``abort`` record, if the job ends.
+    """
+
+    number: int
+    failed: Dict[int, dict] = field(default_factory=dict)
+    stopped: FrozenSet[int] = frozenset()
+    done: FrozenSet[int] = frozenset()
+    abort: Optional[dict] = None
+
+    def failed_ranks(self) -> Tuple[int, ...]:
+        """The union of every node's failed ranks: the restore plan's fault ranks."""
+        return tuple(sorted({int(r) for record in self.failed.values() for r in record.get("ranks", ())}))
+
+    def missing(self, server_count: int) -> List[int]:
+        """Servers that have neither stopped nor finished this generation."""
+        return [i for i in range(server_count) if i not in self.stopped and i not in self.done]
+
+    def failures(self, exclude: Optional[int] = None) -> List[Failure]:
+        """Each node's first failure, earliest first (by the failing node's clock)."""
+        found = [(r.get("exited_at", 0.0), i, failure_of(self.number, r))
+                 for i, r in self.failed.items() if i != exclude]
+        return [f for _, _, f in sorted(found, key=lambda item: item[:2])]
+
+    def exit_code(self) -> int:
+        """The job's exit code: the earliest failing rank's, else the abort's, else 1."""
+        failures = self.failures()
+        if failures:
+            return failures[0].info.exit_code
+        return int((self.abort or {}).get("exit_code") or 1)
+
+
+def failure_of(generation: int, record: dict) -> Failure:
+    """A failure record of a node (``failed.<i>.json`` or ``abort``) as the supervisor's ``Failure``."""
+    rank = int(record.get("rank", -1))
+    label = f"rank {rank} on {record.get('name', 'server ?')}" if rank >= 0 else str(record.get("name"))
+    return Failure(generation, rank, label, ExitInfo(int(record.get("returncode", 1)),
+                                                     float(record.get("exited_at", record.get("ts", 0.0)))))
+
+
+class SyncDir:
+    """The files of one incarnation of the job, as seen by server ``index``.
+
+    Args:
+        path: ``DIR/<run-id>/inc_<k>``.
+        index: This server's index in the rank table.
+        names: Every server's name (``server_id``), by index.
+    """
+
+    def __init__(self, path: str, index: int, names: Sequence[str]):
+        self.path = path
+        self.index = index
+        self.names = tuple(names)
+        self.count = len(self.names)
+
+    def name(self, index: int) -> str:
+        """``server 1 (10.0.0.2)``."""
+        return f"server {index} ({self.names[index]})" if 0 <= index < self.count else f"server {index}"
+
+    @classmethod
+    def join(cls, base: str, run_id: str, index: int, names: Sequence[str]) -> "SyncDir":
+        """Join the current incarnation of ``run_id``, or start the next one.
+
+        The newest ``inc_<k>`` is joined unless it is ``closed`` or already has this server's
+        ``join.<index>`` (a previous start of this node): then ``inc_<k+1>``. Creating a directory
+        and ``join.<index>`` are both exclusive, so nodes starting together end in the same one.
+        """
+        root = os.path.join(os.path.abspath(base), run_id)
+        os.makedirs(root, exist_ok=True)
+        numbers = [int(m.group(1)) for m in map(_INCARNATION.fullmatch, os.listdir(root)) if m]
+        number = max(numbers, default=0)
+        while True:
+            path = os.path.join(root, f"inc_{number}")
+            os.makedirs(path, exist_ok=True)
+            files = cls(path, index, names)
+            if not os.path.exists(os.path.join(path, CLOSED)) and files._publish("", f"join.{index}", {},
+                                                                                 exclusive=True):
+                return files
+            number += 1
+
+    def gen_path(self, generation: int) -> str:
+        """``inc_<k>/gen_<g>``."""
+        return os.path.join(self.path, f"gen_{generation}")
+
+    def read(self, generation: int) -> Generation:
+        """Every node's files of ``generation`` (files not readable yet are left out)."""
+        directory = self.gen_path(generation)
+        try:
+            names = os.listdir(directory)
+        except FileNotFoundError:
+            names = []
+        failed: Dict[int, dict] = {}
+        marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
+        abort = None
+        for name in names:
+            match = _MARKER.fullmatch(name)
+            if match is None:
+                continue
+            if match.group(3):
+                marks[match.group(3)].add(int(match.group(4)))
+                continue
+            record = _load(os.path.join(directory, name))
+            if record is not None and match.group(1):
+                failed[int(match.group(2))] = record
+            elif record is not None:
+                abort = record
+        return Generation(generation, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), abort)
+
+    def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
+        """Publish ``gen_<g>/<name>``; with ``exclusive``, False when it already exists."""
+        return self._publish(f"gen_{generation}", name, data, exclusive)
+
+    def close(self, reason: str) -> None:
+        """Mark the incarnation as ended: a later start of the job does not join it."""
+        self._publish("", CLOSED, {"reason": reason}, exclusive=True)
+
+    def _publish(self, sub: str, name: str, data: dict, exclusive: bool) -> bool:
+        directory = os.path.join(self.path, sub) if sub else self.path
+        record = {"server": self.index, "name": self.name(self.index), "host": socket.gethostname(),
+                  "pid": os.getpid(), "ts": time.time(), **data}
+        target = os.path.join(directory, name)
+        tmp = os.path.join(directory, f".{name}.{socket.gethostname()}.{os.getpid()}.tmp")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(record, fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if exclusive:
+                os.link(tmp, target)  # fails if it exists, where a rename would replace it
+            else:
+                os.replace(tmp, target)
+            return True
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            raise LauncherError(f"--sync-dir: cannot write {target}: {exc.strerror or exc}") from None
+        finally:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _load(path: str) -> Optional[dict]:
+    """A record written by a launcher, or None (unreadable, incomplete, or not one of ours)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+        failure_of(0, record)  # the fields the readers convert must convert
+        int(record.get("exit_code") or 1) + sum(int(r) for r in record.get("ranks", ()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return record

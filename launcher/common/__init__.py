@@ -1,0 +1,9 @@
+"""Shared ground every layer stands on: errors, env var names, bounded input reading, the run dir.
+
+Owns: ``errors`` (UsageError / LauncherError), ``envnames`` (every env var name), ``inputfiles``
+(bounded reads of user files), ``resources`` (shipped schemas), ``rundir`` and ``jobs`` (the run dir
+and the jobs under the base dir), ``signals`` (handlers that only record), ``warnonce`` and
+``filewatch``.
+
+May import: the standard library and third-party packages only; nothing else from ``launcher``.
+"""

@@ -1,0 +1,8 @@
+"""The job description: what to run, where, and with which environment per rank.
+
+Owns: ``options`` (RunOptions, from the command line and YAML), ``topology`` (nodes, ranks, parallel
+dimensions), ``ranktable/`` (hccl.json: parse, validate, wait for, generate), ``rankenv`` (the pure
+per-rank environment function), ``hostfacts`` and ``recovery`` (the recovery strategy).
+
+May import: ``launcher.common``. Nothing here starts a process or talks to another node.
+"""

@@ -1,0 +1,247 @@
+"""``RunOptions``: everything ``launcher run`` was asked to do, and the YAML config file loader.
+
+Precedence (each source tested): command line > ``LAUNCHER_<OPTION>`` environment > ``--config``
+file > defaults. Click implements exactly this order when the config file is loaded into the
+context's ``default_map`` by an eager option, which is what ``load_config_into_context`` does.
+"""
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import click
+
+from launcher.common import envnames
+from launcher.common.errors import UsageError
+from launcher.common.inputfiles import LIMIT_CONFIG, InputFileError, brief, read_yaml
+
+FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
+DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
+DEFAULT_RANK_TABLE = "/user/serverid/devindex/config/hccl.json"
+TASKD_DEFAULT_PORT = 9601  # TaskD hard-codes the manager port; pods declare it as taskd-port
+DEFAULT_FAULT_NPUS = "/user/restore/fault/config/fault-npus"
+DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The resolved options of one ``launcher run``."""
+
+    command: Tuple[str, ...]
+    rank_table: Optional[str] = None
+    rank_table_timeout: float = 300.0
+    nproc_per_node: Optional[int] = None
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: Optional[str] = None
+    master_port: Optional[int] = None
+    server_id: Optional[str] = None
+    framework: Optional[str] = None
+    max_restarts: int = 0
+    restart_backoff: float = 0.5
+    restart_backoff_max: float = 30.0
+    stop_timeout: float = 10.0
+    gasp_timeout: Optional[float] = None
+    termination_grace_period: float = 30.0
+    gasp_signal: str = "SIGTERM"
+    gasp_min_interval: float = 0.0
+    log_dir: Optional[str] = None
+    console_ranks: str = "all"
+    run_dir: Optional[str] = None
+    run_id: Optional[str] = None
+    job_name: Optional[str] = None
+    group_info_root: Optional[str] = None
+    graceful_exit: bool = False
+    hccl_if_ip: Optional[str] = None
+    checkpoint_dir: Optional[str] = None
+    checkpoint_pattern: Optional[str] = None
+    fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
+    reset_json: Optional[str] = DEFAULT_RESET_JSON
+    fault_ranks: Optional[str] = None
+    groups_file: Optional[str] = None
+    dp: Optional[int] = None
+    tp: Optional[int] = None
+    pp: Optional[int] = None
+    recover_strategy: Optional[str] = None
+    sync_dir: Optional[str] = None
+    sync_timeout: float = 300.0
+    taskd: str = "auto"
+    taskd_port: int = TASKD_DEFAULT_PORT
+    debug_rank: Optional[int] = None
+    pdb: bool = False
+    dry_run: bool = False
+    json_output: bool = False
+    extra: Dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def resolved_framework(self, environ: Dict[str, str]) -> str:
+        """``--framework``, else MindX's ``framework`` variable, else pytorch."""
+        name = (self.framework or environ.get(envnames.MINDX_FRAMEWORK) or "pytorch").lower()
+        if name not in FRAMEWORKS:
+            raise UsageError(f"unknown framework {name!r}", [f"expected one of {', '.join(FRAMEWORKS)}"])
+        return name
+
+
+    def resolved_gasp_timeout(self) -> float:
+        """``--gasp-timeout``, else what fits inside ``--termination-grace-period`` with a margin."""
+        if self.gasp_timeout is not None:
+            return self.gasp_timeout
+        return default_gasp_timeout(self.termination_grace_period)
+
+    def resolved_gasp_signal(self) -> int:
+        """The gasp signal as a number (``SIGTERM``, ``TERM`` or ``15``)."""
+        return parse_signal(self.gasp_signal)
+
+
+#: Signals a process cannot catch: a "save" signal must be one the rank can handle.
+UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+
+#: Seconds kept free inside terminationGracePeriodSeconds for SIGKILL, reaping and prestop's return
+#: (the gasp timeout is an option default, so it lives with the options, below the control layer).
+MIN_MARGIN = 5.0
+
+
+def default_gasp_timeout(termination_grace_period: float) -> float:
+    """Gasp timeout that fits the pod's grace period with a safety margin (5 s or 10 %, the larger)."""
+    margin = max(MIN_MARGIN, 0.1 * termination_grace_period)
+    return max(1.0, termination_grace_period - margin)
+
+
+def parse_signal(text: Any, option: str = "--gasp-signal") -> int:
+    """A catchable signal's number from its name (``SIGUSR1``, ``usr1``) or number (``10``).
+
+    Raises:
+        UsageError: not a signal of this system (0, 99, ``FOO``), or SIGKILL / SIGSTOP.
+    """
+    name = str(text).strip().upper()
+    try:
+        if name.isdigit():
+            signum = signal.Signals(int(name))
+        else:
+            signum = signal.Signals[name if name.startswith("SIG") else "SIG" + name]
+    except (KeyError, ValueError):
+        raise UsageError(f"{option} {text!r} is not a signal name or number of this system",
+                         ["e.g. SIGTERM, USR1 or 10"]) from None
+    if signum in UNCATCHABLE:
+        raise UsageError(f"{option} {signum.name}: a rank cannot catch it, so it can never save",
+                         ["use a catchable signal such as SIGTERM or SIGUSR1"])
+    return int(signum)
+
+
+class SignalType(click.ParamType):
+    """Click type for a save signal: checked at parse time (``--dry-run`` too); the value is its name."""
+
+    name = "signal"
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
+        option = param.opts[0] if param is not None and param.opts else "signal"
+        return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
+
+
+def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple[int, ...]:
+    """``"3,5"`` -> ``(3, 5)``; empty or None -> ``()``.
+
+    Raises:
+        UsageError: not a comma-separated list of non-negative integers.
+    """
+    if not text:
+        return ()
+    try:
+        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated rank ids like 3,5") from None
+    if any(r < 0 for r in ranks):
+        raise UsageError(f"{option} {text!r}: rank ids are non-negative")
+    return ranks
+
+
+def check_sync_options(run_id: str, chosen: bool, server_count: int) -> None:
+    """``--sync-dir`` is scoped by the run id, so every node of the job must use the same one.
+
+    Args:
+        run_id: The job's run id.
+        chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than derived).
+        server_count: Servers in the rank table.
+
+    Raises:
+        UsageError: a derived run id with several servers, or a run id that is not a file name.
+    """
+    # The derived id is the same on every node, but also for every rerun of the same command on the
+    # same table: a rerun would meet the previous run's barriers under DIR/<run-id>/.
+    if not chosen and server_count > 1:
+        raise UsageError("--sync-dir with several servers needs the same run id on every node, unique to this run",
+                         ["pass --run-id ID (or set MINDX_TASK_ID) identically to every launcher of the job"])
+    if "/" in run_id or run_id in (".", ".."):
+        raise UsageError(f"--run-id {run_id!r} cannot name a directory under --sync-dir", ["use a run id without '/'"])
+
+
+def env_var_for(option_name: str) -> str:
+    """The environment variable that sets a run option: ``max_restarts`` -> ``LAUNCHER_MAX_RESTARTS``."""
+    return envnames.ENV_PREFIX + option_name.upper()
+
+
+def load_config(path: str) -> Dict[str, Any]:
+    """Read and validate a YAML config file of ``run`` options.
+
+    Keys may be spelled with dashes or underscores (``max-restarts`` or ``max_restarts``).
+
+    Raises:
+        UsageError: unreadable file (not a regular file, too big, not UTF-8), malformed or too deep
+            YAML (one line), or schema violations (one line each, with path).
+    """
+    try:
+        data = read_yaml(path, "config file", LIMIT_CONFIG)
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
+    if data is None:
+        return {}
+    if isinstance(data, dict):
+        data = {str(k).replace("-", "_"): v for k, v in data.items()}
+    problems = _schema_problems(data)
+    if problems:
+        raise UsageError(f"config file {path} is invalid", problems)
+    return data
+
+
+def _schema_problems(data: Any) -> list:
+    import jsonschema
+
+    from launcher.common.resources import load_schema
+
+    validator = jsonschema.Draft7Validator(load_schema("launcher.schema.json"))
+    problems = []
+    known = validator.schema["properties"]
+    for error in sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path)):
+        path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+            problems.extend(f"{path}.{brief(key, 80)}: unknown option"
+                            for key in sorted(error.instance) if key not in known)
+        else:
+            problems.append(f"{path}: {brief(error.message)}")
+    return problems
+
+
+def parse_rank_filter(text: str) -> Optional[List[int]]:
+    """``all`` -> None (every rank), ``none`` -> [], ``0,3,5-7`` -> [0, 3, 5, 6, 7].
+
+    Raises:
+        UsageError: malformed list.
+    """
+    text = text.strip().lower()
+    if text == "all":
+        return None
+    if text == "none":
+        return []
+    ranks: List[int] = []
+    try:
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            low, dash, high = part.partition("-")
+            first, last = int(low), int(high if dash else low)
+            if first < 0 or last < first:
+                raise ValueError(part)
+            ranks.extend(range(first, last + 1))
+    except ValueError:
+        raise UsageError(f"--console-ranks {text!r}: expected all, none, or a list like 0,3,5-7") from None
+    return ranks

@@ -1,0 +1,210 @@
+"""Where the ranks come from and which server is this one.
+
+Order (first that applies): ``--rank-table`` / ``$RANK_TABLE_FILE`` / the MindCluster default path;
+``--nproc-per-node`` (the launcher builds the table); the operator's environment (``WORLD_SIZE`` /
+``LOCAL_WORLD_SIZE`` / ``RANK`` for PyTorch, ``MS_WORKER_NUM`` / ``MS_LOCAL_WORKER`` /
+``MS_NODE_RANK`` for MindSpore), which is turned into an equivalent ``--nproc-per-node`` table.
+"""
+
+import dataclasses
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import List, Mapping, Optional, Sequence
+
+from launcher.common import envnames
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import DEFAULT_MASTER_PORT, DEFAULT_RANK_TABLE, RunOptions
+from launcher.jobspec.ranktable.model import RankTable, ServerEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The job's rank table and this server's place in it.
+
+    Attributes:
+        table: The rank table (read from a file or built by the launcher).
+        server: This server's entry.
+        source: Human description of where the table came from.
+        table_file: Path of the rank table file, or None when the launcher built it.
+        dynamic_cluster: MindSpore without a rank table: the msrun model (scheduler + workers).
+        master_port: Rendezvous (PyTorch) or scheduler (MindSpore) port.
+    """
+
+    table: RankTable
+    server: ServerEntry
+    source: str
+    table_file: Optional[str]
+    dynamic_cluster: bool
+    master_port: int
+
+    @property
+    def server_index(self) -> int:
+        """Index of this server in the table (legacy ``SERVER_ID``)."""
+        return self.table.server_index(self.server)
+
+    @property
+    def hosts_rank0(self) -> bool:
+        """True on the server hosting global rank 0 (where the master / scheduler runs)."""
+        return 0 in self.server.ranks
+
+
+def rank_table_path(opts: RunOptions, environ: Mapping[str, str]) -> Optional[str]:
+    """The rank table file to use, or None when ranks come from options or the environment."""
+    if opts.rank_table:
+        return opts.rank_table
+    if opts.nproc_per_node is None and environ.get(envnames.RANK_TABLE_FILE):
+        return environ[envnames.RANK_TABLE_FILE]
+    if opts.nproc_per_node is None and os.path.exists(DEFAULT_RANK_TABLE):
+        return DEFAULT_RANK_TABLE
+    return None
+
+
+def resolve(opts: RunOptions, framework: str, environ: Mapping[str, str],
+            table: Optional[RankTable] = None) -> Topology:
+    """Resolve the topology for ``opts``.
+
+    Args:
+        opts: Run options.
+        framework: Resolved framework name.
+        environ: The launcher's environment.
+        table: An already loaded rank table for ``rank_table_path(opts, environ)``, if any.
+
+    Raises:
+        UsageError: no source of ranks, inconsistent options, or this server not found.
+    """
+    default_port = DEFAULT_MASTER_PORT[framework]
+    if table is not None:
+        server = locate_server(table, opts.server_id, environ)
+        port = opts.master_port or _env_int(environ, envnames.MASTER_PORT) or default_port
+        if opts.master_addr:  # the rank-0 server's table address may not be reachable from here
+            table = dataclasses.replace(table, master_host=opts.master_addr)
+        return Topology(table, server, f"rank table {table.source}", table.source, False, port)
+    nproc, nnodes, node_rank, source = _local_shape(opts, framework, environ)
+    master = opts.master_addr or _env_master(framework, environ) or "127.0.0.1"
+    port = opts.master_port or _env_port(framework, environ)
+    if port is None and nnodes == 1:  # one node: no other launcher needs to know the port in advance
+        port = free_port(master)
+    port = port or default_port
+    from launcher.jobspec.ranktable.generate import build_local_table
+
+    built = build_local_table(nproc, nnodes=nnodes, node_rank=node_rank, master_addr=master, master_port=port)
+    return Topology(built, built.servers[node_rank], source, None, framework == "mindspore", port)
+
+
+def free_port(host: str) -> Optional[int]:
+    """A TCP port free on ``host`` now (bind port 0, read it, close), or None when ``host`` is not local.
+
+    What torchrun does for a local job whose store is not shared with its agent
+    (``torch.distributed.elastic.utils.distributed.get_free_port``), with the same race: the port is
+    not reserved, and another process may bind it before rank 0 (or the MindSpore scheduler) does;
+    the kernel hands out port-0 ports round-robin through the ephemeral range, which makes an
+    immediate reuse unlikely. An explicit ``--master-port`` avoids the race altogether.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.bind(address)
+            return sock.getsockname()[1]
+    except OSError as exc:  # not an address of this host: the framework default
+        log.debug("no free port on %s: %s", host, exc)
+        return None
+
+
+def _local_shape(opts: RunOptions, framework: str, environ: Mapping[str, str]):
+    if opts.nproc_per_node is not None:
+        if opts.node_rank >= opts.nnodes:
+            raise UsageError(f"--node-rank {opts.node_rank} must be below --nnodes {opts.nnodes}")
+        return opts.nproc_per_node, opts.nnodes, opts.node_rank, "--nproc-per-node"
+    if framework == "mindspore":
+        names = (envnames.MS_WORKER_NUM, envnames.MS_LOCAL_WORKER, envnames.MS_NODE_RANK)
+    else:
+        names = (envnames.WORLD_SIZE, envnames.LOCAL_WORLD_SIZE, envnames.RANK)
+    if not all(environ.get(n) for n in names):
+        raise UsageError(
+            "no ranks to start: give --rank-table FILE, set RANK_TABLE_FILE, or use --nproc-per-node N",
+            [f"(or set {', '.join(names)} as the Ascend Operator does)"])
+    world, local, node_rank = (_env_int(environ, n, required=True) for n in names)
+    if world < 1:
+        raise UsageError(f"{names[0]}={world} must be positive")
+    if local < 1 or world % local:
+        raise UsageError(f"{names[0]}={world} is not a multiple of {names[1]}={local}")
+    if not 0 <= node_rank < world // local:
+        raise UsageError(f"{names[2]}={node_rank} is out of range for {world // local} nodes")
+    return local, world // local, node_rank, f"environment ({', '.join(names)})"
+
+
+def _env_master(framework: str, environ: Mapping[str, str]) -> Optional[str]:
+    name = envnames.MS_SCHED_HOST if framework == "mindspore" else envnames.MASTER_ADDR
+    return environ.get(name) or None
+
+
+def _env_port(framework: str, environ: Mapping[str, str]) -> Optional[int]:
+    name = envnames.MS_SCHED_PORT if framework == "mindspore" else envnames.MASTER_PORT
+    return _env_int(environ, name)
+
+
+def _env_int(environ: Mapping[str, str], name: str, required: bool = False) -> Optional[int]:
+    raw = environ.get(name)
+    if raw in (None, ""):
+        if required:
+            raise UsageError(f"{name} is not set")
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not an integer") from None
+
+
+def locate_server(table: RankTable, server_id: Optional[str], environ: Mapping[str, str]) -> ServerEntry:
+    """Find this server in ``table``: ``--server-id``, else ``XDL_IP``, else ``POD_IP``, else own addresses.
+
+    Raises:
+        UsageError: zero or several servers match; the message names the candidates.
+    """
+    if server_id:
+        return _exactly_one(table, [server_id], "--server-id")
+    node_ip, pod_ip = environ.get(envnames.XDL_IP), environ.get(envnames.POD_IP)
+    if node_ip and pod_ip and len(table.find_servers([node_ip])) > 1:
+        # Several pods of the job on one node share its address: the pod address tells them apart.
+        matches = [s for s in table.find_servers([node_ip]) if pod_ip in s.addresses]
+        if len(matches) == 1:
+            return matches[0]
+    for label, value in ((envnames.XDL_IP, node_ip), (envnames.POD_IP, pod_ip)):
+        if value:
+            return _exactly_one(table, [value], label)
+    return _exactly_one(table, host_addresses(), "this host's addresses")
+
+
+def _exactly_one(table: RankTable, addresses: Sequence[str], label: str) -> ServerEntry:
+    matches = table.find_servers(addresses)
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join("/".join(s.addresses) for s in table.servers)
+    shown = ", ".join(addresses)
+    if not matches:
+        raise UsageError(f"this server ({label}: {shown}) is not in the rank table",
+                         [f"servers in the table: {known}", "pass --server-id ADDR to choose one"])
+    names = "; ".join("/".join(s.addresses) for s in matches)
+    raise UsageError(f"{label} ({shown}) matches several servers in the rank table: {names}",
+                     ["pass --server-id ADDR with one exact address"])
+
+
+def host_addresses() -> List[str]:
+    """Every IPv4/IPv6 address of this host (interfaces first, then the hostname's)."""
+    addresses: List[str] = []
+    try:
+        import psutil
+
+        for entries in psutil.net_if_addrs().values():
+            addresses.extend(e.address.split("%")[0] for e in entries if e.family in (socket.AF_INET, socket.AF_INET6))
+    except (ImportError, OSError) as exc:  # psutil missing or /proc unreadable: fall back to DNS
+        log.debug("interface addresses unavailable: %s", exc)
+    try:
+        addresses.extend(socket.gethostbyname_ex(socket.gethostname())[2])
+    except OSError:
+        pass
+    return list(dict.fromkeys(addresses))

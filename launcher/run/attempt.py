@@ -1,0 +1,118 @@
+"""Everything one (re)start hands the ranks beyond the job-wide environment.
+
+``attempt_specs`` composes, for one attempt, the restore plan's variables, the graceful-exit file,
+whether a gasp save is allowed, the TaskD preload and torch's error file on top of
+``rankenv.worker_specs``. ``launcher run`` and ``launcher run --dry-run`` both use it, so the dry
+run shows exactly what a start would give each rank.
+"""
+
+import os
+from typing import Callable, Dict, List, Sequence, Tuple
+
+from launcher.supervision import debugging
+from launcher.common import envnames
+from launcher.common.errors import UsageError
+from launcher.control.gasp import GRACEFUL_EXIT_FILE
+from launcher.jobspec.options import RunOptions
+from launcher.common.rundir import CONTROL_SOCKET
+from launcher.jobspec.rankenv import EnvContext, WorkerSpec, worker_specs
+
+PLAN_FILE = "restore_plan.json"
+
+
+def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before: Sequence[int], *,
+                  log_session: str, gasp_allowed: bool, taskd_env: Dict[str, str],
+                  ckpt_index: object = None) -> Tuple[List[WorkerSpec], object]:
+    """The processes of one attempt and the restore plan behind them (None without --checkpoint-dir).
+
+    Args:
+        opts: Run options.
+        ctx: Job-wide context.
+        attempt: Restart count.
+        failed_before: Ranks that failed in the previous attempt (fault ranks for the plan).
+        log_session: This launcher invocation's log directory.
+        gasp_allowed: Whether a dying-gasp save is allowed right now (``--gasp-min-interval``).
+        taskd_env: TaskD variables for every rank (empty without TaskD).
+        ckpt_index: the session's :class:`launcher.restore.CheckpointIndex` (from
+            :func:`checkpoint_index`), so the plan re-reads only what changed.
+    """
+    plan = None
+    if opts.checkpoint_dir:
+        from launcher.restore import compute_plan
+
+        plan = compute_plan(restore_inputs(opts, ctx, failed_before), index=ckpt_index)
+    common = {**taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
+              envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if gasp_allowed else "0"}
+    if opts.graceful_exit and ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
+        # Only on request (--graceful-exit), and an explicit operator value is inherited: on CPU the
+        # flag adds an int32 all-reduce to stock TrainOneStepCell that the CPU kernel rejects
+        # (examples/mindspore/README.md), so an msrun script must not get it unasked.
+        common[envnames.MS_ENABLE_GRACEFUL_EXIT] = "1"
+    per_rank = {}
+    control_socket = os.path.join(ctx.run_dir, CONTROL_SOCKET)
+    for device in ctx.topology.server.devices:
+        per_rank[device.rank_id] = {**common,
+                                    envnames.TORCHELASTIC_ERROR_FILE: error_file_path(log_session, attempt,
+                                                                                      device.rank_id),
+                                    **(plan.env_for(device.rank_id) if plan is not None else {}),
+                                    **debugging.rank_env(ctx.base_env, device.rank_id, opts.debug_rank, opts.pdb,
+                                                         control_socket)}
+    command = debugging.postmortem_argv(opts.command) if opts.pdb else opts.command
+    return worker_specs(ctx, command, attempt, per_rank), plan
+
+
+def error_file_path(log_session: str, attempt: int, rank: int) -> str:
+    """Where rank ``rank`` of ``attempt`` finds ``TORCHELASTIC_ERROR_FILE`` (torch's ``@record`` writes it)."""
+    return os.path.join(log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
+
+
+def checkpoint_index(opts: RunOptions, add_reader: Callable[[int, Callable[[], None]], None],
+                     call_later: Callable[[float, Callable[[], None]], object]):
+    """The index of ``--checkpoint-dir`` kept for the plans before restarts, fed by the event loop
+    (inotify events are drained as they come); None without ``--checkpoint-dir``."""
+    if not opts.checkpoint_dir:
+        return None
+    from launcher.restore import CheckpointIndex
+    from launcher.restore.checkpoints import compile_patterns
+
+    try:
+        patterns = compile_patterns(opts.checkpoint_pattern)
+    except UsageError:
+        return None  # the first plan reports it, as it does without the index
+    index = CheckpointIndex(opts.checkpoint_dir, patterns, call_later=call_later)
+    if index.fileno() is not None:
+        add_reader(index.fileno(), index.drain)
+    return index
+
+
+def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:
+    """``--taskd``: every rank preloads libtaskd.so; a missing package or library is an error."""
+    from launcher.cluster import taskd
+
+    if not taskd.taskd_enabled(opts.taskd, ctx.base_env):
+        return {}
+    return taskd.rank_env(ctx.base_env, taskd.libtaskd_path())
+
+
+def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[int] = ()):
+    """The restore planner's inputs for this job and attempt."""
+    from launcher.jobspec.options import parse_rank_list
+    from launcher.restore import PlanInputs
+
+    # Only with --group-info-root; ranks that never write group_info.pb (PyTorch) must not make the
+    # planner warn about it.
+    root = ctx.group_info_root
+    group_info_root = root if root and _has_group_info(root) else None
+    return PlanInputs(world_size=ctx.topology.table.world_size, fault_npus_path=opts.fault_npus or None,
+                      reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
+                      previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
+                      groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
+                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern)
+
+
+def _has_group_info(root: str) -> bool:
+    try:
+        with os.scandir(root) as entries:
+            return any(os.path.exists(os.path.join(e.path, "group_info.pb")) for e in entries if e.is_dir())
+    except OSError:
+        return False

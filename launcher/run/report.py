@@ -1,0 +1,91 @@
+"""What a run leaves for its user: its log directories and, when it fails, the root-cause summary.
+
+Each launcher invocation logs under ``<log-dir>/<session>/attempt_<n>/``; ``prune_attempt_logs``
+bounds how many attempt directories a crash loop keeps. ``format_root_cause`` turns the supervisor's
+``RunResult`` into the lines printed at the end of a failed run.
+"""
+
+import os
+import shutil
+from datetime import datetime
+from typing import Callable, List, Optional, Sequence
+
+from launcher.monitoring.errorfile import explain_failure
+from launcher.supervision import debugging
+from launcher.supervision.output import tail_lines
+
+
+#: ``attempt_<n>`` log directories kept per session besides the first one: a crash loop with a large
+#: ``--max-restarts`` must not fill the disk, and the first and the latest attempts are the telling ones.
+KEEP_ATTEMPT_LOGS = 20
+
+
+def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_LOGS,
+                       in_use: Sequence[str] = ()) -> List[int]:
+    """Delete this session's ``attempt_<n>`` log dirs but the first, the newest ``keep``, ``current``
+    and those holding a log in use.
+
+    Args:
+        log_session: The session's log directory.
+        current: The attempt about to start (never deleted).
+        keep: Newest attempts kept (``current`` among them).
+        in_use: Log files of running ranks (with recover-in-place, ranks of an older attempt).
+
+    Returns:
+        The attempt numbers whose directories were deleted.
+    """
+    try:
+        names = os.listdir(log_session)
+    except OSError:
+        return []
+    numbers = sorted(int(n[8:]) for n in names if n.startswith("attempt_") and n[8:].isdigit())
+    busy = {os.path.basename(os.path.dirname(path)) for path in in_use}
+    kept = set(numbers[:1]) | set(sorted(set(numbers) | {current})[-keep:]) | {current}
+    removed = [n for n in numbers if n not in kept and f"attempt_{n}" not in busy]
+    for number in removed:
+        shutil.rmtree(os.path.join(log_session, f"attempt_{number}"), ignore_errors=True)
+    return removed
+
+
+def session_name() -> str:
+    """Directory name of one launcher invocation's logs: time, then pid (sortable, unique)."""
+    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def format_root_cause(result, log_lines: int = 10,
+                      error_file: Callable[[object], Optional[str]] = lambda failure: None) -> List[str]:
+    """The root-cause summary: which rank failed first, how, when, and why.
+
+    Why, as torchrun shows it: the exception and traceback from the rank's ``TORCHELASTIC_ERROR_FILE``
+    (written by torch's ``@record``), else the last traceback in the rank's log, else the log's last
+    ``log_lines`` lines.
+
+    Args:
+        result: The supervisor's ``RunResult``.
+        log_lines: Lines of the log shown when the rank left no traceback.
+        error_file: ``failure -> path`` of that rank's error file (None when it has none).
+    """
+    cause = result.root_cause
+    if cause is None:
+        return []
+    when = datetime.fromtimestamp(cause.info.wall_time).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    lines = [f"job failed after {result.attempts} attempt(s): first failure of the last attempt was "
+             f"{cause.label} ({cause.info.describe()}) at {when}"]
+    earlier = result.failures[:-1]
+    if earlier:
+        lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
+                                                       for f in earlier))
+    found = explain_failure(error_file(cause), cause.log_path)
+    if found is not None:
+        lines.append(f"exception: {found.message}")
+        if found.traceback:
+            lines.append(f"traceback (from {found.source}):")
+            lines.extend(f"    {line}" for line in found.traceback)
+        if cause.log_path and found.source != cause.log_path:
+            lines.append(f"log: {cause.log_path}")
+    elif cause.log_path:
+        tail = tail_lines(cause.log_path, log_lines)
+        lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
+        lines.extend(f"    {line}" for line in tail)
+        lines.extend(debugging.root_cause_hint(cause.rank, tail))
+    return lines

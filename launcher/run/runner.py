@@ -1,0 +1,132 @@
+"""``launcher run``: resolve the job, then hand it to the supervisor and report how it ended."""
+
+import json
+import logging
+import os
+import shutil
+from typing import Mapping, Optional, Sequence
+
+from launcher.supervision import debugging
+from launcher.common import envnames
+from launcher.jobspec import hostfacts, topology
+from launcher.common.errors import UsageError
+from launcher.jobspec.options import RunOptions, check_sync_options, parse_rank_filter
+from launcher.common.rundir import base_dir
+from launcher.jobspec.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
+from launcher.jobspec.recovery import resolve_strategy
+from launcher.jobspec.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> int:
+    """Run the job described by ``opts``; returns the launcher's exit status."""
+    environ = dict(os.environ if environ is None else environ)
+    framework = opts.resolved_framework(environ)
+    check_command(opts.command, environ)
+    topo = resolve_topology(opts, framework, environ)
+    run_dir = choose_run_dir(opts, environ)
+    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or derived_run_id(topo, opts.command)
+    ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
+                     run_dir=run_dir,
+                     group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
+                     base_env=environ, visible_devices=hostfacts.visible_devices(environ),
+                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip)
+    check_visible_devices(ctx)
+    parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
+    resolve_strategy(opts.recover_strategy, environ)
+    debugging.check_options(opts.debug_rank, opts.pdb, opts.command, topo.server.ranks)
+    if opts.sync_dir:
+        check_sync_options(run_id, bool(opts.run_id or environ.get(envnames.MINDX_TASK_ID)),
+                           topo.table.server_count)
+    if opts.dry_run:
+        print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
+        return 0
+    if not (opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)):
+        from launcher.common import jobs
+
+        jobs.prune(os.path.dirname(run_dir), exclude=[os.path.basename(run_dir)])
+    from launcher.run.session import Session  # the spawning machinery is not needed for --dry-run
+
+    with Session(opts, ctx) as session:
+        return session.run()
+
+
+def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:
+    """``--run-dir`` (or ``LAUNCHER_RUN_DIR``), else a run dir of the job's own under the base dir:
+    ``<base>/<job name>`` (``launcher.common.jobs.job_name``), so two jobs on one machine never share one."""
+    explicit = opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)
+    if explicit:
+        return os.path.abspath(explicit)
+    from launcher.common.jobs import job_name
+
+    chosen_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID)
+    return os.path.join(os.path.abspath(base_dir(dict(environ))), job_name(opts.job_name, chosen_id))
+
+
+def preview_first_attempt(opts: RunOptions, ctx: EnvContext):
+    """The first attempt's specs and restore plan, exactly as ``run`` would build them, no side effects."""
+    from launcher.run.attempt import attempt_specs, taskd_rank_env
+    from launcher.control.gasp import GASP_STATE, GaspGate
+
+    gate = GaspGate(os.path.join(ctx.run_dir, GASP_STATE), opts.gasp_min_interval)
+    log_session = os.path.join(os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs")), "<session>")
+    return attempt_specs(opts, ctx, 0, (), log_session=log_session, gasp_allowed=gate.allowed(),
+                         taskd_env=taskd_rank_env(opts, ctx))
+
+
+def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
+    """Fail early, with exit 2, when the command cannot be found or executed."""
+    program = command[0]
+    if os.sep in program:
+        if not (os.path.isfile(program) and os.access(program, os.X_OK)):
+            raise UsageError(f"command not found or not executable: {program}")
+    elif shutil.which(program, path=environ.get("PATH")) is None:
+        here = os.path.isfile(program)  # the shell's habit: a file here runs only as ./NAME
+        raise UsageError(f"command not found: {program}",
+                         [f"(searched $PATH; to run the file in this directory, write ./{program})" if here
+                          else "(searched $PATH)"])
+
+
+def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:
+    """The rank table (waiting for the cluster to complete it) and this server's entry."""
+    path = topology.rank_table_path(opts, environ)
+    table = None
+    if path is not None:
+        from launcher.jobspec.ranktable.wait import wait_for_rank_table
+
+        # Absolute: ranks get it as RANK_TABLE_FILE and may change directory before opening it.
+        table = wait_for_rank_table(os.path.abspath(path), timeout=opts.rank_table_timeout)
+    return topology.resolve(opts, framework, environ, table)
+
+
+def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], plan: object, as_json: bool) -> None:
+    """Print what ``run`` would start, without starting it."""
+    topo = ctx.topology
+    doc = {
+        "framework": ctx.framework,
+        "source": topo.source,
+        "rank_table_file": topo.table_file,
+        "world_size": topo.table.world_size,
+        "server": {"index": topo.server_index, "server_id": topo.server.server_id,
+                   "addresses": list(topo.server.addresses)},
+        "master_addr": topo.table.master_addr,
+        "master_port": topo.master_port,
+        "run_dir": ctx.run_dir,
+        "restore_plan": plan.to_json() if plan is not None else None,
+        "ranks": [{"rank": s.rank, "local_rank": s.local_rank, "device_id": s.device_id, "role": s.role,
+                   "env": dict(s.env), "argv": list(s.argv)} for s in specs],
+    }
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    print(f"framework {ctx.framework}; ranks from {topo.source}; world size {topo.table.world_size}")
+    print(f"this server: #{topo.server_index} {'/'.join(topo.server.addresses)}; "
+          f"master {topo.table.master_addr}:{topo.master_port}")
+    if plan is not None:
+        print(plan.format_table())
+    for rank in doc["ranks"]:
+        print(f"\n{rank['role']} rank={rank['rank']} local_rank={rank['local_rank']} device={rank['device_id']}")
+        print("  argv: " + " ".join(rank["argv"]))
+        for key in sorted(rank["env"]):
+            print(f"  {key}={rank['env'][key]}")

@@ -1,0 +1,306 @@
+"""One supervised run: run dir, events, logs, orphan guard, process group and supervisor, wired up.
+
+Everything set up here is torn down in ``__exit__``, whatever happened in between.
+"""
+
+import dataclasses
+import logging
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Dict, Optional, Sequence
+
+from launcher.supervision import console as console_mod
+from launcher.common import envnames
+from launcher.control import gasp as gasp_mod
+from launcher.supervision import guard as guard_mod
+from launcher.common import rundir as rundir_mod
+from launcher.cluster.resetfollow import ResetJsonFollower
+from launcher.cluster.syncjoin import SyncCoordination
+from launcher.cluster.taskd import TaskdManager
+from launcher.control.server import ControlChannel
+from launcher.common.errors import UsageError
+from launcher.monitoring.events import EventLog
+from launcher.supervision.jobtree import JobTree, report_escaped
+from launcher.jobspec.options import RunOptions, parse_rank_filter
+from launcher.supervision.integration import Integrations
+from launcher.supervision.procgroup import LocalProcessGroup
+from launcher.jobspec.recovery import resolve_strategy
+from launcher.run.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
+from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
+from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
+from launcher.supervision.policy import RestartPolicy, RunResult
+from launcher.supervision.supervisor import Supervisor
+
+if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
+    from launcher.restore.plan import RestorePlan
+
+log = logging.getLogger(__name__)
+
+
+class Session:
+    """Context manager owning the resources of one ``launcher run``.
+
+    Args:
+        opts: Run options.
+        ctx: The resolved job context (topology, run id, ...).
+    """
+
+    def __init__(self, opts: RunOptions, ctx: EnvContext):
+        self.opts = opts
+        self.ctx = ctx
+        self.console_ranks = parse_rank_filter(opts.console_ranks)
+        self.run_dir = rundir_mod.RunDir(ctx.run_dir)
+        self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
+        self.log_session = os.path.join(self.log_root, session_name())
+        self.events: Optional[EventLog] = None
+        self.guard: Optional[guard_mod.OrphanGuard] = None
+        self.group: Optional[LocalProcessGroup] = None
+        self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
+        self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
+        self.taskd_env: Dict[str, str] = {}
+        # What runs beside the ranks (launcher.supervision.integration): started in this order before
+        # the first attempt, stopped in reverse when the session ends. A new one is one line here.
+        self.reset = ResetJsonFollower()
+        self.sync = SyncCoordination()
+        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager()])
+        self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
+        self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
+        self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
+
+    def __enter__(self) -> "Session":
+        self.run_dir.lock()
+        self._make_log_dir()
+        self.events = EventLog(self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id)
+        previous = self.run_dir.read_json(rundir_mod.LAUNCHER)
+        if previous and not previous.get("ended"):
+            # The launcher before us on this run dir never reached its end (SIGKILL, OOM, node loss).
+            self.emit("unclean_previous_run", previous_pid=previous.get("pid"), started=previous.get("started"),
+                      run_id=previous.get("run_id"))
+            log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
+        self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
+                                "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
+                                "gasp_signal": self.opts.gasp_signal}
+        self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
+        guard_mod.become_subreaper()
+        tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
+        self.guard = guard_mod.OrphanGuard(tree)
+        if self.opts.debug_rank is not None or self.opts.pdb:
+            from launcher.supervision.debugging import DebugConsole
+
+            self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
+        self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
+                                       lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
+        gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
+        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
+        self.taskd_env = taskd_rank_env(self.opts, self.ctx)
+        self._make_group_info_dirs(self.ctx.topology.server.ranks)
+        return self
+
+    def _make_log_dir(self) -> None:
+        try:
+            os.makedirs(self.log_session, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot write logs under {self.log_root}: {exc.strerror}",
+                             ["pass --log-dir with a writable directory"]) from None
+        latest = os.path.join(self.log_root, "latest")
+        if os.path.isdir(latest) and not os.path.islink(latest):
+            log.warning("%s is a directory, not the launcher's link: not pointing it at this run's logs", latest)
+            return
+        tmp = f"{latest}.{os.getpid()}"
+        try:
+            os.symlink(os.path.basename(self.log_session), tmp)
+            os.replace(tmp, latest)
+        except OSError as exc:  # a convenience link: never worth stopping the job for
+            if os.path.lexists(tmp):
+                os.unlink(tmp)
+            log.warning("cannot point %s at this run's logs (%s)", latest, exc.strerror or exc)
+
+    def run(self) -> int:
+        """Supervise the job to its end; returns the exit status."""
+        topo = self.ctx.topology
+        self.emit("start", argv=list(self.opts.command), framework=self.ctx.framework, source=topo.source,
+                  world_size=topo.table.world_size, server=topo.server.server_id,
+                  local_ranks=list(topo.server.ranks), max_restarts=self.opts.max_restarts,
+                  log_dir=self.log_session)
+        log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
+                 topo.source, self.log_session)
+        strategy = resolve_strategy(self.opts.recover_strategy, self.ctx.base_env)
+        log.info("recovery strategy: %s", strategy.describe())
+        policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
+                               self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
+                               self.gasp_gate.try_save, strategy, self._in_place_supported(),
+                               backoff_max=self.opts.restart_backoff_max)
+        self.integrations.start(self)
+        self._warn_uncoordinated()
+        supervisor = Supervisor(self.group, self._specs_for, policy, self.emit, self._on_spawned,
+                                lambda rank: self.group.log_paths.get(rank),
+                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
+                                self.sync.coordinator, resume_note=self._resume_note, debug=self.debug)
+        result = supervisor.run()
+        self._report(result)
+        return result.exit_code
+
+    def _warn_uncoordinated(self) -> None:
+        """Several servers, neither --sync-dir nor reset.json: say that restarts stay node-local."""
+        topo = self.ctx.topology
+        if topo.table.server_count > 1 and self.sync.coordinator is None and self.reset.follower is None:
+            self.emit("sync_disabled", server_count=topo.table.server_count)
+            log.warning("%d servers and no --sync-dir: restarts are not coordinated across the nodes "
+                        "(see docs/multinode.md)", topo.table.server_count)
+
+    def _refresh_rank_table(self) -> None:
+        """Before a restart: re-read the rank table if the cluster rewrote it (its version changed)."""
+        topo = self.ctx.topology
+        if not topo.table_file:
+            return
+        from launcher.common.inputfiles import InputFileError
+        from launcher.jobspec.ranktable.files import read_version
+
+        try:
+            revision = read_version(topo.table_file)
+        except InputFileError as exc:  # a bad file during the run: say so, keep the table we have
+            log.warning("%s; keeping the rank table of version %s", exc, topo.table.revision)
+            return
+        if revision is None or revision == (topo.table.revision or ""):
+            return
+        from launcher.jobspec import topology
+        from launcher.jobspec.ranktable import RankTableError
+        from launcher.jobspec.ranktable.wait import wait_for_rank_table
+
+        try:
+            table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+        except RankTableError as exc:
+            log.warning("%s; keeping the rank table of version %s", exc.message, topo.table.revision)
+            return
+        new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
+        self.emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
+                  old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
+                  world_size=table.world_size)
+        log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
+                    table.revision, list(topo.server.ranks), list(new.server.ranks))
+        self.ctx = dataclasses.replace(self.ctx, topology=new)
+        self._make_group_info_dirs(new.server.ranks)
+
+    def _make_group_info_dirs(self, ranks) -> None:
+        """``--group-info-root`` only: the ranks write ``device<r>/group_info.pb`` there, kept across restarts."""
+        for rank in ranks if self.ctx.group_info_root else ():
+            os.makedirs(os.path.join(self.ctx.group_info_root, f"device{rank}"), exist_ok=True)
+
+    def _in_place_supported(self) -> bool:
+        """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
+        switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator. Not with
+        --sync-dir: an in-place respawn would move this node's attempt number off the job's generation."""
+        supported = self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
+        if supported and self.opts.sync_dir:
+            log.info("--sync-dir: a failed rank restarts the whole job, not only itself (recover-in-place)")
+        return supported and not self.opts.sync_dir
+
+    def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
+        if attempt:
+            self._refresh_rank_table()
+            removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
+            if removed:
+                self.emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
+        specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
+                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env,
+                                    ckpt_index=self.ckpt_index)
+        if plan is not None:
+            self._record_plan(attempt, plan)
+        return specs
+
+    def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
+        import psutil  # after the ranks are running: not on the path to the first rank
+
+        ranks = []
+        for rank, pid in sorted(pids.items()):
+            try:
+                created = psutil.Process(pid).create_time()
+            except psutil.Error:
+                created = None  # already gone; its exit event follows
+            ranks.append({"rank": rank, "pid": pid, "pgid": pid, "create_time": created})
+        self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
+                                                   "ranks": ranks, "updated": time.time()})
+
+    def _record_plan(self, attempt: int, plan) -> None:
+        """The restore plan of this (re)start, in the run dir and events.jsonl."""
+        self.run_dir.write_json(PLAN_FILE, plan.to_json())
+        self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
+                  restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
+                  warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
+        self.plans[attempt] = plan
+        if not attempt:  # a restart says it in its own line (Supervisor)
+            log.info("restore plan: %s", resume_summary(plan))
+        for warning in plan.warnings:
+            log.warning("restore plan: %s", warning)
+
+    def _resume_note(self, attempt: int) -> str:
+        plan = self.plans.get(attempt)
+        return resume_summary(plan) if plan is not None else "no restore plan (no --checkpoint-dir)"
+
+    def _log_path(self, spec: WorkerSpec, attempt: int) -> str:
+        name = "scheduler.log" if spec.role == ROLE_SCHEDULER else f"rank_{spec.rank}.log"
+        return os.path.join(self.log_session, f"attempt_{attempt}", name)
+
+    def _on_console(self, spec: WorkerSpec) -> bool:
+        return self.console_ranks is None or spec.rank in self.console_ranks
+
+    def emit(self, event: str, **fields: object) -> None:
+        """Record an event in events.jsonl and pass it to the integrations."""
+        if self.events is not None:
+            self.events.emit(event, **fields)
+        self.integrations.dispatch(event, fields)
+
+    def _report(self, result: RunResult) -> None:
+        self.emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
+        if result.reason == "succeeded":
+            log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
+        elif result.reason == "failed":
+            error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
+            for line in format_root_cause(result, error_file=error_file):
+                log.error("%s", line)
+        else:
+            log.info("stopped (%s); exit %d", result.reason, result.exit_code)
+        sys.stdout.flush()
+
+    def _report_console(self) -> None:
+        """After a bounded wait for a slow console: how much output it did not take (the files have it)."""
+        stdout = console_mod.console_stream()
+        stdout.finish(console_mod.CONSOLE_EXIT_WAIT)
+        if stdout.dropped_bytes:
+            self.emit("console_dropped", stream=stdout.name, bytes=stdout.dropped_bytes, lines=stdout.dropped_lines)
+            log.warning("the console did not take %d bytes (%d lines) of rank output: dropped from the console, "
+                        "the rank log files are complete", stdout.dropped_bytes, stdout.dropped_lines)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.integrations.stop()
+        if self.ckpt_index is not None:
+            if self.ckpt_index.fileno() is not None:
+                self.group.remove_reader(self.ckpt_index.fileno())
+            self.ckpt_index.close()
+        if self.group is not None:
+            self.group.ensure_gone(5.0, final=True)
+            report_escaped(self.emit, self.group.take_escaped(), attempt=None)
+            self.group.close()
+            self._report_console()
+        if self.guard is not None:
+            self.guard.close()
+        if self.debug is not None:
+            self.debug.restore_terminal()
+        if self.events is not None:
+            self.events.close()
+            self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
+        self.run_dir.close()
+
+
+def resume_summary(plan: "RestorePlan") -> str:
+    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
+    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
+
+    if plan.kind == KIND_BREAKPOINT:
+        ranks = plan.restore_ranks
+        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(str(r) for r in ranks)}")
+    if plan.kind == KIND_PERIODIC:
+        return f"resuming from the step-{plan.step} periodic checkpoints"
+    return f"starting from scratch ({plan.reason})"

@@ -1,0 +1,103 @@
+"""What runs beside the ranks for a whole ``launcher run``, behind one small interface.
+
+The control server, the reset.json follower, the cross-node sync coordinator and the TaskD manager
+sidecar are each an :class:`Integration`: the Session starts them in order before the first attempt,
+passes them every supervisor event (attempt start and end included), and stops them in reverse order
+when it ends, whatever happened, so a later one (which may rely on an earlier one) goes first. A new
+integration is a subclass in its own module plus one line in ``Session.integrations``.
+
+The supervisor never sees this list: what its policy needs from an integration (the reset.json hold,
+the sync coordinator) the Session passes to it explicitly, so the restart loop stays testable with
+scripted events. Hooks run inside the supervisor's loop: they return at once and never block.
+
+May import: nothing from ``launcher`` (``launcher.control`` and ``launcher.cluster`` build on it).
+"""
+
+import logging
+from typing import Any, Dict, List, Mapping, Protocol, Sequence
+
+log = logging.getLogger(__name__)
+
+
+class Host(Protocol):
+    """What an integration may use of the Session that starts it (``launcher.run.session.Session``).
+
+    Attributes:
+        opts: The run options (``launcher.jobspec.options.RunOptions``).
+        ctx: The job context (``launcher.jobspec.rankenv.EnvContext``); replaced when the rank table is
+            rewritten, so read it when needed rather than keeping it.
+        group: The process group and event loop (``launcher.supervision.procgroup.LocalProcessGroup``).
+        guard: The orphan guard (``launcher.supervision.guard.OrphanGuard``).
+        run_dir: The run dir (``launcher.common.rundir.RunDir``).
+        log_session: This launcher invocation's log directory.
+        taskd_env: What the ranks get for TaskD (empty without TaskD).
+    """
+
+    opts: Any
+    ctx: Any
+    group: Any
+    guard: Any
+    run_dir: Any
+    log_session: str
+    taskd_env: Dict[str, str]
+
+    def emit(self, event: str, **fields: object) -> None:
+        """Append an event to events.jsonl (and pass it to every integration)."""
+
+
+class Integration:
+    """Something that runs beside the ranks; every hook is optional (the defaults do nothing)."""
+
+    #: Shown in the launcher's log when the integration fails to stop.
+    name = "integration"
+
+    def start(self, host: Host) -> None:
+        """Before the first attempt; may raise UsageError for a bad option (nothing is running yet)."""
+
+    def attempt_started(self, attempt: int) -> None:
+        """The ranks of ``attempt`` were spawned."""
+
+    def attempt_ended(self, attempt: int, failed: bool) -> None:
+        """Every rank of ``attempt`` is gone; ``failed`` when one of them failed."""
+
+    def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Any event the launcher records (events.jsonl names and fields)."""
+
+    def stop(self) -> None:
+        """The run ends (normally or not); release everything started. Called once, if started."""
+
+
+class Integrations:
+    """A Session's integrations: started in order, stopped in reverse, each event passed to each.
+
+    Args:
+        members: The integrations, in start order.
+    """
+
+    def __init__(self, members: Sequence[Integration]):
+        self._members = list(members)
+        self._started: List[Integration] = []
+
+    def start(self, host: Host) -> None:
+        """Start every member in order; those started before a failure are still stopped by :meth:`stop`."""
+        for member in self._members:
+            member.start(host)
+            self._started.append(member)
+
+    def dispatch(self, event: str, fields: Mapping[str, Any]) -> None:
+        """Pass one event to every started member (attempt start / end also to their own hooks)."""
+        for member in self._started:
+            if event == "attempt_start":
+                member.attempt_started(fields["attempt"])
+            elif event == "attempt_end":
+                member.attempt_ended(fields["attempt"], bool(fields.get("failed")))
+            member.on_event(event, fields)
+
+    def stop(self) -> None:
+        """Stop the started members, last first; one failing to stop does not keep the others running."""
+        while self._started:
+            member = self._started.pop()
+            try:
+                member.stop()
+            except Exception:  # a bug in one integration: report it, stop the rest
+                log.error("stopping the %s failed", member.name, exc_info=True)

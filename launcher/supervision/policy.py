@@ -1,0 +1,184 @@
+"""The supervisor's inputs and outputs: restart policy, failures, and how a run ended."""
+
+import signal
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from launcher.jobspec.recovery import RETRY, RecoveryStrategy
+from launcher.supervision.states import ExitInfo, Worker
+
+#: ``wait(seconds) -> bool``: run the supervisor's event loop; False once the run must end.
+Wait = Callable[[float], bool]
+
+#: After SIGKILL, how long to wait for the kernel to report the exits before giving up on them.
+KILL_SETTLE_SECONDS = 5.0
+
+#: An attempt that ran this long before failing was healthy: the restart after it is immediate and
+#: the backoff starts afresh (Kubernetes resets CrashLoopBackOff after 10 minutes; a training job
+#: that got through rendezvous and a minute of steps is past its start-up failures).
+HEALTHY_SECONDS = 60.0
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """The restart budget and the stop timeouts.
+
+    Attributes:
+        max_restarts: Restarts allowed after the first attempt.
+        backoff: First delay of a streak of quick failures (``restart_delay``); 0 disables backoff.
+        stop_timeout: SIGTERM -> SIGKILL delay when stopping the group after a failure.
+        grace_period: Signal -> SIGKILL delay when the launcher is asked to stop: the dying-gasp
+            timeout (prestop, SIGTERM) and the SIGINT grace.
+        gasp_signal: Signal sent to each rank's main process for the dying gasp.
+        gasp_allowed: ``() -> bool``: False within ``--gasp-min-interval`` of the previous gasp,
+            when the ranks are stopped without the save signal.
+        strategy: The recovery strategy (``retry`` by default).
+        in_place_supported: Whether the framework lets a restarted rank re-join a running group.
+        hold_timeout: Longest wait for the cluster (reset.json FaultFlushing, a local rank in fault,
+            recovery after a fault) before giving up with exit 1.
+        backoff_max: Cap of the restart delay; 0 disables backoff.
+        healthy_seconds: An attempt that ran this long resets the streak of quick failures.
+    """
+
+    max_restarts: int = 0
+    backoff: float = 0.0
+    stop_timeout: float = 10.0
+    grace_period: float = 25.0
+    gasp_signal: int = signal.SIGTERM
+    gasp_allowed: Callable[[], bool] = lambda: True
+    strategy: RecoveryStrategy = RecoveryStrategy(frozenset({RETRY}), "default")
+    in_place_supported: bool = False
+    hold_timeout: float = 600.0
+    backoff_max: float = 0.0
+    healthy_seconds: float = HEALTHY_SECONDS
+
+    def restart_delay(self, quick_failures: int) -> float:
+        """Seconds to wait before a restart, after ``quick_failures`` attempts in a row that failed
+        within ``healthy_seconds`` of their start (0 after a healthy attempt).
+
+        The first restart is immediate (a one-off failure, and the benchmarked restart latency);
+        from the second quick failure in a row the delay doubles from ``backoff`` up to ``backoff_max``.
+        """
+        if quick_failures < 2:
+            return 0.0
+        return min(self.backoff_max, self.backoff * 2.0 ** min(quick_failures - 2, 64))
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A rank that failed on its own (not one the launcher stopped)."""
+
+    attempt: int
+    rank: int
+    label: str
+    info: ExitInfo
+    log_path: Optional[str] = None
+
+
+@dataclass
+class Attempt:
+    """The supervisor's record of one attempt.
+
+    Attributes:
+        number: The attempt number (with ``--sync-dir``, the generation).
+        workers: Rank -> its worker.
+        failure: The first rank failure (local, or another node's with ``--sync-dir``).
+        failed_ranks: Local ranks that failed on their own.
+        killed: Ranks SIGKILLed after their stop timeout.
+        cluster_stop: ``fault`` or ``retry`` when the cluster (reset.json) stopped the attempt.
+        duration: Seconds from its start until its last process was gone.
+    """
+
+    number: int
+    workers: Dict[int, Worker]
+    failure: Optional[Failure] = None
+    failed_ranks: List[int] = field(default_factory=list)
+    killed: List[int] = field(default_factory=list)
+    cluster_stop: Optional[str] = None
+    duration: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """Every worker has exited."""
+        return all(w.done for w in self.workers.values())
+
+    def exit_report(self) -> List[dict]:
+        """One row per rank: how it exited, and whether it was killed after its timeout."""
+        rows = []
+        for worker in sorted(self.workers.values(), key=lambda w: w.rank):
+            info = worker.exit
+            rows.append({"rank": worker.rank, "label": worker.label, "killed_after_timeout": worker.rank in self.killed,
+                         "returncode": info.returncode if info else None,
+                         "exit_code": info.exit_code if info else None,
+                         "signal": info.signal_name if info else None})
+        return rows
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How the run ended.
+
+    Attributes:
+        exit_code: The launcher's exit status.
+        reason: ``succeeded``, ``failed`` (budget spent, or the job failed on another node),
+            ``signal``, ``gasp`` (dying gasp on prestop or SIGTERM), ``graceful-exit`` (``launcher
+            exit``, reset.json), ``cluster-timeout`` (the cluster never let the ranks restart) or
+            ``sync-timeout`` (another node never reached a ``--sync-dir`` barrier).
+        attempts: Attempts started.
+        failures: Every rank failure, in order (first of each attempt).
+        signum: The stop signal, for ``reason == "signal"``.
+    """
+
+    exit_code: int
+    reason: str
+    attempts: int
+    failures: Tuple[Failure, ...] = ()
+    signum: Optional[int] = None
+
+    @property
+    def root_cause(self) -> Optional[Failure]:
+        """The first failure of the last failed attempt."""
+        return self.failures[-1] if self.failures else None
+
+
+@dataclass(frozen=True)
+class PeerUpdate:
+    """Event: another node failed or ended the job in ``generation`` (posted to the event loop)."""
+
+    generation: int
+    failure: Failure
+    reason: str
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """What the nodes agreed on after a generation.
+
+    Attributes:
+        failed_ranks: Ranks that failed on their own in the generation, on any node.
+        exit_code: Set when the job ends on every node, with this exit status; None to go on.
+        reason: The ``RunResult`` reason that goes with ``exit_code``.
+    """
+
+    failed_ranks: Tuple[int, ...] = ()
+    exit_code: Optional[int] = None
+    reason: str = ""
+
+
+class NoSync:
+    """How the supervisor coordinates with the other nodes of the job: here, it does not (the
+    default, without ``--sync-dir``). ``launcher.cluster.sync.Coordinator`` implements the same hooks."""
+
+    def attempt_started(self, generation: int) -> None:
+        """Generation ``generation``'s ranks are running."""
+
+    def rank_failed(self, generation: int, ranks: Sequence[int], failure: Failure) -> None:
+        """A local rank failed on its own."""
+
+    def settle(self, generation: int, result: Optional[RunResult], failure: Optional[Failure],
+               failed_ranks: Sequence[int], wait: Wait) -> Agreement:
+        """After a generation: this node's failed ranks; the node's own verdict stands."""
+        return Agreement(tuple(failed_ranks))
+
+    def leave(self, generation: int, result: RunResult, quiet: bool = False) -> None:
+        """The run ends with ``result``."""

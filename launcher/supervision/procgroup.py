@@ -1,0 +1,399 @@
+"""Mechanism: spawning, signalling, reaping and output of one attempt's processes.
+
+The supervisor (policy) sees only the :class:`ProcessGroup` interface: ``start``, ``wait_event``,
+``signal_main``, ``kill_groups``, ``ensure_gone``, ``pids``. :class:`LocalProcessGroup` implements it
+with one session (process group) per rank and a single-threaded ``selectors`` loop woken by the
+signal wakeup pipe (SIGCHLD, SIGTERM, ...) and the ranks' output pipes: a rank's exit is seen within
+milliseconds, and nothing polls.
+"""
+
+import abc
+import collections
+import heapq
+import itertools
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import time
+from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from launcher.supervision import console as console_mod
+from launcher.supervision import guard as guard_mod
+from launcher.common import signals
+from launcher.common.errors import LauncherError
+from launcher.supervision.cgroup import Cgroup
+from launcher.supervision.jobtree import JobTree, Leaf, Stray
+from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
+from launcher.supervision.output import RankOutput, open_log
+from launcher.jobspec.rankenv import WorkerSpec
+from launcher.supervision.states import ExitInfo
+from launcher.common.warnonce import WarnOnce
+
+__all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "ProcessGroup", "RankExited",
+           "SignalReceived"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds after a start before the spent attempts' cgroups are removed (an rmdir slows spawning).
+_TIDY_DELAY = 1.0
+
+
+class ProcessGroup(abc.ABC):
+    """What the supervisor needs from the processes of an attempt."""
+
+    @abc.abstractmethod
+    def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
+        """Spawn every spec (each in its own session)."""
+
+    @abc.abstractmethod
+    def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
+        """The next event, or None when ``timeout`` seconds pass without one."""
+
+    @abc.abstractmethod
+    def signal_main(self, ranks: Iterable[int], signum: int) -> None:
+        """Send ``signum`` to the main process of each rank still running (not its children)."""
+
+    @abc.abstractmethod
+    def kill_groups(self, ranks: Optional[Iterable[int]] = None) -> None:
+        """SIGKILL the whole process group of each rank (all of this attempt's when None)."""
+
+    @abc.abstractmethod
+    def ensure_gone(self, timeout: float) -> List[int]:
+        """Kill and reap every process of the attempt; returns pgids still present at the timeout."""
+
+    def take_escaped(self) -> List[Stray]:
+        """Processes outside the ranks' groups killed since the last call (by ``ensure_gone``, ``respawn``)."""
+        return []
+
+    @abc.abstractmethod
+    def pids(self) -> Dict[int, int]:
+        """Rank -> pid of its main process, for ranks still running."""
+
+    @abc.abstractmethod
+    def respawn(self, spec: WorkerSpec, attempt: int) -> None:
+        """Replace one rank of the running attempt: its old process group is gone first."""
+
+
+class LocalProcessGroup(ProcessGroup):
+    """Processes on this machine.
+
+    Args:
+        log_path: ``(spec, attempt) -> path`` of the rank's log file.
+        on_console: ``spec -> bool``: whether the rank's output is also shown on the console.
+        orphan_guard: Kills the ranks' process groups if the launcher dies; optional.
+        tree: The job's processes beyond the ranks' groups (cgroup, token, orphans); default: a new
+            job that does not adopt this process's other children.
+        on_terminal: ``spec -> bool``: whether the rank gets the launcher's own stdin, stdout and
+            stderr (``--debug-rank``) instead of /dev/null and its log; optional.
+    """
+
+    def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
+                 orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
+                 on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False):
+        self._log_path = log_path
+        self._on_console = on_console
+        self._on_terminal = on_terminal
+        self._guard = orphan_guard
+        self._tree = tree or JobTree.create()
+        self._leaves: Dict[int, Leaf] = {}
+        self._retired: List[Leaf] = []  # leaves of respawned ranks: their cgroup ends with the attempt
+        self._escaped: List[Stray] = []
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
+        self._queue: Deque[Event] = collections.deque()
+        self._procs: Dict[int, subprocess.Popen] = {}
+        self._pid_rank: Dict[int, int] = {}
+        self._outputs: Dict[int, RankOutput] = {}
+        self._pgids: Dict[int, int] = {}
+        self.log_paths: Dict[int, str] = {}
+        self._timers: List[tuple] = []  # heap of (due, seq, callback)
+        self._timer_seq = itertools.count()
+        self._cancelled: set = set()
+        self._watched: Dict[int, Callable[[ExitInfo], None]] = {}
+        self._log_failed = WarnOnce(log)  # one report per rank whose log file cannot be written
+        self._console = console_mod.console_stream()
+        for console in console_mod.consoles():  # a console backlog is flushed by this loop
+            console.attach(self.add_writer, self.remove_reader)
+        guard_mod.prepare()
+
+    # -- spawning -------------------------------------------------------------------------------
+    def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
+        self._procs.clear()
+        self._pgids.clear()
+        self._leaves.clear()
+        self.log_paths.clear()
+        base = dict(os.environ)
+        spec = specs[0] if specs else None
+        try:
+            with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
+                for spec in specs:
+                    self._spawn(spec, attempt, base, cgroup)
+            self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
+        except OSError as exc:  # out of the cgroup again before killing what it holds
+            self.kill_groups()
+            self.ensure_gone(5.0)
+            raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+
+    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup]) -> None:
+        path = self._log_path(spec, attempt)
+        log_fd = self._open_log(spec, path)
+        self.log_paths[spec.rank] = path
+        stdio, read_fd, target = self._stdio(spec, log_fd)
+        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
+        try:
+            proc = subprocess.Popen(
+                list(spec.argv), env={**base, **spec.env, **leaf.env}, **stdio,
+                start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
+        except OSError:
+            for fd in (log_fd, read_fd, target):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        if target >= 0:
+            os.close(target)
+            os.set_blocking(read_fd, False)
+            out = RankOutput(read_fd, log_fd, spec.label, self._console, self._log_failed, path)
+            self._outputs[read_fd] = out
+            self._selector.register(read_fd, selectors.EVENT_READ, out)
+        else:
+            os.close(log_fd)  # the child writes its file directly
+        self._procs[spec.rank] = proc
+        self._pid_rank[proc.pid] = spec.rank
+        self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
+        if self._guard is not None:
+            self._guard.watch(proc.pid)
+
+    def _stdio(self, spec: WorkerSpec, log_fd: int) -> Tuple[Dict[str, int], int, int]:
+        """Popen's stdio for ``spec``, and the console pipe's ends (-1 when its output is not teed)."""
+        if self._on_terminal(spec):  # still its own session: the terminal's Ctrl-C reaches the launcher
+            try:
+                os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
+                                 f"its output is there, not in this file\n".encode())
+            except OSError:  # a full disk: the note is a courtesy, the rank starts anyway
+                pass
+            return {}, -1, -1
+        read_fd = target = -1
+        if self._on_console(spec):
+            read_fd, target = os.pipe()
+        return (dict(stdin=subprocess.DEVNULL, stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT),
+                read_fd, target)
+
+    def _open_log(self, spec: WorkerSpec, path: str) -> int:
+        """The rank's log file; on a full or failing disk (reported once) /dev/null, so the rank
+        still starts and, when shown on the console, is seen there."""
+        try:
+            return open_log(path)
+        except OSError as exc:
+            self._log_failed(spec.label, "%s: cannot create its log file %s (%s): its output is not kept in a "
+                             "file", spec.label, path, exc.strerror or exc)
+            return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+
+    # -- events ---------------------------------------------------------------------------------
+    def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self._queue:
+            now = time.monotonic()
+            remaining = None if deadline is None else deadline - now
+            if remaining is not None and remaining <= 0:
+                return None
+            if self._timers:
+                until_timer = max(0.0, self._timers[0][0] - now)
+                remaining = until_timer if remaining is None else min(remaining, until_timer)
+            for key, _mask in self._selector.select(remaining):
+                self._dispatch(key)
+            self._run_timers()
+        return self._queue.popleft()
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> int:
+        """Run ``callback`` from the event loop after ``delay`` seconds; returns a handle."""
+        handle = next(self._timer_seq)
+        heapq.heappush(self._timers, (time.monotonic() + delay, handle, callback))
+        return handle
+
+    def cancel(self, handle: int) -> None:
+        """Cancel a ``call_later`` handle (no effect once it ran)."""
+        if any(entry[1] == handle for entry in self._timers):
+            self._cancelled.add(handle)
+
+    def _run_timers(self) -> None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            _due, handle, callback = heapq.heappop(self._timers)
+            if handle in self._cancelled:
+                self._cancelled.discard(handle)
+                continue
+            callback()
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        handler = key.data
+        if isinstance(handler, RankOutput):
+            if not handler.pump():
+                self._unregister_output(handler, key.fd)
+        else:
+            handler()
+
+    def _unregister_output(self, out: RankOutput, fd: int) -> None:
+        self._selector.unregister(fd)
+        self._outputs.pop(fd, None)
+
+    def _on_wakeup(self) -> None:
+        signals.drain_wakeup()
+        self._reap()
+        signum = signals.pop_pending()
+        while signum is not None:
+            self._queue.append(SignalReceived(signum))
+            signum = signals.pop_pending()
+
+    def _reap(self) -> None:
+        """Collect every exited child: our ranks, and orphans re-parented to us (subreaper / PID 1)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            code = os.waitstatus_to_exitcode(status)
+            watcher = self._watched.pop(pid, None)
+            if watcher is not None:
+                watcher(ExitInfo(code, time.time()))
+            rank = self._pid_rank.pop(pid, None)
+            if rank is None:
+                continue
+            proc = self._procs.get(rank)
+            if proc is not None and proc.pid == pid:
+                proc.returncode = code  # reaped here; keep Popen from waiting on it again
+            self._queue.append(RankExited(rank, ExitInfo(code, time.time())))
+
+    def watch_pid(self, pid: int, callback: Callable[[ExitInfo], None]) -> None:
+        """Call ``callback`` when child ``pid`` (not a rank: e.g. a sidecar) is reaped."""
+        self._watched[pid] = callback
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Watch ``fd`` in the event loop; ``callback`` runs when it is readable."""
+        self._selector.register(fd, selectors.EVENT_READ, callback)
+
+    def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
+        """Watch ``fd`` in the event loop; ``callback`` runs when it is writable (a console backlog)."""
+        self._selector.register(fd, selectors.EVENT_WRITE, callback)
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd`` (a reader or a writer)."""
+        try:
+            self._selector.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+    def post(self, event: Event) -> None:
+        """Queue an event produced by a reader callback (e.g. a control request)."""
+        self._queue.append(event)
+
+    # -- signalling -----------------------------------------------------------------------------
+    def signal_main(self, ranks: Iterable[int], signum: int) -> None:
+        for rank in ranks:
+            proc = self._procs.get(rank)
+            if proc is not None and proc.returncode is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def kill_groups(self, ranks: Optional[Iterable[int]] = None) -> None:
+        for rank in list(self._pgids) if ranks is None else ranks:
+            pgid = self._pgids.get(rank)
+            if pgid is not None:
+                try:
+                    os.killpg(pgid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def ensure_gone(self, timeout: float, final: bool = False) -> List[int]:
+        """Also kills the processes that left their rank's group (see ``take_escaped``).
+
+        ``final``: the job is over: scan /proc for the job's processes even where the cgroup holds them.
+        """
+        deadline = time.monotonic() + timeout
+        self.kill_groups()
+        leaves = [*self._leaves.values(), *self._retired]
+        self._leaves.clear()
+        self._retired.clear()
+        self._escaped.extend(self._tree.kill_leaves(leaves, self._pgids.values()))
+        alive = list(self._pgids.items())
+        while alive:
+            self._reap()
+            alive = [(rank, pgid) for rank, pgid in alive if _group_exists(pgid)]
+            if not alive or time.monotonic() >= deadline:
+                break
+            self.kill_groups(rank for rank, _ in alive)  # members forked after the first kill
+            time.sleep(0.002)
+        self._end_leaves(leaves, deadline, [pgid for _, pgid in alive], final)
+        gone = set(self._pgids.values()) - {pgid for _, pgid in alive}
+        if self._guard is not None:
+            for pgid in gone:
+                self._guard.forget(pgid)
+        for fd, out in list(self._outputs.items()):
+            out.drain()
+            self._unregister_output(out, fd)
+        return [pgid for _, pgid in alive]
+
+    def _end_leaves(self, leaves: List[Leaf], deadline: float, skip_pgids: Sequence[int], scan: bool,
+                    leaf: Optional[Leaf] = None) -> None:
+        """After the groups are gone: the /proc sweep where needed, then remove the leaf cgroups."""
+        if scan or not self._tree.contained:
+            exempt = {*self._watched, *self.pids().values(), *([self._guard.pid] if self._guard else [])}
+            self._escaped.extend(self._tree.sweep(deadline, self._reap, exempt, skip_pgids, leaf))
+        self._tree.settle_leaves(leaves, deadline, self._reap)
+
+    def take_escaped(self) -> List[Stray]:
+        first: Dict[int, Stray] = {}
+        for stray in self._escaped:
+            first.setdefault(stray.pid, stray)
+        self._escaped.clear()
+        return list(first.values())
+
+    def pids(self) -> Dict[int, int]:
+        return {rank: p.pid for rank, p in self._procs.items() if p.returncode is None}
+
+    def respawn(self, spec: WorkerSpec, attempt: int) -> None:
+        old = self._pgids.get(spec.rank)
+        leaf = self._leaves.pop(spec.rank, None)
+        if old is not None:
+            self.kill_groups([spec.rank])
+            deadline = time.monotonic() + 5.0
+            while _group_exists(old) and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.002)
+            if self._guard is not None and not _group_exists(old):
+                self._guard.forget(old)
+            if leaf is not None:  # its token, not its cgroup: the attempt's other ranks share that
+                self._end_leaves([], deadline, [], True, leaf)
+                self._retired.append(leaf)
+        try:
+            with self._tree.inside(f"a{attempt}") as cgroup:
+                self._spawn(spec, attempt, dict(os.environ), cgroup)
+            self.call_later(_TIDY_DELAY, self._tree.tidy)
+        except OSError as exc:
+            raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+
+    def pgid(self, rank: int) -> Optional[int]:
+        """Process-group id of ``rank`` in the current attempt."""
+        return self._pgids.get(rank)
+
+    def close(self) -> None:
+        """Release the selector, the consoles and the job's cgroup (call after ``ensure_gone``)."""
+        for console in console_mod.consoles():
+            console.detach()
+        self._selector.close()
+        self._tree.close(time.monotonic() + 0.5)
+
+
+def _group_exists(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,134 @@
+"""What the supervisor does when asked from outside its ranks, whatever it is doing.
+
+Control requests (``launcher prestop``'s gasp, ``exit``, ``status``, the debug console), the dying
+gasp they and SIGTERM trigger, reset.json changes with the cluster's hold on restarts, and another
+node's failure (``--sync-dir``). A mixin of :class:`launcher.supervision.supervisor.Supervisor`: it acts
+on that class's state (``_final``, ``_waiters``, ``_awaiting_recovery``) and stops ranks through its
+``_stop``; split from it at this seam to keep each module readable.
+"""
+
+import logging
+import signal
+import time
+from typing import Optional
+
+from launcher.supervision.debugging import DEBUG_REQUEST
+from launcher.supervision.loopevents import ControlRequest
+from launcher.supervision.policy import Attempt as _Attempt, PeerUpdate
+
+log = logging.getLogger(__name__)
+
+
+class OutsideRequests:
+    """The supervisor's handlers for requests and news from outside its ranks (a mixin)."""
+
+    def _on_peer(self, attempt: _Attempt, event: PeerUpdate) -> None:
+        """Another node failed or ended the job (--sync-dir): stop the local ranks so that they save."""
+        if event.generation != attempt.number or attempt.failure or self._final or attempt.finished:
+            return
+        attempt.failure = event.failure
+        self.failures.append(event.failure)
+        log.warning("%s; stopping the local ranks (%s, up to %.0f s to save)", event.reason,
+                    signal.Signals(self.policy.gasp_signal).name, self.policy.stop_timeout)
+        self._stop(attempt, self.policy.gasp_signal, self.policy.stop_timeout, event.reason)
+
+    def _on_cluster(self, attempt: Optional[_Attempt], change) -> None:
+        """reset.json: graceful exit, local faults, a retry: stop this attempt for the cluster."""
+        self.emit("cluster_update", newly_faulty_local=sorted(change.newly_faulty_local),
+                  recovered_all=change.recovered_all, retry_bumped=change.retry_bumped,
+                  graceful_exit=change.graceful_exit_requested, hold=change.hold)
+        if change.graceful_exit_requested and self._final is None:
+            self._final = "graceful-exit"
+            self.request_exit()
+            log.info("reset.json asks for a graceful exit: ranks stop at their next step boundary")
+            return
+        if change.restart:
+            self._awaiting_recovery = False
+        reason = "fault" if change.newly_faulty_local else "retry" if change.retry_bumped else None
+        if reason is None or attempt is None or attempt.finished:
+            return
+        attempt.cluster_stop = reason
+        self._awaiting_recovery = reason == "fault"
+        what = (f"rank(s) {sorted(change.newly_faulty_local)} reported faulty" if reason == "fault"
+                else "RetryTime increased")
+        log.warning("reset.json: %s; stopping the local ranks until the cluster says to restart", what)
+        self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"reset.json: {what}")
+
+    def _hold_reason(self) -> Optional[str]:
+        if self._awaiting_recovery:
+            return "reset.json: waiting until every rank is recovered or RetryTime increases"
+        return self.hold()
+
+    def _wait_for_cluster(self) -> bool:
+        """Before a (re)start: wait while the cluster forbids it; False when the run must end."""
+        reason = self._hold_reason()
+        if reason is None:
+            return True
+        self.emit("cluster_hold", reason=reason, timeout=self.policy.hold_timeout)
+        log.info("waiting before starting the ranks: %s (up to %.0f s)", reason, self.policy.hold_timeout)
+        deadline = time.monotonic() + self.policy.hold_timeout
+        while reason is not None and self._final is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.error("the cluster did not allow a restart within %.0f s: %s", self.policy.hold_timeout, reason)
+                self._final = "cluster-timeout"
+                return False
+            self._idle_event(self.group.wait_event(remaining))
+            reason = self._hold_reason()
+        self.emit("cluster_hold_end", waited_for=reason is None)
+        return self._final is None
+
+    def _on_request(self, attempt: Optional[_Attempt], request: ControlRequest) -> None:
+        """prestop (``gasp``), ``exit`` and ``status`` requests, whatever the supervisor is doing."""
+        self.emit("control_request", command=request.command)
+        if request.command == "status":
+            workers = attempt.workers.values() if attempt else ()
+            request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
+                           "ranks": {w.rank: w.state.value for w in workers}}, final=True)
+        elif request.command == "gasp":
+            request.reply({"ok": True, "accepted": True})  # at once: prestop's proof of a live loop
+            self._waiters.append(request)
+            if self._final is None and attempt is not None:
+                self._gasp(attempt, "prestop")
+            else:
+                self._final = self._final or "gasp"
+        elif request.command == "exit":
+            request.reply({"ok": True, "accepted": True})
+            self._waiters.append(request)
+            if self._final is None:
+                self._final = "graceful-exit"
+                self.request_exit()
+                self.emit("graceful_exit_requested")
+                log.info("graceful exit requested: ranks stop at their next step boundary; no restarts")
+        elif request.command == DEBUG_REQUEST and self.debug is not None:
+            request.reply(self.debug.request(request.args, attempt.number if attempt else None,
+                                             bool(attempt and attempt.failure)), final=True)
+        else:
+            request.reply({"ok": False, "error": f"unknown request {request.command!r}"}, final=True)
+
+    def _gasp(self, attempt: _Attempt, source: str, final: bool = True) -> None:
+        """The dying gasp: one save signal to each rank's main process, wait, SIGKILL what is left.
+
+        ``final=False`` is the ``dump`` strategy after a rank failure: the healthy ranks save, and the
+        restart policy decides what comes next.
+        """
+        if final:
+            self._final = "gasp"
+        save = self.policy.gasp_allowed()
+        signum = self.policy.gasp_signal if save else signal.SIGKILL
+        self.emit("gasp", source=source, save=save, signal=signal.Signals(signum).name,
+                  timeout=self.policy.grace_period)
+        if save:
+            log.info("dying gasp (%s): %s to every rank, up to %.0f s to save", source,
+                     signal.Signals(signum).name, self.policy.grace_period)
+        else:
+            log.warning("dying gasp (%s) within --gasp-min-interval of the previous one: "
+                        "stopping the ranks without the save signal", source)
+        self._stop(attempt, signum, self.policy.grace_period if save else 0.0, f"dying gasp ({source})")
+        self._report_gasp(attempt)
+
+    def _report_gasp(self, attempt: _Attempt) -> None:
+        ranks = attempt.exit_report()
+        self.emit("gasp_done", ranks=ranks)
+        for waiter in self._waiters:
+            waiter.reply({"ok": True, "gasp": ranks})
