@@ -24,6 +24,7 @@ from launcher.monitoring.events import EventLog
 from launcher.supervision.jobtree import JobTree, report_escaped
 from launcher.jobspec.options import RunOptions, parse_rank_filter
 from launcher.supervision.integration import Integrations
+from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
@@ -63,7 +64,7 @@ class Session:
         # the first attempt, stopped in reverse when the session ends. A new one is one line here.
         self.reset = ResetJsonFollower()
         self.sync = SyncCoordination()
-        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager()])
+        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), HangWatch()])
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan

@@ -73,6 +73,7 @@ class Failure:
     label: str
     info: ExitInfo
     log_path: Optional[str] = None
+    hang: Tuple[str, ...] = ()  # killed as hung: why, then where every rank was
 
 
 @dataclass
@@ -86,6 +87,7 @@ class Attempt:
         failed_ranks: Local ranks that failed on their own.
         killed: Ranks SIGKILLed after their stop timeout.
         cluster_stop: ``fault`` or ``retry`` when the cluster (reset.json) stopped the attempt.
+        hung: Rank -> why and where (``RankHung``), for ranks killed as hung.
         duration: Seconds from its start until its last process was gone.
     """
 
@@ -96,6 +98,7 @@ class Attempt:
     killed: List[int] = field(default_factory=list)
     cluster_stop: Optional[str] = None
     duration: float = 0.0
+    hung: Dict[int, Tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:

@@ -14,6 +14,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from launcher.supervision.debugging import DebugConsole
 from launcher.supervision.jobtree import report_escaped
 from launcher.supervision.requests import OutsideRequests
+from launcher.supervision.loopevents import RankHung
 from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited,
                                             SignalReceived)
 from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
@@ -129,7 +130,7 @@ class Supervisor(OutsideRequests):
         self.restarts += 1
         failure = attempt.failure
         self._restart_note = (f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after "
-                              f"{failure.label} failed ({failure.info.describe()})")
+                              f"{failure.label} failed ({'hung: ' + failure.hang[0] if failure.hang else failure.info.describe()})")
         healthy = attempt.duration >= self.policy.healthy_seconds
         self._quick_failures = 0 if healthy else self._quick_failures + 1
         delay = self.policy.restart_delay(self._quick_failures)
@@ -207,6 +208,8 @@ class Supervisor(OutsideRequests):
             self._on_cluster(attempt, event.change)
         elif isinstance(event, PeerUpdate):
             self._on_peer(attempt, event)
+        elif isinstance(event, RankHung):
+            self._on_hung(attempt, event)
 
     def _on_exit(self, attempt: _Attempt, event: RankExited) -> None:
         worker = attempt.workers.get(event.rank)
@@ -220,7 +223,8 @@ class Supervisor(OutsideRequests):
             worker.transition(WorkerState.SUCCEEDED)
             return
         worker.transition(WorkerState.FAILED)
-        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank))
+        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank),
+                          attempt.hung.get(worker.rank, ()))
         self.failures.append(failure)
         if self._restart_in_place(attempt, worker, failure):
             return
