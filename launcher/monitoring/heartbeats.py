@@ -63,16 +63,18 @@ class HangRules:
             (start-up, model load); defaults to ``steady``.
         sections: ``--section-timeout NAME=SECONDS``: the longest stay in a named section; inside
             one, the steady timeout does not apply.
+        no_progress: ``--max-no-progress-restarts``: not a timeout, but it needs the slots' steps.
     """
 
     steady: float = 0.0
     initial: Optional[float] = None
     sections: Dict[str, float] = field(default_factory=dict)
+    no_progress: int = 0
 
     @property
     def enabled(self) -> bool:
-        """Whether any check is on."""
-        return bool(self.steady or self.initial or self.sections)
+        """Whether the ranks get heartbeat slots (any check is on)."""
+        return bool(self.steady or self.initial or self.sections or self.no_progress)
 
 
 def judge(rules: HangRules, spawned_at: float, beat: Optional[Beat], output_at: float,

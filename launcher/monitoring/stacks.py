@@ -12,7 +12,9 @@ import re
 import shutil
 import sys
 from collections import Counter
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
+
+from launcher.common import envnames
 
 #: ``    func (file.py:88)`` in a py-spy dump.
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
@@ -22,8 +24,12 @@ _PYSPY_THREAD = re.compile(r"^Thread (?:0x)?(?P<tid>[0-9A-Fa-f]+)")
 _FH_FRAME = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
 
 
-def py_spy_path() -> Optional[str]:
-    """The py-spy executable (on PATH or beside this interpreter), or None."""
+def py_spy_path(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The py-spy executable: ``$LAUNCHER_PY_SPY`` (empty: none), else on PATH or beside this
+    interpreter; None when there is none."""
+    environ = os.environ if environ is None else environ
+    if envnames.LAUNCHER_PY_SPY in environ:
+        return environ[envnames.LAUNCHER_PY_SPY] or None
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
 

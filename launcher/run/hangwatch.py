@@ -45,6 +45,7 @@ class HangWatch(Integration):
         self.spawned: Dict[int, float] = {}      # rank -> when spawned (monotonic)
         self.output: Dict[int, tuple] = {}       # rank -> (log size, when it last grew)
         self.reported = False                    # this attempt's hang is being handled
+        self.steps: Dict[int, int] = {}          # attempt -> highest step a rank reported
         self._timer: Optional[int] = None
 
     def start(self, host: Host) -> None:
@@ -68,7 +69,19 @@ class HangWatch(Integration):
             self.spawned[rank] = self.clock()
             self.output[rank] = (self._log_size(rank), 0.0)  # what the log held before is not progress
         elif event == "attempt_end":
+            self._read_steps()
             self.attempt, self.spawned = None, {}
+
+    def max_step(self, attempt: int) -> Optional[int]:
+        """The highest heartbeat step a rank of ``attempt`` reached (None: none reported a step)."""
+        return self.steps.get(attempt)
+
+    def _read_steps(self) -> Dict[int, Optional[Beat]]:
+        beats = {rank: read_slot(slot_path(self.directory, rank)) for rank in self.spawned}
+        steps = [b.step for b in beats.values() if b is not None and b.step >= 0]
+        if steps and self.attempt is not None:
+            self.steps[self.attempt] = max(steps + [self.steps.get(self.attempt, -1)])
+        return beats
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -80,7 +93,7 @@ class HangWatch(Integration):
         if self.attempt is None or self.reported:
             return
         now = self.clock()
-        beats = {rank: read_slot(slot_path(self.directory, rank)) for rank in self.spawned}
+        beats = self._read_steps()
         hung = {}
         for rank, spawned in self.spawned.items():
             why = judge(self.rules, spawned, beats[rank], self._output_at(rank, now), now)

@@ -97,7 +97,18 @@ class StackDump:
         except OSError:
             self._got(rank, None, "")
             return
-        self.group.call_later(FAULTHANDLER_WAIT, lambda: self._got(rank, self._read(path) or None, "faulthandler"))
+        self.group.call_later(FAULTHANDLER_WAIT, lambda: self._handled(rank, path))
+
+    def _handled(self, rank: int, path: str) -> None:
+        """The faulthandler dump, copied beside py-spy's so that one directory holds every rank."""
+        text = self._read(path) or None
+        if text is not None:
+            try:
+                with open(self._out(rank), "w", encoding="utf-8") as out:
+                    out.write(text)
+            except OSError as exc:
+                log.warning("cannot keep rank %d's stacks in %s: %s", rank, self.directory, exc)
+        self._got(rank, text, "faulthandler")
 
     @staticmethod
     def _read(path: str) -> str:

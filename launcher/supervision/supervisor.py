@@ -17,8 +17,8 @@ from launcher.supervision.requests import OutsideRequests
 from launcher.supervision.loopevents import RankHung
 from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited,
                                             SignalReceived)
-from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
-                                         RestartPolicy, RunResult)
+from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoProgress, NoSync,
+                                         PeerUpdate, RestartPolicy, RunResult)
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.states import Worker, WorkerState
 
@@ -47,6 +47,8 @@ class Supervisor(OutsideRequests):
         resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
         clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
         debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
+        progress: ``attempt -> highest heartbeat step its ranks reached`` (None: unknown), for
+            ``policy.max_no_progress_restarts``.
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -56,7 +58,7 @@ class Supervisor(OutsideRequests):
                  request_exit: Optional[Callable[[], None]] = None,
                  hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
                  resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic,
-                 debug: Optional[DebugConsole] = None):
+                 debug: Optional[DebugConsole] = None, progress: Callable[[int], Optional[int]] = lambda n: None):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -68,6 +70,8 @@ class Supervisor(OutsideRequests):
         self.sync = sync or NoSync()
         self.resume_note = resume_note
         self.debug = debug
+        self.progress = progress
+        self._no_progress = NoProgress(policy.max_no_progress_restarts)
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self.clock = clock
         self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
@@ -114,6 +118,12 @@ class Supervisor(OutsideRequests):
                       exit_code=failure.info.exit_code)
             log.warning("recovery strategy %s: exiting for rescheduling", self.policy.strategy.describe())
             return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
+        if self._no_progress.stuck_after(self.progress(attempt.number)):
+            self.emit("no_progress", attempt=attempt.number, step=self._no_progress.best,
+                      restarts=self._no_progress.stalled)
+            log.error("%d restart(s) in a row got no further than step %s: ending the job (a crash loop; "
+                      "--max-no-progress-restarts)", self._no_progress.stalled, self._no_progress.best)
+            return RunResult(failure.info.exit_code, "no-progress", attempts, tuple(self.failures))
         if self.restarts >= self.policy.max_restarts:
             self.emit("restart_budget_spent", attempts=attempts, restarts=self.restarts,
                       max_restarts=self.policy.max_restarts)

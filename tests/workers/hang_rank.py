@@ -8,6 +8,7 @@ until they are stopped. On other attempts every rank exits 0 after its steps.
   --mode gil          a C call that holds the GIL (ctypes.PyDLL's libc sleep): no Python code runs
   --mode no-stderr    close stdout and stderr, then sleep (no output, no heartbeat)
   --mode section      stay in section "checkpoint" forever (judged by --section-timeout)
+  --mode crash        exit 3 instead (a crash loop at one step, for --max-no-progress-restarts)
 """
 
 import argparse
@@ -30,6 +31,8 @@ def beat(args, step):
 
 
 def hang_here(mode):
+    if mode == "crash":
+        sys.exit(3)
     if mode == "gil":
         ctypes.PyDLL(None).sleep(100000)
     if mode == "no-stderr":
@@ -69,6 +72,8 @@ def main():
         return 0
     if RANK == args.hang_rank:
         hang_here(args.mode)
+    if args.mode == "crash":  # the others make no progress either: they wait to be stopped
+        hang_here("sleep")
     healthy_wait(args, args.steps)
     return 0
 
