@@ -76,7 +76,7 @@ def diagnose(where: Dict[int, Optional[str]], hung: List[int]) -> List[str]:
     known = Counter(w for w in where.values() if w is not None)
     common = known.most_common(1)[0][0] if known else None
     lines = []
-    for spot in sorted(set(where.values()), key=lambda w: (w == common, str(w))):
+    for spot in sorted(set(where.values()), key=lambda w: (w == common, w is None, str(w))):
         ranks = sorted(r for r, w in where.items() if w == spot)
         who = f"rank{'s' if len(ranks) > 1 else ''} {','.join(map(str, ranks))}"
         flag = " (hung)" if any(r in hung for r in ranks) else ""
