@@ -87,3 +87,17 @@ def diagnose(where: Dict[int, Optional[str]], hung: List[int]) -> List[str]:
         else:
             lines.append(f"{who}{flag}: in {spot}")
     return lines
+
+
+def odd_one_out(where: Dict[int, Optional[str]]) -> Optional[int]:
+    """The one rank whose stacks differ from every other rank's (all others in one place), or None.
+
+    When every rank stops beating (three in ``all_reduce``, one in its data loader), that rank is
+    the one holding the others up: the hang detector fails it rather than the lowest silent rank.
+    """
+    known = {r: w for r, w in where.items() if w is not None}
+    spots = Counter(known.values())
+    if len(known) < 3 or len(spots) != 2:
+        return None
+    lone = [r for r, w in known.items() if spots[w] == 1]
+    return lone[0] if len(lone) == 1 else None

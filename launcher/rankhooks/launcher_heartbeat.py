@@ -67,7 +67,8 @@ def _open(path):
             flags |= FLAG_FAULTHANDLER
         except (OSError, RuntimeError, ValueError):  # not the main thread, a read-only dir: no fallback
             pass
-    struct.pack_into(SLOT_FORMAT, slot, 0, flags, os.getpid(), time.monotonic(), -1, 0.0, b"")
+    # No beat yet (0.0): importing this module is not progress, the --heartbeat-initial-timeout holds.
+    struct.pack_into(SLOT_FORMAT, slot, 0, flags, os.getpid(), 0.0, -1, 0.0, b"")
     return slot
 
 

@@ -125,7 +125,8 @@ class HangWatch(Integration):
         attempt = self.attempt
         self.host.emit("hang_detected", attempt=attempt, rank=rank, reason=hung[rank], hung_ranks=sorted(hung),
                        step=beat.step if beat else None, section=beat.section if beat else None)
-        log.warning("rank %d looks hung (%s); dumping the stacks of every local rank before stopping it",
+        log.warning("%s hung (rank %d: %s); dumping the stacks of every local rank before stopping it",
+                    f"ranks {','.join(map(str, sorted(hung)))} look" if len(hung) > 1 else f"rank {rank} looks",
                     rank, hung[rank])
         main = self.host.group.pids()
         pids = {r: (beats[r].pid if beats.get(r) and beats[r].pid else main[r]) for r in self.spawned if r in main}
@@ -136,10 +137,12 @@ class HangWatch(Integration):
         def dumped(texts, sources):
             where = {r: stacks.innermost_frame(text, pids[r]) if text else None for r, text in texts.items()}
             diagnosis = stacks.diagnose(where, sorted(hung)) + [f"stacks in {out}"]
+            odd = stacks.odd_one_out(where)
+            culprit = odd if odd in hung else rank  # the rank holding the others up, if it is silent too
             self.host.emit("stacks_dumped", attempt=attempt, directory=out, sources=sources,
-                           seconds=round(self.clock() - started, 3), diagnosis=diagnosis)
+                           seconds=round(self.clock() - started, 3), diagnosis=diagnosis, failing_rank=culprit)
             for line in diagnosis:
                 log.warning("  %s", line)
-            self.host.group.post(RankHung(rank, hung[rank], tuple(diagnosis)))
+            self.host.group.post(RankHung(culprit, hung[culprit], tuple(diagnosis)))
 
         StackDump(self.host.group, pids, handlers, out, self.directory, DUMP_TIMEOUT, dumped)

@@ -51,3 +51,12 @@ def test_all_in_one_place():
 def test_py_spy_path_from_the_environment():
     assert py_spy_path({"LAUNCHER_PY_SPY": ""}) is None
     assert py_spy_path({"LAUNCHER_PY_SPY": "/opt/py-spy"}) == "/opt/py-spy"
+
+
+def test_odd_one_out_is_the_lone_rank_elsewhere():
+    from launcher.monitoring.stacks import odd_one_out
+
+    assert odd_one_out({0: "a", 1: "a", 2: "b", 3: "a"}) == 2
+    assert odd_one_out({0: "a", 1: "b"}) is None  # two ranks: no majority
+    assert odd_one_out({0: "a", 1: "a", 2: "b", 3: "c"}) is None
+    assert odd_one_out({0: "a", 1: "a", 2: "a", 3: None}) is None
