@@ -23,7 +23,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
                                   "--gasp-min-interval", "--graceful-exit")),
     ("Hangs and stragglers", ("--heartbeat-timeout", "--heartbeat-initial-timeout", "--section-timeout",
-                              "--max-no-progress-restarts")),
+                              "--max-no-progress-restarts", "--straggler-threshold")),
     ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id")),
     ("Debugging a rank", ("--debug-rank", "--pdb")),
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
@@ -184,6 +184,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--max-no-progress-restarts", type=click.IntRange(min=0), default=0,
       help="End the job after this many restarts in a row whose ranks reached no higher heartbeat step "
            "than before (a crash loop at one step; 0: off).")
+@_opt("--straggler-threshold", type=click.FloatRange(min=0, max=1, max_open=True), default=0.0,
+      help="Name a rank (event straggler) whose heartbeat step rate stays this fraction below its peers' "
+           "median for 5 s, e.g. 0.2 (0: off).")
 @_opt("--gasp-timeout", "--grace-period", type=click.FloatRange(min=0),
       help="When the job is stopped (SIGTERM, Ctrl-C, launcher prestop): seconds the ranks get to save a "
            "checkpoint and exit, before SIGKILL (default: --termination-grace-period minus 5 s or 10 %).")

@@ -45,6 +45,7 @@ class RunOptions:
     heartbeat_initial_timeout: Optional[float] = None
     section_timeout: Tuple[str, ...] = ()
     max_no_progress_restarts: int = 0
+    straggler_threshold: float = 0.0
     gasp_timeout: Optional[float] = None
     termination_grace_period: float = 30.0
     gasp_signal: str = "SIGTERM"

@@ -8,7 +8,8 @@ it are judged by their output instead: a rank log that grew is progress too.
 import os
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from statistics import median
+from typing import Deque, Dict, List, Optional, Tuple
 
 SLOT_FORMAT = "<IIdqd32s"
 SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
@@ -64,17 +65,20 @@ class HangRules:
         sections: ``--section-timeout NAME=SECONDS``: the longest stay in a named section; inside
             one, the steady timeout does not apply.
         no_progress: ``--max-no-progress-restarts``: not a timeout, but it needs the slots' steps.
+        straggler: ``--straggler-threshold``: a rank whose step rate is this fraction below the
+            median of its peers' is a straggler (0: off).
     """
 
     steady: float = 0.0
     initial: Optional[float] = None
     sections: Dict[str, float] = field(default_factory=dict)
     no_progress: int = 0
+    straggler: float = 0.0
 
     @property
     def enabled(self) -> bool:
         """Whether the ranks get heartbeat slots (any check is on)."""
-        return bool(self.steady or self.initial or self.sections or self.no_progress)
+        return bool(self.steady or self.initial or self.sections or self.no_progress or self.straggler)
 
 
 def judge(rules: HangRules, spawned_at: float, beat: Optional[Beat], output_at: float,
@@ -106,3 +110,32 @@ def judge(rules: HangRules, spawned_at: float, beat: Optional[Beat], output_at: 
 def slot_path(directory: str, rank: int) -> str:
     """The slot file of ``rank`` under the run dir's heartbeat directory."""
     return os.path.join(directory, f"rank_{rank}")
+
+
+#: Seconds of step history behind a step rate; a rate needs at least ``RATE_MIN_SPAN`` of it, so a
+#: straggler is one that stayed slow for that long, not one slow step.
+RATE_WINDOW = 10.0
+RATE_MIN_SPAN = 5.0
+
+
+def step_rate(history: Deque[Tuple[float, int]]) -> Optional[float]:
+    """Steps per second over ``history`` (``(monotonic time, step)``, oldest first), or None when it
+    spans less than ``RATE_MIN_SPAN`` seconds."""
+    if len(history) < 2 or history[-1][0] - history[0][0] < RATE_MIN_SPAN:
+        return None
+    (t0, s0), (t1, s1) = history[0], history[-1]
+    return (s1 - s0) / (t1 - t0)
+
+
+def stragglers(rates: Dict[int, Optional[float]], threshold: float) -> List[int]:
+    """Ranks whose step rate is more than ``threshold`` (a fraction) below the median of the others'.
+
+    Ranks without a rate yet are neither judged nor compared with.
+    """
+    known = {r: v for r, v in rates.items() if v is not None}
+    slow = []
+    for rank, rate in known.items():
+        peers = [v for r, v in known.items() if r != rank]
+        if peers and median(peers) > 0 and rate < (1.0 - threshold) * median(peers):
+            slow.append(rank)
+    return sorted(slow)

@@ -69,7 +69,8 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
 def hang_rules(opts: RunOptions) -> HangRules:
     """The hang detector's timeouts from ``--heartbeat-timeout`` and its siblings (off by default)."""
     return HangRules(opts.heartbeat_timeout, opts.heartbeat_initial_timeout,
-                     parse_section_timeouts(opts.section_timeout), opts.max_no_progress_restarts)
+                     parse_section_timeouts(opts.section_timeout), opts.max_no_progress_restarts,
+                     opts.straggler_threshold)
 
 
 def error_file_path(log_session: str, attempt: int, rank: int) -> str:

@@ -14,10 +14,13 @@ import glob
 import logging
 import os
 import time
-from typing import Dict, Optional
+from collections import deque
+from statistics import median
+from typing import Deque, Dict, Optional, Set, Tuple
 
 from launcher.monitoring import stacks
-from launcher.monitoring.heartbeats import HEARTBEAT_DIR, Beat, HangRules, judge, read_slot, slot_path
+from launcher.monitoring.heartbeats import (HEARTBEAT_DIR, RATE_WINDOW, Beat, HangRules, judge, read_slot, slot_path,
+                                            step_rate, stragglers)
 from launcher.run.attempt import hang_rules
 from launcher.run.stackdump import StackDump
 from launcher.supervision.integration import Host, Integration
@@ -46,6 +49,8 @@ class HangWatch(Integration):
         self.output: Dict[int, tuple] = {}       # rank -> (log size, when it last grew)
         self.reported = False                    # this attempt's hang is being handled
         self.steps: Dict[int, int] = {}          # attempt -> highest step a rank reported
+        self.history: Dict[int, Deque[Tuple[float, int]]] = {}  # rank -> recent (time, step)
+        self.named: Set[int] = set()             # ranks already named stragglers this attempt
         self._timer: Optional[int] = None
 
     def start(self, host: Host) -> None:
@@ -62,6 +67,7 @@ class HangWatch(Integration):
             return
         if event == "attempt_start":
             self.attempt, self.spawned, self.output, self.reported = fields["attempt"], {}, {}, False
+            self.history, self.named = {}, set()
             for path in glob.glob(os.path.join(self.directory, "rank_*")):  # the last attempt's slots
                 os.unlink(path)
         elif event == "rank_spawned":
@@ -101,6 +107,26 @@ class HangWatch(Integration):
                 hung[rank] = why
         if hung:
             self._report(hung, beats)
+        elif self.rules.straggler:
+            self._stragglers(beats, now)
+
+    def _stragglers(self, beats: Dict[int, Optional[Beat]], now: float) -> None:
+        """Per-rank step rates over the last ``RATE_WINDOW`` s; name each new straggler once."""
+        for rank, beat in beats.items():
+            history = self.history.setdefault(rank, deque())
+            if beat is not None and beat.step >= 0 and (not history or history[-1][1] != beat.step):
+                history.append((beat.at, beat.step))
+            while history and history[0][0] < now - RATE_WINDOW:
+                history.popleft()
+        rates = {rank: step_rate(history) for rank, history in self.history.items()}
+        for rank in stragglers(rates, self.rules.straggler):
+            if rank in self.named:
+                continue
+            self.named.add(rank)
+            peers = median(v for r, v in rates.items() if r != rank and v is not None)
+            self.host.emit("straggler", attempt=self.attempt, rank=rank, steps_per_s=round(rates[rank], 3),
+                           peers_median=round(peers, 3), threshold=self.rules.straggler)
+            log.warning("rank %d is a straggler: %.2f steps/s, its peers' median %.2f", rank, rates[rank], peers)
 
     def _log_size(self, rank: int) -> int:
         path = self.host.group.log_paths.get(rank)

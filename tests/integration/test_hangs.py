@@ -6,6 +6,7 @@ detection latency and dump time are measured in ``bench/hang.py``).
 """
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,17 @@ def test_gloo_all_reduce_blocked_by_a_rank_that_stopped_calling_it(launcher):
     assert stacks["diagnosis"][1].startswith("ranks 0,2,3 (hung): in all_reduce (distributed_c10d.py:")
     assert stacks["failing_rank"] == 1
     assert named(events, "restart")[0]["after_rank"] == 1
+
+
+def test_a_rank_stepping_slower_than_its_peers_is_named_a_straggler(launcher):
+    launcher.start(["--nproc-per-node", "3", "--straggler-threshold", "0.5"], ["--mode", "slow"], worker=HANG_RANK)
+    launcher.wait_ready(3)
+    deadline = time.monotonic() + 60
+    while not named(launcher.events(), "straggler") and time.monotonic() < deadline and launcher.proc.poll() is None:
+        time.sleep(0.2)  # polling the events file for the detector's verdict, not waiting blindly
+    launcher.proc.terminate()
+    launcher.wait(30)
+    stragglers = named(launcher.events(), "straggler")
+    assert [s["rank"] for s in stragglers] == [1], launcher.stderr
+    assert stragglers[0]["steps_per_s"] < stragglers[0]["peers_median"] * 0.5
+    assert not named(launcher.events(), "hang_detected")

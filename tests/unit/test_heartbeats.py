@@ -108,3 +108,21 @@ def test_section_timeouts_round_trip(pairs):
 def test_section_timeout_malformed(bad):
     with pytest.raises(ValueError, match="NAME=SECONDS"):
         parse_section_timeouts([bad])
+
+
+def test_step_rate_needs_a_long_enough_history():
+    from collections import deque
+
+    from launcher.monitoring.heartbeats import step_rate
+
+    assert step_rate(deque([(0.0, 0), (1.0, 10)])) is None
+    assert step_rate(deque([(0.0, 0), (2.0, 10), (5.0, 50)])) == 10.0
+
+
+def test_stragglers_are_below_the_median_of_their_peers():
+    from launcher.monitoring.heartbeats import stragglers
+
+    assert stragglers({0: 10.0, 1: 10.5, 2: 4.0, 3: 9.8, 4: None}, 0.2) == [2]
+    assert stragglers({0: 10.0, 1: 8.5}, 0.2) == []
+    assert stragglers({0: 0.0, 1: 0.0}, 0.2) == []
+    assert stragglers({0: 10.0}, 0.2) == []

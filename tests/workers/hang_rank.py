@@ -8,6 +8,7 @@ until they are stopped. On other attempts every rank exits 0 after its steps.
   --mode gil          a C call that holds the GIL (ctypes.PyDLL's libc sleep): no Python code runs
   --mode no-stderr    close stdout and stderr, then sleep (no output, no heartbeat)
   --mode section      stay in section "checkpoint" forever (judged by --section-timeout)
+  --mode slow         step 4 times slower than the others (a straggler), never hang
   --mode crash        exit 3 instead (a crash loop at one step, for --max-no-progress-restarts)
 """
 
@@ -48,11 +49,11 @@ def hang_here(mode):
         time.sleep(3600)
 
 
-def healthy_wait(args, step):
+def healthy_wait(args, step, pause=0.05):
     while True:
         step += 1
         beat(args, step)
-        time.sleep(0.05)
+        time.sleep(pause)
 
 
 def main():
@@ -70,6 +71,8 @@ def main():
         beat(args, step)
     if str(ATTEMPT) not in args.hang_attempts.split(","):
         return 0
+    if RANK == args.hang_rank and args.mode == "slow":
+        healthy_wait(args, args.steps, pause=0.2)
     if RANK == args.hang_rank:
         hang_here(args.mode)
     if args.mode == "crash":  # the others make no progress either: they wait to be stopped
