@@ -14,6 +14,7 @@ from typing import Deque, Dict, List, Optional, Tuple
 SLOT_FORMAT = "<IIdqd32s"
 SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
 FLAG_FAULTHANDLER = 1
+FLAG_EXITING = 2
 STACKS_SUFFIX = ".stacks"
 #: The run dir's directory of heartbeat slots (one file per local rank) and stack dumps.
 HEARTBEAT_DIR = "heartbeats"
@@ -30,6 +31,7 @@ class Beat:
         section_start: When it entered it (monotonic).
         pid: The process that wrote the slot.
         faulthandler: Whether the rank dumps its stacks on SIGUSR1.
+        exiting: The rank's interpreter is exiting (``atexit`` ran): its teardown is never a hang.
     """
 
     at: float
@@ -38,6 +40,7 @@ class Beat:
     section_start: float
     pid: int
     faulthandler: bool
+    exiting: bool = False
 
 
 def read_slot(path: str) -> Optional[Beat]:
@@ -51,7 +54,7 @@ def read_slot(path: str) -> Optional[Beat]:
         return None
     flags, pid, at, step, start, name = struct.unpack(SLOT_FORMAT, data)
     return Beat(at, step, name.rstrip(b"\0").decode("utf-8", "replace"), start, pid,
-                bool(flags & FLAG_FAULTHANDLER))
+                bool(flags & FLAG_FAULTHANDLER), bool(flags & FLAG_EXITING))
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ def judge(rules: HangRules, spawned_at: float, beat: Optional[Beat], output_at: 
         output_at: When its log last grew (monotonic; 0: never).
         now: The current monotonic time.
     """
+    if beat is not None and beat.exiting:
+        return None
     if beat is not None and beat.section and beat.section in rules.sections:
         limit = rules.sections[beat.section]
         stay = now - beat.section_start

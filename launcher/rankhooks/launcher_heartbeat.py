@@ -20,10 +20,11 @@ registers ``faulthandler`` on ``SIGUSR1`` (writing next to the slot) and marks t
 the launcher may ask this rank for its Python stacks when py-spy is not available.
 
 Slot layout (little-endian, 64 bytes; ``launcher.monitoring.heartbeats`` reads it): ``flags`` (u32,
-bit 0: faulthandler on SIGUSR1), ``pid`` (u32), last beat (f64, ``time.monotonic()``), step (i64,
+bit 0: faulthandler on SIGUSR1, bit 1: the interpreter is exiting), ``pid`` (u32), last beat (f64, ``time.monotonic()``), step (i64,
 -1 unknown), section start (f64, 0 outside a section), section name (32 bytes, NUL-padded).
 """
 
+import atexit
 import faulthandler
 import mmap
 import os
@@ -36,6 +37,7 @@ ENV_VAR = "LAUNCHER_HEARTBEAT_FILE"
 SLOT_FORMAT = "<IIdqd32s"
 SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
 FLAG_FAULTHANDLER = 1
+FLAG_EXITING = 2
 #: Where faulthandler writes the stacks on SIGUSR1: the slot's path plus this suffix.
 STACKS_SUFFIX = ".stacks"
 
@@ -67,9 +69,16 @@ def _open(path):
             flags |= FLAG_FAULTHANDLER
         except (OSError, RuntimeError, ValueError):  # not the main thread, a read-only dir: no fallback
             pass
+    atexit.register(_exiting, slot, flags)
     # No beat yet (0.0): importing this module is not progress, the --heartbeat-initial-timeout holds.
     struct.pack_into(SLOT_FORMAT, slot, 0, flags, os.getpid(), 0.0, -1, 0.0, b"")
     return slot
+
+
+def _exiting(slot, flags):
+    """At interpreter exit: the rank is done, its teardown (a framework's, which may take long) is
+    not a hang."""
+    struct.pack_into("<I", slot, 0, flags | FLAG_EXITING)
 
 
 def heartbeat(step=None):

@@ -26,8 +26,9 @@ def client(tmp_path, monkeypatch):
 
 
 def test_client_layout_is_the_launchers(client):
-    assert (client.SLOT_FORMAT, client.SLOT_SIZE, client.FLAG_FAULTHANDLER, client.STACKS_SUFFIX) == (
-        heartbeats.SLOT_FORMAT, heartbeats.SLOT_SIZE, heartbeats.FLAG_FAULTHANDLER, heartbeats.STACKS_SUFFIX)
+    assert (client.SLOT_FORMAT, client.SLOT_SIZE, client.FLAG_FAULTHANDLER, client.FLAG_EXITING,
+            client.STACKS_SUFFIX) == (heartbeats.SLOT_FORMAT, heartbeats.SLOT_SIZE, heartbeats.FLAG_FAULTHANDLER,
+                                      heartbeats.FLAG_EXITING, heartbeats.STACKS_SUFFIX)
 
 
 def test_beats_steps_and_sections_are_read_back(client, tmp_path):
@@ -126,3 +127,11 @@ def test_stragglers_are_below_the_median_of_their_peers():
     assert stragglers({0: 10.0, 1: 8.5}, 0.2) == []
     assert stragglers({0: 0.0, 1: 0.0}, 0.2) == []
     assert stragglers({0: 10.0}, 0.2) == []
+
+
+def test_a_rank_whose_interpreter_exits_is_never_hung(client, tmp_path):
+    client.heartbeat(step=3)
+    client._exiting(client._slot, client.FLAG_FAULTHANDLER)  # what atexit runs
+    beat = read_slot(str(tmp_path / "rank_0"))
+    assert beat.exiting and beat.faulthandler
+    assert judge(HangRules(steady=1), 0, beat, 0, beat.at + 1000) is None
