@@ -78,6 +78,10 @@ class HangWatch(Integration):
             self._read_steps()
             self.attempt, self.spawned = None, {}
 
+    def status(self) -> dict:
+        """For the control socket's ``status`` answer: this attempt's stragglers (empty when off)."""
+        return {"stragglers": sorted(self.named)} if self.rules.straggler else {}
+
     def max_step(self, attempt: int) -> Optional[int]:
         """The highest heartbeat step a rank of ``attempt`` reached (None: none reported a step)."""
         return self.steps.get(attempt)

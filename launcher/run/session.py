@@ -140,7 +140,7 @@ class Session:
                                 lambda rank: self.group.log_paths.get(rank),
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
                                 self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
-                                progress=self.hangs.max_step)
+                                progress=self.hangs.max_step, status=self.hangs.status)
         result = supervisor.run()
         self._report(result)
         return result.exit_code

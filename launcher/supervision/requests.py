@@ -95,7 +95,7 @@ class OutsideRequests:
         if request.command == "status":
             workers = attempt.workers.values() if attempt else ()
             request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
-                           "ranks": {w.rank: w.state.value for w in workers}}, final=True)
+                           "ranks": {w.rank: w.state.value for w in workers}, **self.status()}, final=True)
         elif request.command == "gasp":
             request.reply({"ok": True, "accepted": True})  # at once: prestop's proof of a live loop
             self._waiters.append(request)

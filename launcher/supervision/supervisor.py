@@ -49,6 +49,7 @@ class Supervisor(OutsideRequests):
         debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
         progress: ``attempt -> highest heartbeat step its ranks reached`` (None: unknown), for
             ``policy.max_no_progress_restarts``.
+        status: ``() -> dict`` merged into the control socket's ``status`` answer (the stragglers).
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -58,7 +59,8 @@ class Supervisor(OutsideRequests):
                  request_exit: Optional[Callable[[], None]] = None,
                  hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
                  resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic,
-                 debug: Optional[DebugConsole] = None, progress: Callable[[int], Optional[int]] = lambda n: None):
+                 debug: Optional[DebugConsole] = None, progress: Callable[[int], Optional[int]] = lambda n: None,
+                 status: Callable[[], dict] = dict):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -71,6 +73,7 @@ class Supervisor(OutsideRequests):
         self.resume_note = resume_note
         self.debug = debug
         self.progress = progress
+        self.status = status
         self._no_progress = NoProgress(policy.max_no_progress_restarts)
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self.clock = clock

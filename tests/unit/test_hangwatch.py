@@ -105,3 +105,11 @@ def test_output_counts_as_progress(watch):
     clock.now = 108.0
     tick(hw, host)
     assert host.events == []  # 4 s since the output, under the 5 s timeout
+
+
+def test_status_names_stragglers_only_when_watched(tmp_path):
+    hw = HangWatch()
+    hw.start(FakeHost(tmp_path, straggler_threshold=0.2))
+    hw.named.add(2)
+    assert hw.status() == {"stragglers": [2]}
+    assert HangWatch().status() == {}

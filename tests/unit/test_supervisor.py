@@ -487,3 +487,12 @@ def test_progress_resets_the_no_progress_count_and_unknown_steps_never_end_the_j
     sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, max_no_progress_restarts=1),
                      lambda name, **kw: None)
     assert sup.run().reason == "failed"
+
+
+def test_status_answer_carries_the_stragglers():
+    replies = []
+    request = ControlRequest("status", {}, lambda payload, final=False: replies.append(payload))
+    group = ScriptedGroup([[request, exited(0, 0), exited(1, 0)]])
+    Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
+               status=lambda: {"stragglers": [1]}).run()
+    assert replies[0]["stragglers"] == [1] and replies[0]["ranks"] == {0: "running", 1: "running"}
