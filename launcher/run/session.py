@@ -20,7 +20,8 @@ from launcher.cluster.syncjoin import SyncCoordination
 from launcher.cluster.taskd import TaskdManager
 from launcher.control.server import ControlChannel
 from launcher.common.errors import UsageError
-from launcher.monitoring.events import EventLog
+from launcher.monitoring import goodput
+from launcher.monitoring.events import EventLog, read_events
 from launcher.supervision.jobtree import JobTree, report_escaped
 from launcher.jobspec.options import RunOptions, parse_rank_filter
 from launcher.supervision.integration import Integrations
@@ -261,6 +262,8 @@ class Session:
                 log.error("%s", line)
         else:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
+        if self.events is not None:
+            log.info("%s", goodput.compute(read_events(self.events.path)).summary())
         sys.stdout.flush()
 
     def _report_console(self) -> None:
