@@ -1,6 +1,7 @@
 """``launcher status``: a running (or ended) job's ranks, restore plan, cluster holds and goodput."""
 
 import json
+import sys
 import time
 from typing import Optional
 
@@ -54,5 +55,7 @@ def status(run_dir: Optional[str], job: Optional[str], as_json: bool, watch: Opt
         if watch is None:
             click.echo(text)
             return 0
-        click.echo("\x1b[H\x1b[2J" + text, nl=True)  # home + clear: refresh in place
+        # Home + clear: refresh in place. Not click.echo, which strips escapes when not on a terminal.
+        sys.stdout.write("\x1b[H\x1b[2J" + text + "\n")
+        sys.stdout.flush()  # a pipe (watch | tee) is block-buffered
         time.sleep(watch)
