@@ -1,0 +1,63 @@
+"""``launcher status`` against a real 4-rank job while a rank fails and the job restarts (issue #15)."""
+
+import json
+import math
+import signal
+import subprocess
+import sys
+import time
+
+from tests.integration.conftest import Launcher
+
+
+def status(run_dir):
+    done = subprocess.run([sys.executable, "-m", "launcher", "status", "--run-dir", str(run_dir), "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def status_when(run_dir, predicate, timeout=30.0):
+    """Poll status until ``predicate`` holds (state.json is written right after the ranks spawn)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = status(run_dir)
+        if predicate(doc) or time.monotonic() > deadline:
+            return doc
+        time.sleep(0.05)
+
+
+def test_status_follows_a_failure_and_restart_and_goodput_adds_up(tmp_path):
+    job = Launcher(tmp_path)
+    trigger = tmp_path / "fail-now"
+    job.start(["--nproc-per-node", "4", "--max-restarts", "2"],
+              ["--fail-rank", "2", "--exit-code", "7", "--fail-when", str(trigger)])
+    try:
+        first = {int(line[0]): int(line[2]) for line in job.wait_ready(4)}
+        doc = status_when(job.run_dir, lambda d: d["attempt"] == 0 and len(d["ranks"]) == 4)
+        assert (doc["status"], doc["attempt"], doc["restarts_left"]) == ("running", 0, 2)
+        assert {r["rank"]: r["pid"] for r in doc["ranks"]} == first
+        assert all(r["state"] == "running" and r["process"] in "RSD" for r in doc["ranks"])
+        assert doc["goodput"]["failures"] == [] and doc["goodput"]["ended"] is False
+
+        trigger.touch()
+        second = {int(line[0]): int(line[2]) for line in job.wait_ready(8)[4:]}
+        doc = status_when(job.run_dir, lambda d: d["attempt"] == 1)
+        assert (doc["attempt"], doc["restarts_left"]) == (1, 1)
+        assert {r["rank"]: r["pid"] for r in doc["ranks"]} == second
+        assert all(r["state"] == "running" for r in doc["ranks"])
+        [failure] = doc["goodput"]["failures"]
+        assert (failure["attempt"], failure["rank"], failure["cause"]) == (0, 2, "exit code 7")
+        assert failure["time_lost"] > 0
+        assert math.isclose(sum(doc["goodput"]["parts"].values()), doc["goodput"]["wall"], abs_tol=0.01)
+    finally:
+        job.proc.send_signal(signal.SIGTERM)
+        job.wait()
+    doc = status(job.run_dir)
+    good = doc["goodput"]
+    assert doc["status"] == "ended" and good["ended"] is True
+    ends = [e["ts"] for e in job.events() if e["event"] in ("start", "job_end")]
+    assert math.isclose(good["wall"], ends[-1] - ends[0], abs_tol=0.002)
+    assert math.isclose(sum(good["parts"].values()), good["wall"], abs_tol=0.01)
+    assert good["parts"]["productive"] > 0 and good["parts"]["restarting"] > 0
+    assert "[launcher] " in job.stderr and "goodput " in job.stderr  # the end-of-run line
