@@ -24,6 +24,7 @@ _COMMANDS: Dict[str, str] = {
     "plan": "launcher.commands.plan:plan",
     "ranktable": "launcher.commands.ranktable:ranktable",
     "status": "launcher.commands.status:status",
+    "report": "launcher.commands.report:report",
 }
 
 _HELP: Dict[str, str] = {
@@ -34,6 +35,7 @@ _HELP: Dict[str, str] = {
     "plan": "Print the restore plan a (re)start would use, without starting anything.",
     "ranktable": "Show, validate and generate rank tables (hccl.json).",
     "status": "Show a job's ranks, restarts left, restore plan, cluster holds and goodput.",
+    "report": "Draw a finished run's timeline as one self-contained HTML file.",
 }
 
 

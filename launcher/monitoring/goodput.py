@@ -40,8 +40,8 @@ class Failure:
 
     Attributes:
         attempt: The attempt that failed.
-        rank: The first rank that failed (None: stopped by a request or signal).
-        cause: ``exit code N`` / ``signal SIGX`` / the stop reason.
+        rank: The rank that failed.
+        cause: ``exit code N`` / ``signal SIGX``.
         at: Wall-clock time of the failure.
         time_lost: Seconds of detection, stopping, restarting, waiting and recomputation it caused.
         steps_recomputed: Steps re-run after it, when step numbers are known.
@@ -177,8 +177,7 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
         cause = f"signal {ev['signal']}" if ev.get("signal") else f"exit code {ev.get('exit_code')}"
         failures.append(Failure(sweep.attempt, ev.get("rank"), cause, min(exited, ts)))
     elif kind in ("stop_group", "gasp") and sweep.part == "productive":
-        sweep.to("stopping", ts)
-        failures.append(Failure(sweep.attempt, None, str(ev.get("reason") or ev.get("source") or kind), ts))
+        sweep.to("stopping", ts)  # a signal or request (prestop, exit): stopping time, not a failure
     elif kind == "attempt_end":
         sweep.to("restarting" if ev.get("failed") else "stopping", ts)
     elif kind == "restart" and ev.get("scope") == "rank":

@@ -8,6 +8,7 @@ import sys
 import time
 
 from tests.integration.conftest import Launcher
+from tests.unit.test_timeline import drawn as timeline_elements
 
 
 def status(run_dir):
@@ -60,4 +61,14 @@ def test_status_follows_a_failure_and_restart_and_goodput_adds_up(tmp_path):
     assert math.isclose(good["wall"], ends[-1] - ends[0], abs_tol=0.002)
     assert math.isclose(sum(good["parts"].values()), good["wall"], abs_tol=0.01)
     assert good["parts"]["productive"] > 0 and good["parts"]["restarting"] > 0
+    assert [f["rank"] for f in good["failures"]] == [2]  # the SIGTERM at the end is stopping, not a failure
     assert "[launcher] " in job.stderr and "goodput " in job.stderr  # the end-of-run line
+    drawn = subprocess.run([sys.executable, "-m", "launcher", "report", str(job.run_dir)], capture_output=True,
+                           text=True, timeout=60)
+    assert drawn.returncode == 0, drawn.stderr
+    elements = timeline_elements((job.run_dir / "timeline.html").read_text())
+    bars = {(int(e["data-rank"]), int(e["data-attempt"])): e["data-state"] for e in elements if e["data-kind"] == "attempt"}
+    assert bars[(2, 0)] == "failed" and {bars[(r, 0)] for r in (0, 1, 3)} == {"stopped"}
+    assert {bars[(r, 1)] for r in range(4)} == {"stopped"}  # SIGTERM ended attempt 1
+    assert [(e["data-rank"], e["data-attempt"]) for e in elements if e["data-kind"] == "failure"] == [("2", "0")]
+    assert [e["data-attempt"] for e in elements if e["data-kind"] == "restart"] == ["1"]
