@@ -72,3 +72,38 @@ def test_status_follows_a_failure_and_restart_and_goodput_adds_up(tmp_path):
     assert {bars[(r, 1)] for r in range(4)} == {"stopped"}  # SIGTERM ended attempt 1
     assert [(e["data-rank"], e["data-attempt"]) for e in elements if e["data-kind"] == "failure"] == [("2", "0")]
     assert [e["data-attempt"] for e in elements if e["data-kind"] == "restart"] == ["1"]
+
+
+def test_metrics_scraped_over_loopback_during_a_run(tmp_path):
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples(text):
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    job = Launcher(tmp_path)
+    trigger, textfile = tmp_path / "fail-now", tmp_path / "launcher.prom"
+    job.start(["--nproc-per-node", "2", "--max-restarts", "1", "--metrics-port", "0",
+               "--metrics-textfile", str(textfile)],
+              ["--fail-rank", "1", "--exit-code", "7", "--fail-when", str(trigger)])
+    try:
+        job.wait_ready(2)
+        trigger.touch()
+        job.wait_ready(4)
+        status_when(job.run_dir, lambda d: d["attempt"] == 1 and all(r["state"] == "running" for r in d["ranks"]))
+        [address] = [e["address"] for e in job.events() if e["event"] == "metrics_listening"]
+        assert address.startswith("127.0.0.1:")
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
+            live = samples(answer.read().decode())
+        assert live[("launcher_restarts_total", ())] == 1.0
+        assert live[("launcher_failures_total", (("cause", "exit code 7"),))] == 1.0
+        assert live[("launcher_attempt", ())] == 1.0 and live[("launcher_up", ())] == 1.0
+        assert live[("launcher_time_lost_seconds_total", ())] > 0
+    finally:
+        job.proc.send_signal(signal.SIGTERM)
+        job.wait()
+    final = samples(textfile.read_text())
+    assert final[("launcher_up", ())] == 0.0 and final[("launcher_gasps_total", ())] == 1.0
+    assert final[("launcher_gasp_duration_seconds_count", ())] == 1.0
