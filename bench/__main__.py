@@ -21,6 +21,7 @@ BENCHMARKS = {
     "overhead": "bench.overhead",
     "logs": "bench.logs",
     "scale": "bench.scale",
+    "status": "bench.status",
     "hang": "bench.hang",
 }
 

@@ -23,6 +23,8 @@ _COMMANDS: Dict[str, str] = {
     "jobs": "launcher.commands.control:jobs",
     "plan": "launcher.commands.plan:plan",
     "ranktable": "launcher.commands.ranktable:ranktable",
+    "status": "launcher.commands.status:status",
+    "report": "launcher.commands.report:report",
 }
 
 _HELP: Dict[str, str] = {
@@ -32,6 +34,8 @@ _HELP: Dict[str, str] = {
     "jobs": "List this user's running and recent jobs on this machine.",
     "plan": "Print the restore plan a (re)start would use, without starting anything.",
     "ranktable": "Show, validate and generate rank tables (hccl.json).",
+    "status": "Show a job's ranks, restarts left, restore plan, cluster holds and goodput.",
+    "report": "Draw a finished run's timeline as one self-contained HTML file.",
 }
 
 

@@ -24,7 +24,8 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                                   "--gasp-min-interval", "--graceful-exit")),
     ("Hangs and stragglers", ("--heartbeat-timeout", "--heartbeat-initial-timeout", "--section-timeout",
                               "--max-no-progress-restarts", "--straggler-threshold")),
-    ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id")),
+    ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id", "--metrics-port",
+                        "--metrics-textfile")),
     ("Debugging a rank", ("--debug-rank", "--pdb")),
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
@@ -207,6 +208,12 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
                          "when given, else <date>-<time>-<pid>); `launcher prestop --job NAME` finds it.")
 @_opt("--run-id", help="The job's id, the same on every machine (default $MINDX_TASK_ID, else a digest of "
                         "what every machine of the job shares: the rank table or master address, and the command).")
+@_opt("--metrics-port", type=click.IntRange(0, 65535),
+      help="Serve Prometheus metrics on http://127.0.0.1:PORT/metrics (0: any free port, see the "
+           "metrics_listening event; default: off; needs the `metrics` extra).")
+@_opt("--metrics-textfile", type=click.Path(dir_okay=False),
+      help="Write Prometheus metrics to FILE after every attempt and at the end (node_exporter textfile "
+           "collector; default: off).")
 @_opt("--group-info-root", type=click.Path(file_okay=False),
       help="MindSpore hybrid-parallel restore: each rank writes DIR/device<rank>/group_info.pb (GROUP_INFO_FILE) "
            "and the restore plan reads them (default: no GROUP_INFO_FILE).")

@@ -105,6 +105,11 @@ def _job(name: str, path: str, details: bool) -> Optional[Job]:
                _number(record.get("ended"), float))
 
 
+def is_live(path: str) -> bool:
+    """Whether a launcher holds the run dir ``path`` now (``launcher status``)."""
+    return bool(_locked(path))
+
+
 def _locked(path: str) -> Optional[bool]:
     """Whether a launcher holds ``path``'s lock (a shared probe, released at once); None: no lock file."""
     try:

@@ -74,6 +74,8 @@ class RunOptions:
     taskd_port: int = TASKD_DEFAULT_PORT
     debug_rank: Optional[int] = None
     pdb: bool = False
+    metrics_port: Optional[int] = None
+    metrics_textfile: Optional[str] = None
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)

@@ -20,13 +20,15 @@ from launcher.cluster.syncjoin import SyncCoordination
 from launcher.cluster.taskd import TaskdManager
 from launcher.control.server import ControlChannel
 from launcher.common.errors import UsageError
-from launcher.monitoring.events import EventLog
+from launcher.monitoring import goodput
+from launcher.monitoring.events import EventLog, read_events
 from launcher.supervision.jobtree import JobTree, report_escaped
 from launcher.jobspec.options import RunOptions, parse_rank_filter
 from launcher.supervision.integration import Integrations
 from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
+from launcher.run.metrics import Metrics
 from launcher.run.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
@@ -65,7 +67,10 @@ class Session:
         self.reset = ResetJsonFollower()
         self.sync = SyncCoordination()
         self.hangs = HangWatch()
-        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), self.hangs])
+        metrics = [Metrics(opts.metrics_port, opts.metrics_textfile)] \
+            if opts.metrics_port is not None or opts.metrics_textfile else []
+        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), self.hangs,
+                                          *metrics])
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
@@ -265,6 +270,8 @@ class Session:
                 log.error("%s", line)
         else:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
+        if self.events is not None:
+            log.info("%s", goodput.compute(read_events(self.events.path)).summary())
         sys.stdout.flush()
 
     def _report_console(self) -> None:

@@ -1,0 +1,247 @@
+"""Goodput: a run's wall time split into what it was spent on, from ``events.jsonl`` alone.
+
+The run's wall time runs from its ``start`` event to its ``job_end`` (or ``stop``, or "now" for a live
+run). Every instant of it belongs to exactly one part, so the parts always add up to the wall time.
+A sweep over the events in file order moves one "current part" along; each part is defined by the
+event that enters it:
+
+* ``startup`` - from ``start`` until every rank of attempt 0 is spawned (``rank_spawned`` for each rank
+  ``attempt_start`` named): reading the rank table, the integrations, spawning.
+* ``productive`` - from there until a failure is detected or the attempt is stopped; the whole
+  remaining run time of a successful attempt.
+* ``detection`` - from a failed rank's exit (``rank_exited.exited_at``, its reaping time) until the
+  launcher recorded it (the event's ``ts``). Hangs are not seen here: without rank heartbeats a hung
+  rank counts as productive until it exits.
+* ``stopping`` - from the failure (or a ``stop_group`` / ``gasp`` on a request or signal) until the
+  attempt's ``attempt_end``: stopping the other ranks, the dying gasp; after a successful attempt,
+  the launcher's own shutdown until ``job_end``.
+* ``restarting`` - from a failed ``attempt_end`` until every rank of the next attempt is spawned:
+  the restart decision, backoff, the restore plan, spawning (a ``scope: rank`` restart: until that
+  rank is spawned again).
+* ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
+  restart.
+* ``recomputed`` - carved from the start of the productive time after a restart: the time spent
+  re-running steps the failed attempt had already done. Known only when events carry step numbers
+  (``heartbeat`` events with ``rank`` and ``step``, or ``step`` on ``rank_exited``, from a future
+  heartbeat source): steps recomputed = the failed attempt's last step - the next restore plan's
+  step; its time = those steps at the failed attempt's mean step time, at most the productive time
+  that follows. Without step numbers it stays ``None`` and the time stays in ``productive``.
+"""
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+PARTS = ("productive", "startup", "detection", "stopping", "restarting", "recomputed", "waiting")
+
+
+@dataclass
+class Failure:
+    """One failed attempt and what it cost.
+
+    Attributes:
+        attempt: The attempt that failed.
+        rank: The rank that failed.
+        cause: ``exit code N`` / ``signal SIGX``.
+        at: Wall-clock time of the failure.
+        time_lost: Seconds of detection, stopping, restarting, waiting and recomputation it caused.
+        steps_recomputed: Steps re-run after it, when step numbers are known.
+    """
+
+    attempt: int
+    rank: Optional[int]
+    cause: str
+    at: float
+    time_lost: float = 0.0
+    steps_recomputed: Optional[int] = None
+
+
+@dataclass
+class Goodput:
+    """A run's wall time by part (seconds) and its failures.
+
+    Attributes:
+        start: Wall-clock start.
+        end: Wall-clock end (the time asked for, for a live run).
+        parts: Seconds per part, every name in ``PARTS``; they add up to ``wall``.
+        failures: The failures, in order.
+        spans: ``(part, begin, end, attempt)`` intervals in order (for pictures).
+        ended: The run recorded its end.
+    """
+
+    start: float
+    end: float
+    parts: Dict[str, float]
+    failures: List[Failure] = field(default_factory=list)
+    spans: List[Tuple[str, float, float, int]] = field(default_factory=list)
+    ended: bool = True
+
+    @property
+    def wall(self) -> float:
+        """The run's wall time in seconds."""
+        return self.end - self.start
+
+    @property
+    def ratio(self) -> Optional[float]:
+        """Productive share of the wall time (None for an empty run)."""
+        return self.parts["productive"] / self.wall if self.wall > 0 else None
+
+    def to_json(self) -> dict:
+        """The ``goodput`` object of ``launcher status --json``."""
+        return {"wall": round(self.wall, 3), "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "ended": self.ended, "parts": {k: round(v, 3) for k, v in self.parts.items()},
+                "failures": [{"attempt": f.attempt, "rank": f.rank, "cause": f.cause, "at": f.at,
+                              "time_lost": round(f.time_lost, 3), "steps_recomputed": f.steps_recomputed}
+                             for f in self.failures]}
+
+    def summary(self) -> str:
+        """One line: ``goodput 93.1% of 120.4 s: productive 112.1 s, startup 2.0 s, ...``."""
+        ratio = "?" if self.ratio is None else f"{100 * self.ratio:.1f}%"
+        parts = ", ".join(f"{name} {self.parts[name]:.1f} s" for name in PARTS if self.parts[name] or name == "productive")
+        return f"goodput {ratio} of {self.wall:.1f} s: {parts}; {len(self.failures)} failure(s)"
+
+
+def last_run(events: Sequence[dict]) -> List[dict]:
+    """The events of the newest run in an events file (runs append to the same file)."""
+    starts = [i for i, ev in enumerate(events) if ev.get("event") == "start"]
+    if not starts:
+        return list(events)
+    first = starts[-1]
+    run_id = events[first].get("run_id")
+    return [ev for ev in events[first:] if ev.get("run_id") == run_id]
+
+
+class _Sweep:
+    """Moves the current part along the events; closes a span at every change."""
+
+    def __init__(self, start: float):
+        self.part, self.since, self.attempt = "startup", start, 0
+        self.spans: List[Tuple[str, float, float, int]] = []
+        self.pending: set = set()
+        self.held_from = "restarting"  # the part a cluster hold interrupted
+
+    def to(self, part: str, at: float) -> None:
+        at = max(at, self.since)
+        if at > self.since:
+            self.spans.append((self.part, self.since, at, self.attempt))
+        self.part, self.since = part, at
+
+
+def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
+    """The goodput of the newest run in ``events`` (``read_events`` output).
+
+    Args:
+        events: Events in file order.
+        now: End of a run that has not recorded its end (default: its last event).
+    """
+    run = last_run(list(events))
+    if not run:
+        t = now or 0.0
+        return Goodput(t, t, dict.fromkeys(PARTS, 0.0), ended=False)
+    start = float(run[0].get("ts", 0.0))
+    sweep, failures, steps = _Sweep(start), [], _StepLog()
+    end, ended = None, False
+    for ev in run:
+        ts = max(float(ev.get("ts", sweep.since)), sweep.since)
+        kind = ev.get("event")
+        steps.see(ev)
+        if kind in ("job_end", "stop"):
+            end, ended = ts, True
+            break
+        _step(sweep, failures, ev, kind, ts)
+    if end is None:
+        end = max(now if now is not None else 0.0, float(run[-1].get("ts", start)), sweep.since)
+    sweep.to("end", end)
+    spans = _carve_recomputed(sweep.spans, failures, steps, run)
+    parts = dict.fromkeys(PARTS, 0.0)
+    for part, begin, stop, _ in spans:
+        parts[part] += stop - begin
+    _charge(failures, spans)
+    return Goodput(start, end, parts, failures, spans, ended)
+
+
+def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
+    """Apply one event to the sweep."""
+    if kind == "attempt_start":
+        attempt = int(ev.get("attempt", sweep.attempt))
+        if sweep.part not in ("startup", "waiting"):
+            sweep.to("restarting" if attempt else "startup", ts)
+        sweep.attempt, sweep.pending = attempt, set(ev.get("ranks") or ())
+    elif kind == "rank_spawned":
+        sweep.pending.discard(ev.get("rank"))
+        if not sweep.pending and sweep.part in ("startup", "restarting"):
+            sweep.to("productive", ts)
+    elif kind == "rank_exited" and ev.get("state") == "failed" and sweep.part == "productive":
+        exited = float(ev.get("exited_at") or ts)
+        sweep.to("detection", min(exited, ts))
+        sweep.to("stopping", ts)
+        cause = f"signal {ev['signal']}" if ev.get("signal") else f"exit code {ev.get('exit_code')}"
+        failures.append(Failure(sweep.attempt, ev.get("rank"), cause, min(exited, ts)))
+    elif kind in ("stop_group", "gasp") and sweep.part == "productive":
+        sweep.to("stopping", ts)  # a signal or request (prestop, exit): stopping time, not a failure
+    elif kind == "attempt_end":
+        sweep.to("restarting" if ev.get("failed") else "stopping", ts)
+    elif kind == "restart" and ev.get("scope") == "rank":
+        sweep.pending = {ev.get("after_rank")}
+        if sweep.part == "stopping":
+            sweep.to("restarting", ts)
+    elif kind == "cluster_hold" and sweep.part != "waiting":
+        sweep.held_from = sweep.part
+        sweep.to("waiting", ts)
+    elif kind == "cluster_hold_end" and sweep.part == "waiting":
+        sweep.to(sweep.held_from, ts)
+
+
+class _StepLog:
+    """The newest step number each attempt reported, from events that carry ``step``."""
+
+    def __init__(self) -> None:
+        self.last: Dict[int, int] = {}
+        self.plan: Dict[int, int] = {}
+        self.attempt = 0
+
+    def see(self, ev: dict) -> None:
+        kind = ev.get("event")
+        if kind == "attempt_start":
+            self.attempt = int(ev.get("attempt", self.attempt))
+        step = ev.get("step")
+        if not isinstance(step, int) or isinstance(step, bool):
+            return
+        if kind == "restore_plan":
+            self.plan[int(ev.get("attempt", self.attempt))] = step
+        elif kind in ("heartbeat", "rank_exited"):
+            self.last[self.attempt] = max(step, self.last.get(self.attempt, step))
+
+
+def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure], steps: _StepLog,
+                      run: List[dict]) -> List[Tuple[str, float, float, int]]:
+    """Split the first productive span after each failure into recomputed + productive, where known."""
+    out = list(spans)
+    for failure in failures:
+        last, resumed = steps.last.get(failure.attempt), steps.plan.get(failure.attempt + 1)
+        if last is None or resumed is None:
+            continue
+        failure.steps_recomputed = max(0, last - resumed)
+        done = [s for s in out if s[3] == failure.attempt and s[0] == "productive"]
+        first = steps.plan.get(failure.attempt, 0)
+        ran = sum(s[2] - s[1] for s in done)
+        if not failure.steps_recomputed or last <= first or ran <= 0:
+            continue
+        cost = failure.steps_recomputed * ran / (last - first)
+        for i, (part, begin, stop, attempt) in enumerate(out):
+            if part == "productive" and attempt == failure.attempt + 1:
+                cut = min(stop, begin + cost)
+                out[i:i + 1] = [s for s in (("recomputed", begin, cut, attempt), (part, cut, stop, attempt))
+                                if s[2] > s[1]]
+                break
+    return out
+
+
+def _charge(failures: List[Failure], spans: List[Tuple[str, float, float, int]]) -> None:
+    """Time lost per failure: the non-productive spans from it until productive time resumes."""
+    for failure in failures:
+        for part, begin, stop, _ in spans:
+            if stop <= failure.at:
+                continue
+            if part == "productive" or part == "end":
+                break
+            failure.time_lost += stop - max(begin, failure.at)

@@ -1,0 +1,57 @@
+"""Unit tests for ``launcher.run.metrics``: counted from scripted events, and a clear error without
+prometheus_client."""
+
+import sys
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from launcher.common.errors import UsageError
+from launcher.run.metrics import Metrics
+
+
+class Host:
+    def __init__(self):
+        self.events = []
+
+    def emit(self, event, **fields):
+        self.events.append((event, fields))
+
+
+def values(metrics):
+    text = generate_latest(metrics.registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_counts_from_events_and_writes_the_textfile(tmp_path):
+    textfile = tmp_path / "m.prom"
+    metrics = Metrics(textfile=str(textfile))
+    metrics.start(Host())
+    script = [("attempt_start", {"attempt": 0, "ranks": [0, 1]}),
+              ("rank_spawned", {"rank": 0}), ("rank_spawned", {"rank": 1}),
+              ("rank_exited", {"rank": 1, "state": "failed", "exit_code": 3, "signal": None, "exited_at": 1.0}),
+              ("rank_exited", {"rank": 0, "state": "failed", "exit_code": None, "signal": "SIGKILL"}),
+              ("restart", {"attempt": 1}), ("attempt_start", {"attempt": 1, "ranks": [0, 1]}),
+              ("rank_spawned", {"rank": 0}), ("rank_spawned", {"rank": 1}),
+              ("heartbeat", {"rank": 0, "step": 5}), ("gasp", {}), ("gasp_done", {})]
+    for event, fields in script:
+        metrics.on_event(event, fields)
+    metrics.attempt_ended(1, False)
+    got = values(metrics)
+    assert got[("launcher_failures_total", (("cause", "exit code 3"),))] == 1.0
+    assert got[("launcher_failures_total", (("cause", "signal SIGKILL"),))] == 1.0
+    assert got[("launcher_restarts_total", ())] == 1.0 and got[("launcher_attempt", ())] == 1.0
+    assert got[("launcher_time_lost_seconds_total", ())] > 0  # from exited_at 1.0 (1970) to now
+    assert got[("launcher_gasp_duration_seconds_count", ())] == 1.0
+    assert 0 <= got[("launcher_heartbeat_age_seconds", (("rank", "0"),))] < 60
+    assert "launcher_restarts_total 1.0" in textfile.read_text()
+    metrics.stop()
+    assert "launcher_up 0.0" in textfile.read_text()
+
+
+def test_without_prometheus_client_it_is_a_usage_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(UsageError, match=r"ascend-launcher\[metrics\]"):
+        Metrics(port=0)
