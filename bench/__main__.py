@@ -22,6 +22,7 @@ BENCHMARKS = {
     "logs": "bench.logs",
     "scale": "bench.scale",
     "status": "bench.status",
+    "hang": "bench.hang",
 }
 
 

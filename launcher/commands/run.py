@@ -22,6 +22,8 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                                   "--recover-strategy",
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
                                   "--gasp-min-interval", "--graceful-exit")),
+    ("Hangs and stragglers", ("--heartbeat-timeout", "--heartbeat-initial-timeout", "--section-timeout",
+                              "--max-no-progress-restarts", "--straggler-threshold")),
     ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id", "--metrics-port",
                         "--metrics-textfile")),
     ("Debugging a rank", ("--debug-rank", "--pdb")),
@@ -123,6 +125,16 @@ def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[st
     return value
 
 
+def _check_section_timeouts(_ctx: click.Context, _param: click.Parameter, value: Any) -> Tuple[str, ...]:
+    from launcher.jobspec.options import parse_section_timeouts
+
+    try:
+        parse_section_timeouts(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    return tuple(value)
+
+
 def _opt(*decls: str, **kwargs: Any) -> Callable:
     """A ``run`` option that can also be set as ``LAUNCHER_<NAME>`` in the environment."""
     name = decls[0].lstrip("-").replace("-", "_")
@@ -162,6 +174,20 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Cap of the crash-loop backoff delay (0: always restart at once).")
 @_opt("--stop-timeout", type=click.FloatRange(min=0), default=10.0,
       help="After a rank fails: seconds the others get to exit after SIGTERM, before SIGKILL.")
+@_opt("--heartbeat-timeout", type=click.FloatRange(min=0), default=0.0,
+      help="A rank with no heartbeat and no output for this many seconds is hung: its stacks and every "
+           "local rank's are dumped, then it is failed and the job restarts within --max-restarts (0: off).")
+@_opt("--heartbeat-initial-timeout", type=click.FloatRange(min=0),
+      help="Seconds a rank may take to its first heartbeat or output line (start-up, model load); "
+           "default: --heartbeat-timeout.")
+@_opt("--section-timeout", multiple=True, callback=_check_section_timeouts, metavar="NAME=SECONDS",
+      help="Longest stay in a named section (launcher_heartbeat.section(NAME)); repeatable.")
+@_opt("--max-no-progress-restarts", type=click.IntRange(min=0), default=0,
+      help="End the job after this many restarts in a row whose ranks reached no higher heartbeat step "
+           "than before (a crash loop at one step; 0: off).")
+@_opt("--straggler-threshold", type=click.FloatRange(min=0, max=1, max_open=True), default=0.0,
+      help="Name a rank (event straggler) whose heartbeat step rate stays this fraction below its peers' "
+           "median for 5 s, e.g. 0.2 (0: off).")
 @_opt("--gasp-timeout", "--grace-period", type=click.FloatRange(min=0),
       help="When the job is stopped (SIGTERM, Ctrl-C, launcher prestop): seconds the ranks get to save a "
            "checkpoint and exit, before SIGKILL (default: --termination-grace-period minus 5 s or 10 %).")

@@ -44,6 +44,8 @@ TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # torchrun runs `python -u`; the legacy scripts export it
 PYTHONBREAKPOINT = "PYTHONBREAKPOINT"  # ranks without the terminal: breakpoint() prints a hint
 PYTHONPATH = "PYTHONPATH"
+LAUNCHER_PY_SPY = "LAUNCHER_PY_SPY"  # read: the py-spy for hang dumps; empty: use faulthandler only
+LAUNCHER_HEARTBEAT_FILE = "LAUNCHER_HEARTBEAT_FILE"  # --heartbeat-timeout: the rank's heartbeat slot (mmap'd)
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------
 MS_ROLE = "MS_ROLE"

@@ -7,7 +7,7 @@ context's ``default_map`` by an eager option, which is what ``load_config_into_c
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -41,6 +41,11 @@ class RunOptions:
     restart_backoff: float = 0.5
     restart_backoff_max: float = 30.0
     stop_timeout: float = 10.0
+    heartbeat_timeout: float = 0.0
+    heartbeat_initial_timeout: Optional[float] = None
+    section_timeout: Tuple[str, ...] = ()
+    max_no_progress_restarts: int = 0
+    straggler_threshold: float = 0.0
     gasp_timeout: Optional[float] = None
     termination_grace_period: float = 30.0
     gasp_signal: str = "SIGTERM"
@@ -138,6 +143,29 @@ class SignalType(click.ParamType):
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
         option = param.opts[0] if param is not None and param.opts else "signal"
         return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
+
+
+def parse_section_timeouts(items: Sequence[str]) -> Dict[str, float]:
+    """``--section-timeout NAME=SECONDS`` values -> {name: seconds}.
+
+    Raises:
+        ValueError: one message naming every malformed item.
+    """
+    sections: Dict[str, float] = {}
+    bad = []
+    for item in items:
+        name, sep, seconds = str(item).partition("=")
+        try:
+            value = float(seconds)
+        except ValueError:
+            value = -1.0
+        if not sep or not name.strip() or not value > 0 or value == float("inf"):
+            bad.append(repr(item))
+            continue
+        sections[name.strip()] = value
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: expected NAME=SECONDS with SECONDS > 0")
+    return sections
 
 
 def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple[int, ...]:

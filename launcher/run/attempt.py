@@ -13,7 +13,8 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.control.gasp import GRACEFUL_EXIT_FILE
-from launcher.jobspec.options import RunOptions
+from launcher.jobspec.options import RunOptions, parse_section_timeouts
+from launcher.monitoring.heartbeats import HEARTBEAT_DIR, HangRules, slot_path
 from launcher.common.rundir import CONTROL_SOCKET
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, worker_specs
 
@@ -57,8 +58,19 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
                                     **(plan.env_for(device.rank_id) if plan is not None else {}),
                                     **debugging.rank_env(ctx.base_env, device.rank_id, opts.debug_rank, opts.pdb,
                                                          control_socket)}
+    if hang_rules(opts).enabled:
+        for rank, env in per_rank.items():
+            env[envnames.LAUNCHER_HEARTBEAT_FILE] = slot_path(os.path.join(ctx.run_dir, HEARTBEAT_DIR), rank)
+            env.setdefault(envnames.PYTHONPATH, debugging.path_with_hooks(ctx.base_env))  # launcher_heartbeat
     command = debugging.postmortem_argv(opts.command) if opts.pdb else opts.command
     return worker_specs(ctx, command, attempt, per_rank), plan
+
+
+def hang_rules(opts: RunOptions) -> HangRules:
+    """The hang detector's timeouts from ``--heartbeat-timeout`` and its siblings (off by default)."""
+    return HangRules(opts.heartbeat_timeout, opts.heartbeat_initial_timeout,
+                     parse_section_timeouts(opts.section_timeout), opts.max_no_progress_restarts,
+                     opts.straggler_threshold)
 
 
 def error_file_path(log_session: str, attempt: int, rank: int) -> str:

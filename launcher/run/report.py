@@ -71,6 +71,9 @@ def format_root_cause(result, log_lines: int = 10,
     when = datetime.fromtimestamp(cause.info.wall_time).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     lines = [f"job failed after {result.attempts} attempt(s): first failure of the last attempt was "
              f"{cause.label} ({cause.info.describe()}) at {when}"]
+    if cause.hang:
+        lines.append(f"{cause.label} was killed as hung: {cause.hang[0]}; where the local ranks were:")
+        lines.extend(f"    {line}" for line in cause.hang[1:])
     earlier = result.failures[:-1]
     if earlier:
         lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"

@@ -25,6 +25,7 @@ from launcher.monitoring.events import EventLog, read_events
 from launcher.supervision.jobtree import JobTree, report_escaped
 from launcher.jobspec.options import RunOptions, parse_rank_filter
 from launcher.supervision.integration import Integrations
+from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.metrics import Metrics
@@ -65,9 +66,11 @@ class Session:
         # the first attempt, stopped in reverse when the session ends. A new one is one line here.
         self.reset = ResetJsonFollower()
         self.sync = SyncCoordination()
+        self.hangs = HangWatch()
         metrics = [Metrics(opts.metrics_port, opts.metrics_textfile)] \
             if opts.metrics_port is not None or opts.metrics_textfile else []
-        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), *metrics])
+        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), self.hangs,
+                                          *metrics])
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
@@ -134,13 +137,15 @@ class Session:
         policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
                                self.gasp_gate.try_save, strategy, self._in_place_supported(),
-                               backoff_max=self.opts.restart_backoff_max)
+                               backoff_max=self.opts.restart_backoff_max,
+                               max_no_progress_restarts=self.opts.max_no_progress_restarts)
         self.integrations.start(self)
         self._warn_uncoordinated()
         supervisor = Supervisor(self.group, self._specs_for, policy, self.emit, self._on_spawned,
                                 lambda rank: self.group.log_paths.get(rank),
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
-                                self.sync.coordinator, resume_note=self._resume_note, debug=self.debug)
+                                self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
+                                progress=self.hangs.max_step, status=self.hangs.status)
         result = supervisor.run()
         self._report(result)
         return result.exit_code
@@ -259,7 +264,7 @@ class Session:
         self.emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
-        elif result.reason == "failed":
+        elif result.reason in ("failed", "no-progress"):
             error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
             for line in format_root_cause(result, error_file=error_file):
                 log.error("%s", line)

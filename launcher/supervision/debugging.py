@@ -107,9 +107,14 @@ def rank_env(base_env: Mapping[str, str], rank: int, debug_rank: Optional[int], 
         env[envnames.LAUNCHER_CONTROL_SOCKET] = control_socket
     if rank != debug_rank and envnames.PYTHONBREAKPOINT not in base_env:
         env[envnames.PYTHONBREAKPOINT] = BREAKPOINT_HINT
-        path = base_env.get(envnames.PYTHONPATH)
-        env[envnames.PYTHONPATH] = f"{path}{os.pathsep}{HOOKS_DIR}" if path else HOOKS_DIR
+        env[envnames.PYTHONPATH] = path_with_hooks(base_env)
     return env
+
+
+def path_with_hooks(base_env: Mapping[str, str]) -> str:
+    """The ranks' ``PYTHONPATH``: the job's own, then the rank hooks directory (never shadowing)."""
+    path = base_env.get(envnames.PYTHONPATH)
+    return f"{path}{os.pathsep}{HOOKS_DIR}" if path else HOOKS_DIR
 
 
 class DebugConsole:

@@ -2,7 +2,7 @@
 (``launcher prestop``'s client side and the control socket use them without loading procgroup)."""
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Union
+from typing import Any, Callable, Dict, Tuple, Union
 
 from launcher.supervision.states import ExitInfo
 
@@ -44,4 +44,19 @@ class ClusterUpdate:
     change: Any
 
 
-Event = Union[RankExited, SignalReceived, ControlRequest, ClusterUpdate]
+@dataclass(frozen=True)
+class RankHung:
+    """The hang detector (``launcher.run.hangwatch``) judged a rank hung: fail it like a crash.
+
+    Attributes:
+        rank: The hung rank.
+        reason: Why (which timeout, for how long).
+        diagnosis: Where every local rank was, one line per group of ranks (may be empty).
+    """
+
+    rank: int
+    reason: str
+    diagnosis: Tuple[str, ...] = ()
+
+
+Event = Union[RankExited, SignalReceived, ControlRequest, ClusterUpdate, RankHung]

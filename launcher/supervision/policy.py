@@ -38,6 +38,8 @@ class RestartPolicy:
             recovery after a fault) before giving up with exit 1.
         backoff_max: Cap of the restart delay; 0 disables backoff.
         healthy_seconds: An attempt that ran this long resets the streak of quick failures.
+        max_no_progress_restarts: End the job after this many restarts in a row that reached no
+            higher heartbeat step than the attempts before (0: off).
     """
 
     max_restarts: int = 0
@@ -51,6 +53,7 @@ class RestartPolicy:
     hold_timeout: float = 600.0
     backoff_max: float = 0.0
     healthy_seconds: float = HEALTHY_SECONDS
+    max_no_progress_restarts: int = 0
 
     def restart_delay(self, quick_failures: int) -> float:
         """Seconds to wait before a restart, after ``quick_failures`` attempts in a row that failed
@@ -73,6 +76,30 @@ class Failure:
     label: str
     info: ExitInfo
     log_path: Optional[str] = None
+    hang: Tuple[str, ...] = ()  # killed as hung: why, then where every rank was
+
+
+@dataclass
+class NoProgress:
+    """Restarts in a row whose attempt got no further (highest heartbeat step) than the best before.
+
+    Attributes:
+        limit: ``--max-no-progress-restarts`` (0: never ends the job).
+        best: The highest step any attempt reached (None: none known yet).
+        stalled: Restarts in a row without progress.
+    """
+
+    limit: int
+    best: Optional[int] = None
+    stalled: int = 0
+
+    def stuck_after(self, step: Optional[int]) -> bool:
+        """Count an ended attempt that reached ``step`` (None: unknown, not counted); True to end the job."""
+        if not self.limit or step is None:
+            return False
+        self.stalled = self.stalled + 1 if self.best is not None and step <= self.best else 0
+        self.best = step if self.best is None else max(self.best, step)
+        return self.stalled >= self.limit
 
 
 @dataclass
@@ -86,6 +113,7 @@ class Attempt:
         failed_ranks: Local ranks that failed on their own.
         killed: Ranks SIGKILLed after their stop timeout.
         cluster_stop: ``fault`` or ``retry`` when the cluster (reset.json) stopped the attempt.
+        hung: Rank -> why and where (``RankHung``), for ranks killed as hung.
         duration: Seconds from its start until its last process was gone.
     """
 
@@ -96,6 +124,7 @@ class Attempt:
     killed: List[int] = field(default_factory=list)
     cluster_stop: Optional[str] = None
     duration: float = 0.0
+    hung: Dict[int, Tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -122,7 +151,8 @@ class RunResult:
         exit_code: The launcher's exit status.
         reason: ``succeeded``, ``failed`` (budget spent, or the job failed on another node),
             ``signal``, ``gasp`` (dying gasp on prestop or SIGTERM), ``graceful-exit`` (``launcher
-            exit``, reset.json), ``cluster-timeout`` (the cluster never let the ranks restart) or
+            exit``, reset.json), ``cluster-timeout`` (the cluster never let the ranks restart), ``no-progress``
+            (``--max-no-progress-restarts`` restarts in a row reached no higher step) or
             ``sync-timeout`` (another node never reached a ``--sync-dir`` barrier).
         attempts: Attempts started.
         failures: Every rank failure, in order (first of each attempt).

@@ -13,7 +13,8 @@ import time
 from typing import Optional
 
 from launcher.supervision.debugging import DEBUG_REQUEST
-from launcher.supervision.loopevents import ControlRequest
+from launcher.supervision.loopevents import ControlRequest, RankHung
+from launcher.supervision.states import WorkerState
 from launcher.supervision.policy import Attempt as _Attempt, PeerUpdate
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,16 @@ class OutsideRequests:
         log.warning("%s; stopping the local ranks (%s, up to %.0f s to save)", event.reason,
                     signal.Signals(self.policy.gasp_signal).name, self.policy.stop_timeout)
         self._stop(attempt, self.policy.gasp_signal, self.policy.stop_timeout, event.reason)
+
+    def _on_hung(self, attempt: _Attempt, event: RankHung) -> None:
+        """A rank judged hung: SIGKILL its process group, so that it fails like a crash (and the
+        failure path stops the others, restarts within the budget, plans the rank as faulty)."""
+        worker = attempt.workers.get(event.rank)
+        if worker is None or worker.state is not WorkerState.RUNNING or self._final or attempt.failure:
+            return
+        attempt.hung[event.rank] = (event.reason, *event.diagnosis)
+        log.warning("%s is hung (%s); killing it", worker.label, event.reason)
+        self.group.kill_groups([event.rank])
 
     def _on_cluster(self, attempt: Optional[_Attempt], change) -> None:
         """reset.json: graceful exit, local faults, a retry: stop this attempt for the cluster."""
@@ -84,7 +95,7 @@ class OutsideRequests:
         if request.command == "status":
             workers = attempt.workers.values() if attempt else ()
             request.reply({"ok": True, "attempt": attempt.number if attempt else None, "final": self._final,
-                           "ranks": {w.rank: w.state.value for w in workers}}, final=True)
+                           "ranks": {w.rank: w.state.value for w in workers}, **self.status()}, final=True)
         elif request.command == "gasp":
             request.reply({"ok": True, "accepted": True})  # at once: prestop's proof of a live loop
             self._waiters.append(request)

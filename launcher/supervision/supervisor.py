@@ -14,10 +14,11 @@ from typing import Callable, Dict, List, Optional, Sequence
 from launcher.supervision.debugging import DebugConsole
 from launcher.supervision.jobtree import report_escaped
 from launcher.supervision.requests import OutsideRequests
+from launcher.supervision.loopevents import RankHung
 from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited,
                                             SignalReceived)
-from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
-                                         RestartPolicy, RunResult)
+from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoProgress, NoSync,
+                                         PeerUpdate, RestartPolicy, RunResult)
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.states import Worker, WorkerState
 
@@ -46,6 +47,9 @@ class Supervisor(OutsideRequests):
         resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
         clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
         debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
+        progress: ``attempt -> highest heartbeat step its ranks reached`` (None: unknown), for
+            ``policy.max_no_progress_restarts``.
+        status: ``() -> dict`` merged into the control socket's ``status`` answer (the stragglers).
     """
 
     def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
@@ -55,7 +59,8 @@ class Supervisor(OutsideRequests):
                  request_exit: Optional[Callable[[], None]] = None,
                  hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
                  resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic,
-                 debug: Optional[DebugConsole] = None):
+                 debug: Optional[DebugConsole] = None, progress: Callable[[int], Optional[int]] = lambda n: None,
+                 status: Callable[[], dict] = dict):
         self.group = group
         self.specs_for = specs_for
         self.policy = policy
@@ -67,6 +72,9 @@ class Supervisor(OutsideRequests):
         self.sync = sync or NoSync()
         self.resume_note = resume_note
         self.debug = debug
+        self.progress = progress
+        self.status = status
+        self._no_progress = NoProgress(policy.max_no_progress_restarts)
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self.clock = clock
         self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
@@ -113,6 +121,12 @@ class Supervisor(OutsideRequests):
                       exit_code=failure.info.exit_code)
             log.warning("recovery strategy %s: exiting for rescheduling", self.policy.strategy.describe())
             return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
+        if self._no_progress.stuck_after(self.progress(attempt.number)):
+            self.emit("no_progress", attempt=attempt.number, step=self._no_progress.best,
+                      restarts=self._no_progress.stalled)
+            log.error("%d restart(s) in a row got no further than step %s: ending the job (a crash loop; "
+                      "--max-no-progress-restarts)", self._no_progress.stalled, self._no_progress.best)
+            return RunResult(failure.info.exit_code, "no-progress", attempts, tuple(self.failures))
         if self.restarts >= self.policy.max_restarts:
             self.emit("restart_budget_spent", attempts=attempts, restarts=self.restarts,
                       max_restarts=self.policy.max_restarts)
@@ -129,7 +143,7 @@ class Supervisor(OutsideRequests):
         self.restarts += 1
         failure = attempt.failure
         self._restart_note = (f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after "
-                              f"{failure.label} failed ({failure.info.describe()})")
+                              f"{failure.label} failed ({'hung: ' + failure.hang[0] if failure.hang else failure.info.describe()})")
         healthy = attempt.duration >= self.policy.healthy_seconds
         self._quick_failures = 0 if healthy else self._quick_failures + 1
         delay = self.policy.restart_delay(self._quick_failures)
@@ -207,6 +221,8 @@ class Supervisor(OutsideRequests):
             self._on_cluster(attempt, event.change)
         elif isinstance(event, PeerUpdate):
             self._on_peer(attempt, event)
+        elif isinstance(event, RankHung):
+            self._on_hung(attempt, event)
 
     def _on_exit(self, attempt: _Attempt, event: RankExited) -> None:
         worker = attempt.workers.get(event.rank)
@@ -220,7 +236,8 @@ class Supervisor(OutsideRequests):
             worker.transition(WorkerState.SUCCEEDED)
             return
         worker.transition(WorkerState.FAILED)
-        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank))
+        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank),
+                          attempt.hung.get(worker.rank, ()))
         self.failures.append(failure)
         if self._restart_in_place(attempt, worker, failure):
             return

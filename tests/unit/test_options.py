@@ -396,3 +396,26 @@ def test_default_gasp_timeout_plus_margin_fits_the_grace_period(grace):
 def test_default_gasp_timeout_is_monotonic_with_a_1s_floor(a, b):
     low, high = sorted((a, b))
     assert 1.0 <= default_gasp_timeout(low) <= default_gasp_timeout(high)
+
+
+# --------------------------------------------------------------------------- hang detection (issue #12)
+
+def test_heartbeat_options_give_each_rank_a_slot_and_the_client_on_its_path(capsys, tmp_path):
+    cfg = write_config(tmp_path, "heartbeat-timeout: 30\nsection_timeout: [checkpoint=600, eval=60]\n")
+    code, doc, _ = dry_run(capsys, "--config", cfg, "--nproc-per-node", "2", "--run-dir", str(tmp_path / "run"),
+                           "--", "true")
+    assert code == 0
+    assert [r["env"]["LAUNCHER_HEARTBEAT_FILE"] for r in doc["ranks"]] == [
+        str(tmp_path / "run" / "heartbeats" / f"rank_{r}") for r in range(2)]
+    assert env0(doc)["PYTHONPATH"].endswith(os.path.join("launcher", "rankhooks"))
+
+
+def test_no_heartbeat_slot_by_default(capsys):
+    code, doc, _ = dry_run(capsys, "--nproc-per-node", "1", "--", "true")
+    assert "LAUNCHER_HEARTBEAT_FILE" not in env0(doc)
+
+
+def test_malformed_section_timeout_is_a_usage_error(capsys):
+    code = main(["run", "--dry-run", "--section-timeout", "checkpoint", "--nproc-per-node", "1", "--", "true"])
+    assert code == 2
+    assert "expected NAME=SECONDS" in capsys.readouterr().err

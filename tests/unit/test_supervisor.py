@@ -442,3 +442,57 @@ def test_one_ctrl_c_while_stopping_after_a_failure_does_not_kill(caplog):
     assert not [c for c in group.calls if c[0] == "kill"]
     assert [c[0] for c in group.calls].count("start") == 1 and result.reason == "signal"
     assert "Ctrl-C: no restart; Ctrl-C again to kill the ranks now" in [r.getMessage() for r in caplog.records]
+
+
+def test_hung_rank_is_killed_then_fails_like_a_crash_and_restarts_planned_faulty():
+    from launcher.supervision.loopevents import RankHung
+
+    hung = RankHung(1, "no heartbeat for 31 s", ("rank 1 (hung) differs from the rest: in fetch (x.py:1)",))
+    scripts = [[hung, exited(1, -9), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, events, sup = supervise(scripts, max_restarts=1)
+    assert result.exit_code == 0 and result.attempts == 2
+    assert group.calls.index(("kill", (1,))) < group.calls.index(("signal", (0,), signal.SIGTERM))
+    assert sup.failures[0].hang == ("no heartbeat for 31 s", "rank 1 (hung) differs from the rest: in fetch (x.py:1)")
+    assert sup.specs_for.seen == [(0, ()), (1, (1,))]
+
+
+def test_hang_after_the_attempt_already_failed_is_ignored():
+    from launcher.supervision.loopevents import RankHung
+
+    scripts = [[exited(0, 1), RankHung(1, "late", ()), exited(1, -15)]]
+    result, group, _, sup = supervise(scripts)
+    assert ("kill", (1,)) not in group.calls
+    assert [f.rank for f in sup.failures] == [0] and sup.failures[0].hang == ()
+
+
+def test_restarts_without_step_progress_end_the_job():
+    crash = lambda: [exited(1, 3), exited(0, -15)]
+    steps = {0: 40, 1: 40, 2: 40, 3: 40}
+    group = ScriptedGroup([crash() for _ in range(4)])
+    events: List[tuple] = []
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=5, max_no_progress_restarts=2),
+                     lambda name, **kw: events.append((name, kw)), progress=steps.get)
+    result = sup.run()
+    assert (result.reason, result.exit_code, result.attempts) == ("no-progress", 3, 3)
+    assert ("no_progress", {"attempt": 2, "step": 40, "restarts": 2}) in events
+
+
+def test_progress_resets_the_no_progress_count_and_unknown_steps_never_end_the_job():
+    crash = lambda: [exited(1, 3), exited(0, -15)]
+    group = ScriptedGroup([crash() for _ in range(4)])
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3, max_no_progress_restarts=1),
+                     lambda name, **kw: None, progress={0: 10, 1: 20, 2: 30, 3: 40}.get)
+    assert sup.run().reason == "failed"  # every restart got further: the budget ends it
+    group = ScriptedGroup([crash() for _ in range(3)])
+    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, max_no_progress_restarts=1),
+                     lambda name, **kw: None)
+    assert sup.run().reason == "failed"
+
+
+def test_status_answer_carries_the_stragglers():
+    replies = []
+    request = ControlRequest("status", {}, lambda payload, final=False: replies.append(payload))
+    group = ScriptedGroup([[request, exited(0, 0), exited(1, 0)]])
+    Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
+               status=lambda: {"stragglers": [1]}).run()
+    assert replies[0]["stragglers"] == [1] and replies[0]["ranks"] == {0: "running", 1: "running"}

@@ -1,0 +1,115 @@
+"""The hang detector's wiring, with a fake host and clock (no processes): slots written by hand."""
+
+import struct
+from types import SimpleNamespace
+
+import pytest
+
+from launcher.monitoring.heartbeats import SLOT_FORMAT
+from launcher.run.hangwatch import HangWatch
+from launcher.supervision.loopevents import RankHung
+
+
+class FakeGroup:
+    def __init__(self, tmp):
+        self.timers, self.posted, self.log_paths = [], [], {r: str(tmp / f"rank_{r}.log") for r in range(3)}
+
+    def call_later(self, delay, callback):
+        self.timers.append(callback)
+        return len(self.timers)
+
+    def cancel(self, handle):
+        pass
+
+    def pids(self):
+        return {0: 100, 1: 101, 2: 102}
+
+    def post(self, event):
+        self.posted.append(event)
+
+
+class FakeHost:
+    def __init__(self, tmp, **opts):
+        base = dict(heartbeat_timeout=0.0, heartbeat_initial_timeout=None, section_timeout=(),
+                    max_no_progress_restarts=0, straggler_threshold=0.0)
+        self.opts = SimpleNamespace(**{**base, **opts})
+        self.ctx = SimpleNamespace(run_dir=str(tmp))
+        self.group = FakeGroup(tmp)
+        self.events = []
+
+    def emit(self, event, **fields):
+        self.events.append((event, fields))
+
+
+def write_slot(tmp, rank, at, step):
+    (tmp / "heartbeats" / f"rank_{rank}").write_bytes(struct.pack(SLOT_FORMAT, 0, 0, at, step, 0.0, b""))
+
+
+@pytest.fixture
+def watch(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_PY_SPY", "")  # no py-spy, no faulthandler flag: stacks unread, at once
+    clock = SimpleNamespace(now=100.0)
+    host = FakeHost(tmp_path, heartbeat_timeout=5.0)
+    hw = HangWatch(clock=lambda: clock.now)
+    hw.start(host)
+    hw.on_event("attempt_start", {"attempt": 0})
+    for rank in range(3):
+        hw.on_event("rank_spawned", {"rank": rank})
+    return hw, host, clock, tmp_path
+
+
+def tick(hw, host):
+    host.group.timers.pop(0)()
+
+
+def test_off_by_default_starts_nothing(tmp_path):
+    host = FakeHost(tmp_path)
+    HangWatch().start(host)
+    assert host.group.timers == [] and not (tmp_path / "heartbeats").exists()
+
+
+def test_silent_rank_is_reported_then_handed_to_the_supervisor(watch):
+    hw, host, clock, tmp = watch
+    clock.now = 101.0
+    for rank in range(3):
+        write_slot(tmp, rank, 101.0, 4)
+    tick(hw, host)
+    assert host.group.posted == []
+    clock.now = 106.5
+    write_slot(tmp, 0, 106.0, 9)
+    write_slot(tmp, 2, 106.0, 9)
+    tick(hw, host)
+    names = [e for e, _ in host.events]
+    assert names == ["hang_detected", "stacks_dumped"]
+    assert host.events[0][1]["rank"] == 1 and host.events[0][1]["step"] == 4
+    [hung] = host.group.posted
+    assert isinstance(hung, RankHung) and hung.rank == 1 and "no stacks could be read" in hung.diagnosis[0]
+    tick(hw, host)  # one report per attempt
+    assert len(host.group.posted) == 1
+
+
+def test_highest_step_of_an_attempt_is_kept_for_the_no_progress_policy(watch):
+    hw, host, clock, tmp = watch
+    write_slot(tmp, 0, 101.0, 7)
+    write_slot(tmp, 1, 101.0, 12)
+    hw.on_event("attempt_end", {"attempt": 0, "failed": True})
+    assert hw.max_step(0) == 12 and hw.max_step(1) is None
+
+
+def test_output_counts_as_progress(watch):
+    hw, host, clock, tmp = watch
+    clock.now = 104.0
+    for rank in range(3):
+        (tmp / f"rank_{rank}.log").write_text("step 1\n")
+    tick(hw, host)
+    clock.now = 108.0
+    tick(hw, host)
+    assert host.events == []  # 4 s since the output, under the 5 s timeout
+
+
+def test_status_names_stragglers_only_when_watched(tmp_path):
+    hw = HangWatch()
+    hw.start(FakeHost(tmp_path, straggler_threshold=0.2))
+    hw.named.add(2)
+    assert hw.status() == {"stragglers": [2]}
+    assert HangWatch().status() == {}
