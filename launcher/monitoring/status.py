@@ -5,19 +5,22 @@ supervisor do work on its loop, and costs a few small reads (``launcher.json``, 
 ``events.jsonl``) plus one ``/proc`` read per rank. The price: a rank's state is what the supervisor
 last recorded (events are written as they happen, so it lags by the time of one event at most).
 
-Heartbeat and step columns come from ``heartbeat`` events (``rank``, ``step``) when a heartbeat source
-writes them; without one they are ``None`` and the text view says ``-``.
+Heartbeat and step columns come from each rank's heartbeat slot (``<run-dir>/heartbeats/rank_<r>``,
+written by ranks that call ``launcher_heartbeat.heartbeat`` when a hang option is on), else from
+``heartbeat`` events; without either they are ``None`` and the text view says ``-``. Ranks named
+stragglers in this attempt (``straggler`` events) are listed.
 """
 
 import json
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from launcher.common import jobs as jobs_mod
 from launcher.common import rundir as rundir_mod
 from launcher.monitoring import goodput as goodput_mod
 from launcher.monitoring.events import read_events
+from launcher.monitoring.heartbeats import HEARTBEAT_DIR, read_slot, slot_path
 
 EVENTS = "events.jsonl"
 
@@ -58,7 +61,10 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
            "status": "running" if live else "ended" if record.get("ended") else "died",
            "launcher_pid": record.get("pid"), "started": record.get("started"), "ended": record.get("ended"),
            "attempt": attempt, "restarts_left": _restarts_left(events),
-           "ranks": _ranks(state, events, attempt, now), "restore_plan": _last(events, "restore_plan"),
+           "ranks": _ranks(state, events, attempt, now, os.path.join(run_dir, HEARTBEAT_DIR)),
+           "stragglers": sorted({ev.get("rank") for ev in events
+                                 if ev.get("event") == "straggler" and ev.get("attempt") == attempt}),
+           "restore_plan": _last(events, "restore_plan"),
            "cluster": _cluster(events), "now": now}
     good = goodput_mod.compute(events, now=now if live else None)
     doc["goodput"] = good.to_json()
@@ -82,8 +88,9 @@ def _restarts_left(events: List[dict]) -> Optional[int]:
     return None
 
 
-def _ranks(state: dict, events: List[dict], attempt: Optional[int], now: float) -> List[dict]:
-    """One row per rank of the current attempt: pid, process state, recorded state, heartbeat."""
+def _ranks(state: dict, events: List[dict], attempt: Optional[int], now: float, slots: str) -> List[dict]:
+    """One row per rank of the current attempt: pid, process state, recorded state, heartbeat (from the
+    rank's heartbeat slot under ``slots`` when it has one, else a ``heartbeat`` event)."""
     exited: Dict[int, dict] = {}
     beats: Dict[int, dict] = {}
     for ev in events:
@@ -101,13 +108,25 @@ def _ranks(state: dict, events: List[dict], attempt: Optional[int], now: float) 
         rank, pid = entry.get("rank"), entry["pid"]
         proc = _proc_state(pid) if pid > 0 else None
         done = exited.get(rank)
+        age, step = _slot_beat(slot_path(slots, rank), pid)
         beat = beats.get(rank)
+        if age is None and beat:
+            age, step = round(now - beat["ts"], 3), beat.get("step")
         rows.append({"rank": rank, "pid": pid, "attempt": attempt, "process": proc,
                      "state": done["state"] if done else ("running" if proc and proc != "Z" else "gone"),
                      "exit_code": done.get("exit_code") if done else None,
-                     "heartbeat_age": round(now - beat["ts"], 3) if beat else None,
-                     "step": beat.get("step") if beat else None})
+                     "heartbeat_age": age, "step": step})
     return rows
+
+
+def _slot_beat(path: str, pid: int) -> Tuple[Optional[float], Optional[int]]:
+    """Age (s) and step of the last beat in a rank's heartbeat slot, when this rank process wrote one.
+
+    The slot holds ``time.monotonic()``, which is one clock for every process of the machine."""
+    beat = read_slot(path)
+    if beat is None or beat.pid != pid or beat.at <= 0:
+        return None, None
+    return round(time.monotonic() - beat.at, 3), (beat.step if beat.step >= 0 else None)
 
 
 def _cluster(events: List[dict]) -> dict:
@@ -140,6 +159,8 @@ def format_status(doc: dict) -> List[str]:
         age = "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago"
         lines.append(f"{row['rank']:>5} {row['pid']:>8} {row['process'] or '-':>4} {row['state']:<10} "
                      f"{_dash(row['exit_code']):>5} {age:>10} {_dash(row['step']):>8}")
+    if doc.get("stragglers"):
+        lines.append(f"stragglers (slower than their peers): ranks {', '.join(map(str, doc['stragglers']))}")
     ratio = "?" if good["ratio"] is None else f"{100 * good['ratio']:.1f}%"
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in good["parts"].items() if v or k == "productive")
     lines.append(f"goodput {ratio} of {good['wall']:.1f}s: {parts}")

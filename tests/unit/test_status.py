@@ -124,3 +124,31 @@ def test_watch_refreshes_in_place(live_job, tmp_path):
         proc.wait()
         proc.stdout.close()
     assert b"job job  running" in seen
+
+
+def test_heartbeat_slot_and_stragglers_are_shown(tmp_path):
+    """A rank that beats through the real client (launcher_heartbeat, in a child process as a rank
+    would) shows its step and a fresh age; a rank named a straggler this attempt is listed."""
+    events = [*EVENTS, {"ts": 1018.0, "event": "straggler", "attempt": 1, "rank": 1, "steps_per_s": 0.5},
+              {"ts": 1008.0, "event": "straggler", "attempt": 0, "rank": 2, "steps_per_s": 0.5}]
+    path = write_run_dir(tmp_path / "job", 3, os.getpid(), events)
+    slots = os.path.join(path, "heartbeats")
+    os.mkdir(slots)
+    hooks = os.path.join(os.path.dirname(os.path.abspath(__import__("launcher").__file__)), "rankhooks")
+    code = ("import os, launcher_heartbeat as hb; hb.heartbeat(step=123); "
+            "os.rename(os.environ['LAUNCHER_HEARTBEAT_FILE'], os.environ['SLOT'])")
+    env = {**os.environ, "PYTHONPATH": hooks, "LAUNCHER_HEARTBEAT_FILE": os.path.join(slots, "tmp"),
+           "SLOT": os.path.join(slots, "rank_0")}
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    doc = job_status(path, now=1020.0)
+    rows = {row["rank"]: row for row in doc["ranks"]}
+    assert rows[0]["step"] == 85  # the slot was written by another pid than rank 0's: the event's step
+    slot = os.path.join(slots, "rank_0")
+    data = bytearray(open(slot, "rb").read())
+    data[4:8] = os.getpid().to_bytes(4, "little")  # the slot's pid field: as if rank 0 (this process) wrote it
+    open(slot, "wb").write(bytes(data))
+    doc = job_status(path, now=1020.0)
+    rows = {row["rank"]: row for row in doc["ranks"]}
+    assert rows[0]["step"] == 123 and 0 <= rows[0]["heartbeat_age"] < 60
+    assert doc["stragglers"] == [1]
+    assert "stragglers (slower than their peers): ranks 1" in format_status(doc)
