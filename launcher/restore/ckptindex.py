@@ -36,9 +36,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
                                        parse_events)
-from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Checkpoint, CheckpointPattern,
-                                          ScanResult, _Candidate, _Notes, _rank_dirs, _scan_rank, _settle,
-                                          probed_map, rank_checkpoints, unreadable_root)
+from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
+                                          CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
+                                          rank_checkpoints, scan_rank, settle, unreadable_root)
 
 logger = logging.getLogger(__name__)
 
@@ -67,8 +67,8 @@ class _RankEntry:
     def __init__(self, path: str):
         self.path = path
         self.stamp: DirStamp = None
-        self.candidates: List[_Candidate] = []
-        self.list_notes = self.notes = _Notes()  # of the listing; of the listing and the result
+        self.candidates: List[Candidate] = []
+        self.list_notes = self.notes = Notes()  # of the listing; of the listing and the result
         self.result: Optional[Tuple[Checkpoint, ...]] = None
 
 
@@ -91,7 +91,7 @@ class CheckpointIndex:
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
         self._racy_ns = int(racy_seconds * 1e9)
         self._root_stamp: DirStamp = None
-        self._root_notes = _Notes()
+        self._root_notes = Notes()
         self._ranks: Dict[int, _RankEntry] = {}
         self._dirty: Set[int] = set()  # ranks with inotify events since their last listing
         self._complete: Set[str] = set()  # paths closed after writing or renamed in, untouched since
@@ -184,7 +184,7 @@ class CheckpointIndex:
             return unreadable_root(self.root, world_size, exc)
         ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
         parallel = self._relist(self._stale(ranks))
-        notes = _Notes()
+        notes = Notes()
         notes.merge(self._root_notes)
         for rank in self._ranks:
             if rank >= world_size:
@@ -212,9 +212,9 @@ class CheckpointIndex:
         ranks = sorted(self._dirty.intersection(self._ranks))
         self._dirty.difference_update(ranks)
         self._relist(ranks)
-        self._settle_pending(ranks, _Notes(), False, sleep=False)
+        self._settle_pending(ranks, Notes(), False, sleep=False)
 
-    def _settle_pending(self, ranks: List[int], notes: _Notes, parallel: bool, sleep: bool = True) -> None:
+    def _settle_pending(self, ranks: List[int], notes: Notes, parallel: bool, sleep: bool = True) -> None:
         """Compute the result of every rank in ``ranks``: settle what is new (one sleep for all of
         them, none when every file was reported complete or seen settled before). Without
         ``sleep``, ranks with files to settle are left without a result."""
@@ -230,8 +230,8 @@ class CheckpointIndex:
         if not sleep:
             waiting = {candidate.checkpoint.rank for candidate in fresh}
             ranks, fresh = [rank for rank in ranks if rank not in waiting], []
-        settle_notes = _Notes()
-        checked = _settle(fresh, self.settle_seconds, settle_notes, parallel)
+        settle_notes = Notes()
+        checked = settle(fresh, self.settle_seconds, settle_notes, parallel)
         notes.merge(settle_notes)
         stamps = {candidate.checkpoint.path: candidate.stamp for candidate in fresh}
         for checkpoint in checked:
@@ -241,7 +241,7 @@ class CheckpointIndex:
         self._unsettled = {rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
         for rank in ranks:
             entry = self._ranks[rank]
-            entry.notes = _Notes()
+            entry.notes = Notes()
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
 
@@ -253,8 +253,8 @@ class CheckpointIndex:
         self._watch(self.root, -1)  # the same descriptor again when already watched
         if self._shared is None:
             self._shared = shared_file_system(self.root)
-        notes = _Notes()
-        dirs = _rank_dirs(self.root, _ANY_RANK, notes)
+        notes = Notes()
+        dirs = list_rank_dirs(self.root, _ANY_RANK, notes)
         self._root_stamp, self._root_notes = self._trusted(stamp), notes
         for rank in set(self._ranks) - set(dirs):
             del self._ranks[rank]
@@ -291,12 +291,12 @@ class CheckpointIndex:
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
         Returns whether the file system was found slow."""
-        def scan(batch: List[int]) -> List[Tuple[int, DirStamp, List[_Candidate], _Notes]]:
+        def scan(batch: List[int]) -> List[Tuple[int, DirStamp, List[Candidate], Notes]]:
             out = []
             for rank in batch:
-                notes, path = _Notes(), self._ranks[rank].path
+                notes, path = Notes(), self._ranks[rank].path
                 stamp = self._trusted(_dir_stamp(path))  # before the listing: a later change shows
-                out.append((rank, stamp, _scan_rank(rank, path, self.patterns, notes), notes))
+                out.append((rank, stamp, scan_rank(rank, path, self.patterns, notes), notes))
             return out
 
         results, parallel = probed_map(scan, ranks)

@@ -88,13 +88,13 @@ def _age(root):
 def _listings(monkeypatch):
     """The rank directories the index lists, in order."""
     seen = []
-    real = ckptindex._scan_rank  # pylint: disable=protected-access
+    real = ckptindex.scan_rank
 
     def counting(rank, *args):
         seen.append(rank)
         return real(rank, *args)
 
-    monkeypatch.setattr(ckptindex, "_scan_rank", counting)
+    monkeypatch.setattr(ckptindex, "scan_rank", counting)
     return seen
 
 
