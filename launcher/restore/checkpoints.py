@@ -42,6 +42,7 @@ from launcher.restore.ckptnames import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS
                                         KIND_BREAKPOINT, KIND_EXIT, KIND_PERIODIC, UNEXPECTED, Checkpoint,
                                         CheckpointPattern, ScanResult, classify_name, compile_patterns,
                                         verify_digest)
+from launcher.restore.ckptreports import REPORTS_DIR
 
 __all__ = ["DEFAULT_PATTERNS", "DEFAULT_SETTLE_SECONDS", "DIGEST_SUFFIX", "KIND_BREAKPOINT", "KIND_EXIT",
            "KIND_PERIODIC", "Candidate", "Checkpoint", "CheckpointPattern", "Notes", "ScanResult",
@@ -197,6 +198,8 @@ def list_rank_dirs(checkpoint_dir: str, world_size: int, notes: Notes) -> Dict[i
     dirs = {}
     for name, is_dir in entries:
         match = _RANK_DIR.fullmatch(name)
+        if name == REPORTS_DIR and is_dir:
+            continue  # the ranks' reports of their saves (ckptreports.py)
         if not (match and is_dir):
             notes.add(UNEXPECTED, name)
         elif int(match.group(1)) >= world_size:

@@ -39,6 +39,8 @@ from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, 
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
+from launcher.restore.ckptnames import classify_name
+from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -48,24 +50,16 @@ UPDATE_DELAY = 0.2
 RACY_SECONDS = 2.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _READ_SIZE = 64 * 1024
-DirStamp = Optional[Tuple[int, int]]  # (mtime_ns, inode) of a directory; None when it cannot be stat-ed
-
-
-def _dir_stamp(path: str) -> DirStamp:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_ino)
 
 
 class _RankEntry:
     """What the last listing of one rank directory found, and its result once every file settled."""
 
-    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result")
+    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result", "reported")
 
     def __init__(self, path: str):
         self.path = path
+        self.reported: Dict[str, Optional[int]] = {}  # the rank's reports the candidates account for
         self.stamp: DirStamp = None
         self.candidates: List[Candidate] = []
         self.list_notes = self.notes = Notes()  # of the listing; of the listing and the result
@@ -102,6 +96,8 @@ class CheckpointIndex:
         self._call_later, self._update_pending = call_later, False
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
+        # Rank-reported saves; a completion marker is proof only the directory listing can give.
+        self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
             self._start_inotify()
 
@@ -183,6 +179,9 @@ class CheckpointIndex:
             self._root_stamp, self._ranks = None, {}
             return unreadable_root(self.root, world_size, exc)
         ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
+        if self._reports is not None:
+            for rank in self._reports.refresh(self._trusted) & set(self._ranks):
+                self._apply_reports(rank)
         parallel = self._relist(self._stale(ranks))
         notes = Notes()
         notes.merge(self._root_notes)
@@ -247,7 +246,7 @@ class CheckpointIndex:
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""
-        stamp = _dir_stamp(self.root)
+        stamp = dir_stamp(self.root)
         if stamp is not None and stamp == self._root_stamp:
             return
         self._watch(self.root, -1)  # the same descriptor again when already watched
@@ -279,14 +278,44 @@ class CheckpointIndex:
             return sorted(dirty & set(ranks))
 
         def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:
-            return [(rank, _dir_stamp(self._ranks[rank].path)) for rank in batch]
+            return [(rank, dir_stamp(self._ranks[rank].path)) for rank in batch]
 
-        stale = []
-        for batch in probed_map(check, ranks)[0]:
-            for rank, stamp in batch:
-                if rank in dirty or stamp is None or stamp != self._ranks[rank].stamp:
-                    stale.append(rank)
-        return stale
+        stale = dirty & set(ranks)
+        reports = self._reports
+        looked = [rank for rank in ranks if rank not in stale and not (reports and reports.reporting(rank))]
+        for batch in probed_map(check, looked)[0]:
+            stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
+        return sorted(stale)
+
+    def _apply_reports(self, rank: int) -> None:
+        """Bring one rank's entry up to date with its reports, without listing its directory: a newly
+        reported file is a candidate that needs no settling, a withdrawn report drops its file.
+        Anything the name alone cannot settle (one name reported with two sizes, an empty file, a
+        name that is no checkpoint, a file the last listing warned about) has the directory listed."""
+        entry = self._ranks[rank]
+        files = self._reports.files(rank)
+        names = frozenset(os.path.basename(c.checkpoint.path) for c in entry.candidates) | frozenset(files)
+        fresh = []
+        for name, size in files.items():
+            parsed = classify_name(name, self.patterns, names)[1] if size else None
+            if parsed is None:
+                self._dirty.add(rank)
+                return
+            if entry.reported.get(name) != size:
+                path = os.path.join(entry.path, name)
+                fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
+        gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
+        gone.update(candidate.checkpoint.path for candidate in fresh)
+        noted = {name for names in entry.list_notes.by_reason.values() for name in names}
+        if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
+            self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
+            return
+        for path in gone:
+            self._settled.pop(path, None)
+            self._complete.discard(path)
+        self._complete.update(candidate.checkpoint.path for candidate in fresh)
+        entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
+        entry.reported, entry.result = files, None
 
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
@@ -295,7 +324,7 @@ class CheckpointIndex:
             out = []
             for rank in batch:
                 notes, path = Notes(), self._ranks[rank].path
-                stamp = self._trusted(_dir_stamp(path))  # before the listing: a later change shows
+                stamp = self._trusted(dir_stamp(path))  # before the listing: a later change shows
                 out.append((rank, stamp, scan_rank(rank, path, self.patterns, notes), notes))
             return out
 
@@ -309,6 +338,7 @@ class CheckpointIndex:
                         self._settled.pop(old.checkpoint.path, None)
                         self._complete.discard(old.checkpoint.path)
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
+                entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
         return parallel
 
 

@@ -218,3 +218,83 @@ def test_a_file_still_being_written_is_looked_at_again(tmp_path, monkeypatch):
     assert [c.step for c in index.scan(1).checkpoints[0]] == [150]
     monkeypatch.setattr(checkpoints.time, "sleep", lambda _seconds: None)  # the writer finished
     assert sorted(c.step for c in index.scan(1).checkpoints[0]) == [100, 150]
+
+
+# -- rank-reported saves ------------------------------------------------------------------------
+REPORTER = 1  # this rank reports its saves; the others do not (mixed, as in a job mid-migration)
+_OTHER = st.sampled_from([0, 2, 3])
+REPORTED_OPS = st.one_of(
+    st.tuples(st.sampled_from(["write", "rename", "append", "delete"]), _OTHER, st.sampled_from(NAMES),
+              st.integers(0, 2)),
+    st.tuples(st.sampled_from(["rsave", "rdelete"]), st.just(REPORTER), st.sampled_from(NAMES[:5]),
+              st.integers(0, 3)),
+    st.tuples(st.sampled_from(["update", "scan"]), st.just(0), st.just(""), st.just(0)),
+)
+
+
+def _saves():
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from launcher.supervision.debugging import HOOKS_DIR  # pylint: disable=import-outside-toplevel
+
+    if HOOKS_DIR not in sys.path:
+        sys.path.append(HOOKS_DIR)
+    import launcher_saves  # pylint: disable=import-outside-toplevel,import-error
+
+    return launcher_saves
+
+
+def _apply_reported(root, index, op):
+    kind, rank, name, size = op
+    path = os.path.join(root, f"rank_{rank}", name)
+    if kind == "rsave":  # the example's save: temporary file, rename, report
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.exists(path):
+            _saves().withdraw(path)
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(b"x" * size)
+        os.replace(path + ".tmp", path)
+        _saves().report_saved(path)
+    elif kind == "rdelete" and os.path.isfile(path):
+        _saves().withdraw(path)
+        os.remove(path)
+    else:
+        _apply(root, index, op)
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(REPORTED_OPS, max_size=25))
+def test_index_with_reported_saves_equals_full_scan(watch, ops):
+    with tempfile.TemporaryDirectory() as root:
+        index = CheckpointIndex(root, settle_seconds=0, watch=watch)
+        try:
+            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+            for op in ops:
+                _apply_reported(root, index, op)
+            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+        finally:
+            index.close()
+
+
+def test_reported_saves_need_no_directory_stat_listing_or_sleep(tmp_path, listings, monkeypatch):
+    root = str(tmp_path)
+    _tree(root)
+    for rank in range(4):
+        for name in ("ckpt-1_100.pt", "ckpt-1_150_breakpoint.pt"):
+            _saves().report_saved(os.path.join(root, f"rank_{rank}", name))
+    _age(root)
+    index = CheckpointIndex(root, watch=False)  # as on a shared file system: no inotify
+    monkeypatch.setattr(checkpoints.time, "sleep", _no_sleep)
+    index.scan(4)
+    listings.clear()
+    stats = []
+    real_stamp = ckptindex.dir_stamp
+    monkeypatch.setattr(ckptindex, "dir_stamp", lambda path: stats.append(path) or real_stamp(path))
+    new = tmp_path / "rank_2" / "ckpt-1_200.pt"
+    new.write_bytes(b"y" * 8)
+    _saves().report_saved(str(new))
+    result = index.scan(4)
+    assert not listings and stats == [root]  # the root's stamp; the reports directory is read apart
+    assert sorted(c.step for c in result.checkpoints[2]) == [100, 150, 200]
+    assert result == scan_checkpoints(root, 4, settle_seconds=0)
