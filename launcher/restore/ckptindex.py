@@ -257,10 +257,13 @@ class CheckpointIndex:
         self._root_stamp, self._root_notes = self._trusted(stamp), notes
         for rank in set(self._ranks) - set(dirs):
             del self._ranks[rank]
+        watched = set(self._wds.values())
         for rank, path in dirs.items():
             if rank not in self._ranks or self._ranks[rank].path != path:
                 self._ranks[rank] = _RankEntry(path)
                 self._dirty.add(rank)
+            elif self._fd is not None and rank not in watched:
+                self._dirty.add(rank)  # re-created since its watch was lost: what happened before is unseen
             self._watch(path, rank)
 
     def _trusted(self, stamp: DirStamp) -> DirStamp:

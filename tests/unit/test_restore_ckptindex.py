@@ -298,3 +298,22 @@ def test_reported_saves_need_no_directory_stat_listing_or_sleep(tmp_path, listin
     assert not listings and stats == [root]  # the root's stamp; the reports directory is read apart
     assert sorted(c.step for c in result.checkpoints[2]) == [100, 150, 200]
     assert result == scan_checkpoints(root, 4, settle_seconds=0)
+
+
+def test_a_rank_directory_recreated_after_its_watch_was_lost_is_listed_again(tmp_path):
+    root = str(tmp_path)
+    index = CheckpointIndex(root, settle_seconds=0)
+    try:
+        if index.fileno() is None:
+            pytest.skip("no inotify here")
+        rank_dir = tmp_path / "rank_0"
+        rank_dir.mkdir()
+        (rank_dir / "ckpt-1_100.pt").write_bytes(b"")
+        index.scan(3)
+        shutil.rmtree(rank_dir)
+        index.update()  # the event loop sees the deletion; the watch is gone
+        rank_dir.mkdir()
+        (rank_dir / "ckpt-1_100.pt").write_bytes(b"")  # before the next watch: no event
+        assert index.scan(3) == scan_checkpoints(root, 3, settle_seconds=0)
+    finally:
+        index.close()
