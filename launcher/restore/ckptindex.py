@@ -39,7 +39,7 @@ from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, 
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
-from launcher.restore.ckptnames import classify_name
+from launcher.restore.ckptnames import KindIndex, by_kind, classify_name
 from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
 
 logger = logging.getLogger(__name__)
@@ -50,12 +50,13 @@ UPDATE_DELAY = 0.2
 RACY_SECONDS = 2.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _READ_SIZE = 64 * 1024
+_NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
 
 class _RankEntry:
     """What the last listing of one rank directory found, and its result once every file settled."""
 
-    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result", "reported")
+    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result", "kinds", "reported")
 
     def __init__(self, path: str):
         self.path = path
@@ -64,6 +65,7 @@ class _RankEntry:
         self.candidates: List[Candidate] = []
         self.list_notes = self.notes = Notes()  # of the listing; of the listing and the result
         self.result: Optional[Tuple[Checkpoint, ...]] = None
+        self.kinds: KindIndex = _NO_KINDS  # by_kind(result), kept for the planner
 
 
 class CheckpointIndex:
@@ -190,14 +192,15 @@ class CheckpointIndex:
                 notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
         self._settle_pending([rank for rank in ranks if self._ranks[rank].result is None], notes, parallel)
         per_rank: List[Tuple[Checkpoint, ...]] = [()] * world_size
+        kinds: List[KindIndex] = [_NO_KINDS] * world_size
         for rank in ranks:
             entry = self._ranks[rank]
-            per_rank[rank] = entry.result
+            per_rank[rank], kinds[rank] = entry.result, entry.kinds
             if entry.notes.by_reason:
                 notes.merge(entry.notes)
         for rank in self._unsettled:
             self._ranks[rank].result = None  # a file was still being written: look again next time
-        return ScanResult(tuple(per_rank), notes.lines())
+        return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
 
     def update(self) -> None:
         """Read the queued events and list the changed rank directories now, from the event loop,
@@ -243,6 +246,7 @@ class CheckpointIndex:
             entry.notes = Notes()
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
+            entry.kinds = by_kind(entry.result)
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""

@@ -10,9 +10,9 @@ import hashlib
 import os
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import FrozenSet, Optional, Pattern, Sequence, Tuple
+from typing import Dict, FrozenSet, Optional, Pattern, Sequence, Tuple
 
 from launcher.common.errors import UsageError
 from launcher.common.inputfiles import open_regular, read_line
@@ -80,6 +80,22 @@ class ScanResult:
     checkpoints: Tuple[Tuple[Checkpoint, ...], ...]
     warnings: Tuple[str, ...] = ()
     absent: str = ""
+    #: ``by_kind`` of each rank's checkpoints when the producer kept it (the index does, per rank,
+    #: so the planner does not rebuild 16,384 ranks' dicts before every restart); derived data.
+    kinds: Optional[Tuple["KindIndex", ...]] = field(default=None, compare=False, repr=False)
+
+
+KindIndex = Tuple[Dict[Tuple[int, int], Checkpoint], Dict[Tuple[int, int], Checkpoint]]
+
+
+def by_kind(items: Sequence[Checkpoint]) -> KindIndex:
+    """One rank's checkpoints as ``(breakpoints, periodics)``, each ``(epoch, step) -> checkpoint``
+    (keys are unique per kind once the scan dropped ambiguous steps). Read-only for its users."""
+    on_break: Dict[Tuple[int, int], Checkpoint] = {}
+    on_period: Dict[Tuple[int, int], Checkpoint] = {}
+    for ckpt in items:
+        (on_break if ckpt.kind == KIND_BREAKPOINT else on_period)[ckpt.key] = ckpt
+    return on_break, on_period
 
 
 def compile_patterns(pattern: Optional[str],

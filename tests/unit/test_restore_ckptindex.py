@@ -12,6 +12,7 @@ from launcher.common.filewatch import IN_Q_OVERFLOW
 from launcher.restore import PlanInputs, compute_plan
 from launcher.restore import checkpoints, ckptindex
 from launcher.restore.checkpoints import scan_checkpoints
+from launcher.restore.ckptnames import by_kind
 from launcher.restore.ckptindex import CheckpointIndex, shared_file_system
 
 NAMES = ["ckpt-1_100.pt", "ckpt-1_100_breakpoint.pt", "ckpt-2_50.pt", "a-1_100.ckpt", "x_1-1_100.ckpt",
@@ -272,7 +273,11 @@ def test_index_with_reported_saves_equals_full_scan(watch, ops):
             assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
             for op in ops:
                 _apply_reported(root, index, op)
-            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+            result = index.scan(WORLD)
+            assert result == scan_checkpoints(root, WORLD, settle_seconds=0)
+            assert result.kinds == tuple(by_kind(items) for items in result.checkpoints)
+            inputs = PlanInputs(world_size=WORLD, dp=WORLD, checkpoint_dir=root, settle_seconds=0)
+            assert compute_plan(inputs, index=index) == compute_plan(inputs)  # the planner uses the kinds
         finally:
             index.close()
 
