@@ -55,20 +55,30 @@ def _apply(root, index, op):
         index.scan(WORLD)
 
 
-@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
-@settings(max_examples=150, deadline=None)
-@given(ops=st.lists(OPS, max_size=25))
-def test_index_equals_full_scan_after_any_file_events(watch, ops):
+def _replay(watch, ops, apply):
+    """Apply ``ops`` to a fresh tree under an index; the index's scan, per-kind dicts and plan must
+    equal the full scan's."""
     with tempfile.TemporaryDirectory() as root:
         index = CheckpointIndex(root, settle_seconds=0, watch=watch)
         try:
             assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
             for op in ops:
-                _apply(root, index, op)
-            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+                apply(root, index, op)
+            result = index.scan(WORLD)
+            assert result == scan_checkpoints(root, WORLD, settle_seconds=0)
+            assert result.kinds == tuple(by_kind(items) for items in result.checkpoints)
+            inputs = PlanInputs(world_size=WORLD, dp=WORLD, checkpoint_dir=root, settle_seconds=0)
+            assert compute_plan(inputs, index=index) == compute_plan(inputs)  # the planner uses the kinds
             assert index.scan(WORLD - 1) == scan_checkpoints(root, WORLD - 1, settle_seconds=0)
         finally:
             index.close()
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(OPS, max_size=25))
+def test_index_equals_full_scan_after_any_file_events(watch, ops):
+    _replay(watch, ops, _apply)
 
 
 def _tree(root, ranks=4):
@@ -267,19 +277,7 @@ def _apply_reported(root, index, op):
 @settings(max_examples=150, deadline=None)
 @given(ops=st.lists(REPORTED_OPS, max_size=25))
 def test_index_with_reported_saves_equals_full_scan(watch, ops):
-    with tempfile.TemporaryDirectory() as root:
-        index = CheckpointIndex(root, settle_seconds=0, watch=watch)
-        try:
-            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
-            for op in ops:
-                _apply_reported(root, index, op)
-            result = index.scan(WORLD)
-            assert result == scan_checkpoints(root, WORLD, settle_seconds=0)
-            assert result.kinds == tuple(by_kind(items) for items in result.checkpoints)
-            inputs = PlanInputs(world_size=WORLD, dp=WORLD, checkpoint_dir=root, settle_seconds=0)
-            assert compute_plan(inputs, index=index) == compute_plan(inputs)  # the planner uses the kinds
-        finally:
-            index.close()
+    _replay(watch, ops, _apply_reported)
 
 
 def test_reported_saves_need_no_directory_stat_listing_or_sleep(tmp_path, listings, monkeypatch):
