@@ -20,6 +20,10 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   schedules :meth:`CheckpointIndex.update` after a burst of events, which lists the touched
   directories then (local file systems only, never sleeping), so a save round is indexed while it
   happens and the plan before the restart finds little left to read.
+* **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
+  ``<root>/.saves/`` is not stat-ed at each scan; one ``stat`` and, when it changed, one listing of
+  that directory bring every reporting rank up to date without listing its directory, and a
+  reported file needs no settle sleep. This is what makes a shared file system cheap.
 * **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
   saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
@@ -301,16 +305,17 @@ class CheckpointIndex:
         name that is no checkpoint, a file the last listing warned about) has the directory listed."""
         entry = self._ranks[rank]
         files = self._reports.files(rank)
-        names = frozenset(os.path.basename(c.checkpoint.path) for c in entry.candidates) | frozenset(files)
         fresh = []
         for name, size in files.items():
-            parsed = classify_name(name, self.patterns, names)[1] if size else None
+            if entry.reported.get(name) == size:
+                continue  # accounted for by the last listing or report
+            # No pattern has a marker when reports are used, so no other name matters here.
+            parsed = classify_name(name, self.patterns, frozenset())[1] if size else None
             if parsed is None:
                 self._dirty.add(rank)
                 return
-            if entry.reported.get(name) != size:
-                path = os.path.join(entry.path, name)
-                fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
+            path = os.path.join(entry.path, name)
+            fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
         gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
         gone.update(candidate.checkpoint.path for candidate in fresh)
         noted = {name for names in entry.list_notes.by_reason.values() for name in names}
@@ -346,6 +351,8 @@ class CheckpointIndex:
                         self._complete.discard(old.checkpoint.path)
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
                 entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
+                self._complete.update(c.checkpoint.path for c in candidates  # reported: no settle sleep
+                                      if entry.reported.get(os.path.basename(c.checkpoint.path)) == c.stamp[0])
         return parallel
 
 
