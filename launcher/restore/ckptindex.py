@@ -305,6 +305,7 @@ class CheckpointIndex:
         name that is no checkpoint, a file the last listing warned about) has the directory listed."""
         entry = self._ranks[rank]
         files = self._reports.files(rank)
+        listed = {c.checkpoint.path: c.stamp[0] for c in entry.candidates}
         fresh = []
         for name, size in files.items():
             if entry.reported.get(name) == size:
@@ -315,8 +316,14 @@ class CheckpointIndex:
                 self._dirty.add(rank)
                 return
             path = os.path.join(entry.path, name)
+            if listed.get(path) == size:  # inotify's listing already has it: only its settling is saved
+                self._complete.add(path)
+                continue
             fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
         gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
+        if not gone and not fresh:
+            entry.reported = files
+            return
         gone.update(candidate.checkpoint.path for candidate in fresh)
         noted = {name for names in entry.list_notes.by_reason.values() for name in names}
         if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
