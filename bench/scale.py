@@ -11,8 +11,9 @@
 * The same plan before a restart from the launcher's checkpoint index (issue #19): nothing saved
   since the last plan, and after ``SAVERS`` ranks saved a new checkpoint (inotify events drained and
   the changed directories listed as the event loop does while the files appear, timed apart).
-* On a simulated shared file system: the full scan of ``SLOW_FS_RANKS`` rank directories, and the
-  index's check of all 16,384 (directory mtimes, no inotify).
+* On a simulated shared file system: the full scan of ``SLOW_FS_RANKS`` rank directories, the
+  index's check of all 16,384 (no inotify; every rank reports its saves in ``.saves/``), and the plan
+  after ``SAVERS`` ranks saved and reported a new step.
 """
 
 import os
@@ -74,19 +75,47 @@ def _env_builder(table) -> Callable[[Optional[int]], int]:
     return build
 
 
+def _saves():
+    """The ranks' helper reporting their saves (``launcher/rankhooks/launcher_saves.py``)."""
+    import sys
+
+    from launcher.supervision.debugging import HOOKS_DIR
+
+    if HOOKS_DIR not in sys.path:
+        sys.path.append(HOOKS_DIR)
+    import launcher_saves  # pylint: disable=import-error
+
+    return launcher_saves
+
+
+def _save(path: str, data: bytes) -> None:
+    """A rank's save as the PyTorch example does it: the file, then its report."""
+    with open(path, "wb") as fh:
+        fh.write(data)
+    _saves().report_saved(path)
+
+
 def _make_checkpoints(root: str) -> None:
-    """The tree, with every directory's mtime an hour back (saved long before the plan; directories
-    changed within the index's racy window would be listed again)."""
+    """The tree, every file reported by its rank, with every directory's mtime an hour back (saved
+    long before the plan; directories changed within the index's racy window would be listed again)."""
     old = time.time() - 3600
     for rank in range(WORLD):
         rank_dir = os.path.join(root, f"rank_{rank}")
         os.mkdir(rank_dir)
         names = ["ckpt-1_100.pt"] + ([] if rank in FAULTS else ["ckpt-1_150_breakpoint.pt"])
         for name in names:
-            with open(os.path.join(rank_dir, name), "wb") as fh:
-                fh.write(b"x" * 64)
+            _save(os.path.join(rank_dir, name), b"x" * 64)
         os.utime(rank_dir, (old, old))
-    os.utime(root, (old, old))
+    for path in (os.path.join(root, ".saves"), root):
+        os.utime(path, (old, old))
+
+
+def _save_round(root: str, step: int, drain: Optional[Callable[[], None]] = None) -> None:
+    """``SAVERS`` ranks, spread over the job, save (and report) periodic step ``step``."""
+    for rank in range(0, WORLD, WORLD // SAVERS):
+        _save(os.path.join(root, f"rank_{rank}", f"ckpt-1_{step}.pt"), b"y" * 64)
+        if drain is not None and rank % 512 == 0:
+            drain()  # the event loop reads the queue as events come
 
 
 SAVERS = 2048
@@ -103,12 +132,7 @@ def _index_times(root: str, inputs, settings: Settings) -> Dict[str, List[float]
         out = {"plan_index": timed(lambda: compute_plan(inputs, index=index), settings),
                "plan_index_saved": [], "index_update": []}
         for run in range(settings.warmup + settings.runs):
-            step = 200 + run
-            for rank in range(0, WORLD, WORLD // SAVERS):
-                with open(os.path.join(root, f"rank_{rank}", f"ckpt-1_{step}.pt"), "wb") as fh:
-                    fh.write(b"y" * 64)
-                if rank % 512 == 0:
-                    index.drain()  # the event loop reads the queue as events come
+            _save_round(root, 200 + run, index.drain)
             start = time.perf_counter()
             index.update()  # what the event loop's timer runs after the burst
             update = time.perf_counter() - start
@@ -203,19 +227,19 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
         out["plan_env_all_ranks"] = timed(lambda: [plan.env_for(r) for r in range(WORLD)], settings)
         progress(f"scale: plan with checkpoints: {plan.kind} at step {plan.step}, {len(plan.warnings)} warning(s)")
         out.update(_index_times(root, with_ckpt, settings))
-        out.update(_slow_fs_scan(root))
+        out.update(_slow_fs_scan(root, with_ckpt))
     return out
 
 
 SLOW_FS_RANKS, SLOW_FS_LATENCY = 2048, 0.001
 
 
-def _slow_fs_scan(root: str) -> Dict[str, List[float]]:
+def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
     """The checkpoint scan of ``SLOW_FS_RANKS`` rank directories on a simulated shared file system
     (``os.scandir`` and ``os.stat`` sleep ``SLOW_FS_LATENCY`` first), once as the launcher does it
     (threads after the probe) and once forced into one thread. One run each: the serial one takes
     seconds, and sleeps are not noisy."""
-    from launcher.restore import CheckpointIndex, checkpoints
+    from launcher.restore import CheckpointIndex, checkpoints, compute_plan
 
     real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS)
 
@@ -239,10 +263,17 @@ def _slow_fs_scan(root: str) -> Dict[str, List[float]]:
         start = time.perf_counter()
         index.scan(WORLD)
         out["slow_fs_index"] = [time.perf_counter() - start]
+        out["slow_fs_plan_saved"] = []
+        for run in range(3):  # another node's ranks save: no inotify event, only their reports
+            _save_round(root, 300 + run)
+            start = time.perf_counter()
+            compute_plan(inputs, index=index)
+            out["slow_fs_plan_saved"].append(time.perf_counter() - start)
     finally:
         checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS = real
     progress(f"scale: slow file system scan: {out['slow_fs_scan'][0]:.2f} s, one thread "
-             f"{out['slow_fs_scan_one_thread'][0]:.2f} s, index of {WORLD} ranks {out['slow_fs_index'][0]:.2f} s")
+             f"{out['slow_fs_scan_one_thread'][0]:.2f} s, index of {WORLD} ranks {out['slow_fs_index'][0]:.2f} s, "
+             f"plan after a reported save round {median(out['slow_fs_plan_saved']):.2f} s")
     return out
 
 
@@ -254,6 +285,8 @@ _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devic
          ("plan_ckpt", "restore plan, same, synthetic checkpoint dir, full scan (`launcher plan`; incl. 50 ms settle)"),
          ("plan_index", "restore plan before a restart, checkpoint index, nothing saved since the last plan"),
          ("plan_index_saved", f"restore plan before a restart, checkpoint index, after {SAVERS:,} ranks saved"),
+         ("slow_fs_plan_saved", f"restore plan before a restart, checkpoint index, simulated shared file system "
+          f"({SLOW_FS_LATENCY * 1e3:.0f} ms per stat/listing), after {SAVERS:,} ranks saved and reported it"),
          ("plan_env_all_ranks", f"restore environment of all {WORLD:,} ranks from that plan"))
 
 
@@ -290,8 +323,9 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"each): {fmt(median(times['slow_fs_scan']))} s as the launcher scans (the first "
                      f"{PROBE_RANKS} directories time the file system, then {SCAN_THREADS} threads), "
                      f"{fmt(median(times['slow_fs_scan_one_thread']))} s in one thread. The checkpoint index's "
-                     f"check of all {WORLD:,} rank directories there (one `stat` each, no inotify, nothing "
-                     f"changed): {fmt(median(times['slow_fs_index']))} s.")
+                     f"check of all {WORLD:,} rank directories there, every rank reporting its saves "
+                     f"(`stat` of the checkpoint and `.saves/` directories, nothing changed): "
+                     f"{fmt(ms(median(times['slow_fs_index'])))} ms.")
     if "index_update" in times:
         lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
                      f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "

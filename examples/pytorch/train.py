@@ -9,7 +9,9 @@ restore any other rank. The script runs unchanged under ``torchrun`` and under `
 Resilience features, all driven by plain environment variables so that this file stays user code
 (it deliberately does not import the ``launcher`` package):
 
-* periodic checkpoints ``<ckpt-dir>/rank_<RANK>/ckpt-<epoch>_<step>.pt``, written atomically;
+* periodic checkpoints ``<ckpt-dir>/rank_<RANK>/ckpt-<epoch>_<step>.pt``, written atomically and
+  reported to the launcher's checkpoint index (``<ckpt-dir>/.saves/``) when its ``launcher_saves``
+  helper is importable;
 * resume from ``LAUNCHER_RESUME_CHECKPOINT`` at ``LAUNCHER_RESUME_STEP`` (or ``--resume-latest``);
 * a dying-gasp breakpoint ``ckpt-<epoch>_<step>_breakpoint.pt`` on SIGTERM/SIGINT, with all ranks
   agreeing on the step through an all-reduce;
@@ -35,6 +37,11 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+try:  # the launcher's stdlib helper to report saves (launcher/rankhooks, on the ranks' PYTHONPATH)
+    import launcher_saves
+except ImportError:  # under torchrun, or a copy of this script elsewhere: the launcher scans instead
+    launcher_saves = None
 
 # Variable names of the launcher contract, spelled out because user code must not import it.
 ENV_RESUME_CHECKPOINT = "LAUNCHER_RESUME_CHECKPOINT"
@@ -324,9 +331,13 @@ def save_checkpoint(job, breakpoint):
     epoch = job.step // job.args.steps_per_epoch
     suffix = "_breakpoint" if breakpoint else ""
     path = os.path.join(rank_dir(job.args, job.rank), f"ckpt-{epoch}_{job.step}{suffix}.pt")
+    if launcher_saves is not None and os.path.exists(path):
+        launcher_saves.withdraw(path)  # saved again after a restart: the old report goes first
     atomic_save({"model": job.model.state_dict(), "optimizer": job.optimizer.state_dict(),
                  "step": job.step, "epoch": epoch, "seed": job.args.seed,
                  "world_size": job.world}, path)
+    if launcher_saves is not None:
+        launcher_saves.report_saved(path)  # the launcher's index then needs no look at rank_<r>/
     return path
 
 

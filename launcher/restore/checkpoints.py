@@ -29,31 +29,29 @@ are listed and stat-ed from a thread pool (12x faster with 1 ms round trips); on
 threads only fight over the GIL (2x slower), it stays in one thread.
 """
 
-import hashlib
 import logging
 import os
 import re
-import string
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Callable, Dict, FrozenSet, List, Optional, Pattern, Sequence, Tuple, TypeVar
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
-from launcher.common.errors import UsageError
-from launcher.common.inputfiles import open_regular, read_line
+# Re-exported: the scan's callers name patterns and checkpoints from here.
+from launcher.restore.ckptnames import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX,
+                                        KIND_BREAKPOINT, KIND_EXIT, KIND_PERIODIC, UNEXPECTED, Checkpoint,
+                                        CheckpointPattern, ScanResult, classify_name, compile_patterns,
+                                        verify_digest)
+from launcher.restore.ckptreports import REPORTS_DIR
+
+__all__ = ["DEFAULT_PATTERNS", "DEFAULT_SETTLE_SECONDS", "DIGEST_SUFFIX", "KIND_BREAKPOINT", "KIND_EXIT",
+           "KIND_PERIODIC", "Candidate", "Checkpoint", "CheckpointPattern", "Notes", "ScanResult",
+           "compile_patterns", "finish_scan", "list_rank_dirs", "probed_map", "rank_checkpoints", "scan_checkpoints",
+           "scan_rank", "settle", "unreadable_root", "verify_digest"]
 
 logger = logging.getLogger(__name__)
 
-KIND_PERIODIC = "periodic"
-KIND_BREAKPOINT = "breakpoint"
-KIND_EXIT = "exit"
-DEFAULT_SETTLE_SECONDS = 0.05
-TEMP_SUFFIXES = (".tmp", ".part")
-DIGEST_SUFFIX = ".sha256"  # <checkpoint>.sha256: "<hex digest>  <file name>", written before the file
-SIDE_FILE_SUFFIXES = (".meta", ".mindir", DIGEST_SUFFIX)  # MindSpore's graph meta and exported model, digests
 _RANK_DIR = re.compile(r"rank_(0|[1-9]\d*)")
-_UNEXPECTED = "unexpected names ignored"
 _EXAMPLES = 5
 #: Threads listing and stat-ing rank directories on a slow file system (the calls release the GIL).
 SCAN_THREADS = 16
@@ -65,101 +63,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class CheckpointPattern:
-    """How checkpoint files are named.
-
-    Attributes:
-        regex: matched against the whole file name.
-        marker: completion-marker file name template (``str.format`` with ``name`` = the checkpoint's
-            file name and the regex's named groups), or None when the file alone proves completion.
-        kind: a fixed kind (``exit``), or None to derive periodic/breakpoint from the match.
-    """
-
-    regex: Pattern[str]
-    marker: Optional[str] = None
-    kind: Optional[str] = None
-
-
-DEFAULT_PATTERNS = (
-    CheckpointPattern(re.compile(
-        r"(?P<prefix>.+)-(?P<epoch>\d+)_(?P<step>\d+)(?P<breakpoint>_breakpoint)?\.ckpt")),
-    CheckpointPattern(re.compile(
-        r"ckpt-(?P<epoch>\d+)_(?P<step>\d+)(?P<breakpoint>_breakpoint)?\.pt")),
-    CheckpointPattern(re.compile(r"(?P<name>.+)_train\.ckpt"), kind=KIND_EXIT),
-)
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """One complete checkpoint file of one rank."""
-
-    rank: int
-    path: str
-    kind: str
-    epoch: Optional[int]
-    step: int
-    size: int
-
-    @cached_property  # the planner reads it several times per file, 16,384 ranks x files per plan
-    def key(self) -> Tuple[int, int]:
-        """Order of recency: ``(epoch, step)``, a missing epoch counting as 0."""
-        return (self.epoch or 0, self.step)
-
-
-@dataclass(frozen=True)
-class ScanResult:
-    """Complete checkpoints per rank (index = rank) and what was ignored, and why.
-
-    ``absent`` says why there was nothing to scan when that is normal (a job's first start, before
-    the directory exists): not a warning, the plan's reason.
-    """
-
-    checkpoints: Tuple[Tuple[Checkpoint, ...], ...]
-    warnings: Tuple[str, ...] = ()
-    absent: str = ""
-
-
-def compile_patterns(pattern: Optional[str],
-                     marker: Optional[str] = None) -> Tuple[CheckpointPattern, ...]:
-    """The patterns to scan with: the user's single regex, or the defaults.
-
-    Args:
-        pattern: a regex with a named group ``step`` (and optionally ``epoch``, ``breakpoint``).
-        marker: completion-marker template, e.g. ``{name}.done``; with the defaults it applies to all.
-
-    Raises:
-        UsageError: the regex does not compile, lacks a ``step`` group, or the marker template names
-            a field the regex does not define, formats a field, or points outside the rank directory.
-    """
-    if pattern is None:
-        patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS
-    else:
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise UsageError(f"--checkpoint-pattern {pattern!r} is not a valid regex: {exc}") from exc
-        if "step" not in regex.groupindex:
-            raise UsageError(f"--checkpoint-pattern {pattern!r} has no named group (?P<step>...)")
-        patterns = (CheckpointPattern(regex),)
-    if marker is None:
-        return tuple(patterns)
-    if "/" in marker or marker.startswith("."):
-        raise UsageError(f"--checkpoint-marker {marker!r} must be a plain name in the rank directory")
-    parsed = [item for item in string.Formatter().parse(marker) if item[1] is not None]
-    if any(spec or conversion for _, _, spec, conversion in parsed):
-        # Every field is substituted as the matched text; a spec like {step:08d} would fail later.
-        raise UsageError(f"--checkpoint-marker {marker!r}: fields take no format spec or conversion")
-    fields = {field for _, field, _, _ in parsed}
-    for item in patterns:
-        unknown = fields - set(item.regex.groupindex) - {"name"}
-        if unknown and item.kind is None:
-            raise UsageError(f"--checkpoint-marker {marker!r} uses {sorted(unknown)}, which the "
-                             f"pattern {item.regex.pattern!r} does not define")
-    return tuple(CheckpointPattern(p.regex, marker, p.kind) for p in patterns)
-
-
-class _Notes:
+class Notes:
     """Ignored names by reason, reported as one warning line per reason."""
 
     def __init__(self) -> None:
@@ -168,7 +72,7 @@ class _Notes:
     def add(self, reason: str, name: str) -> None:
         self.by_reason.setdefault(reason, []).append(name)
 
-    def merge(self, other: "_Notes") -> None:
+    def merge(self, other: "Notes") -> None:
         for reason, names in other.by_reason.items():
             self.by_reason.setdefault(reason, []).extend(names)
 
@@ -183,28 +87,9 @@ class _Notes:
 
 
 @dataclass(frozen=True)
-class _Candidate:
+class Candidate:
     checkpoint: Checkpoint
     stamp: Tuple[int, int]  # (size, mtime_ns) at the first look
-
-
-def verify_digest(path: str) -> Optional[bool]:
-    """Check ``path`` against its ``<path>.sha256`` sidecar: True if it matches, False if it does not
-    (or the file cannot be read), None when there is no (readable, well-formed) sidecar."""
-    try:
-        expected = (read_line(path + DIGEST_SUFFIX, "checkpoint digest") or "").split()[0].lower()
-    except (OSError, ValueError, IndexError):  # InputFileError is a ValueError (FIFO, too big, not text)
-        return None
-    if len(expected) != 64 or any(ch not in "0123456789abcdef" for ch in expected):
-        return None
-    digest = hashlib.sha256()
-    try:
-        with os.fdopen(open_regular(path, "checkpoint"), "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    except (OSError, ValueError):
-        return False
-    return digest.hexdigest() == expected
 
 
 def _stamp(path: str) -> Optional[Tuple[int, int]]:
@@ -215,36 +100,8 @@ def _stamp(path: str) -> Optional[Tuple[int, int]]:
     return (st.st_size, st.st_mtime_ns)
 
 
-def _classify(name: str, patterns: Sequence[CheckpointPattern], names: FrozenSet[str]
-              ) -> Tuple[str, Optional[Tuple[str, Optional[int], int, Optional[str]]]]:
-    """Classify one file name of a rank directory.
-
-    Returns:
-        ``("", (kind, epoch, step, marker))`` for a checkpoint, else ``(reason, None)``: the reason it
-        is ignored (``_UNEXPECTED`` when no pattern matched, ``""`` for known side files).
-    """
-    if name.startswith(".") or name.endswith(TEMP_SUFFIXES):
-        return "temporary files (writes in progress or abandoned) ignored", None
-    if name.endswith(SIDE_FILE_SUFFIXES):
-        return "", None
-    for pattern in patterns:
-        match = pattern.regex.fullmatch(name)
-        if not match:
-            continue
-        if pattern.kind == KIND_EXIT:
-            return "graceful-exit checkpoints not used (their names carry no step)", None
-        groups = match.groupdict()
-        marker = pattern.marker.format(name=name, **groups) if pattern.marker else None
-        if marker is not None and marker not in names:
-            return "checkpoints without their completion marker ignored", None
-        kind = KIND_BREAKPOINT if groups.get("breakpoint") else KIND_PERIODIC
-        epoch = int(groups["epoch"]) if groups.get("epoch") else None
-        return "", (kind, epoch, int(groups["step"]), marker)
-    return _UNEXPECTED, None
-
-
-def _scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
-               notes: _Notes) -> List[_Candidate]:
+def scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
+               notes: Notes) -> List[Candidate]:
     """Candidate checkpoints in one rank directory (first look; not yet settled)."""
     try:
         with os.scandir(rank_dir) as it:
@@ -255,11 +112,11 @@ def _scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
     names = frozenset(name for name, _ in entries)
     claimed_markers = set()
     unexpected = []
-    found: List[_Candidate] = []
+    found: List[Candidate] = []
     for name, is_file in entries:
-        reason, parsed = _classify(name, patterns, names) if is_file else (_UNEXPECTED, None)
+        reason, parsed = classify_name(name, patterns, names) if is_file else (UNEXPECTED, None)
         if parsed is None:
-            if reason == _UNEXPECTED:
+            if reason == UNEXPECTED:
                 unexpected.append(name)
             elif reason:
                 notes.add(reason, f"rank_{rank}/{name}")
@@ -274,14 +131,14 @@ def _scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
         if stamp[0] == 0:
             notes.add("empty files ignored", f"rank_{rank}/{name}")
             continue
-        found.append(_Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp))
+        found.append(Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp))
     for name in unexpected:
         if name not in claimed_markers:
-            notes.add(_UNEXPECTED, f"rank_{rank}/{name}")
+            notes.add(UNEXPECTED, f"rank_{rank}/{name}")
     return found
 
 
-def _settle(candidates: List[_Candidate], settle_seconds: float, notes: _Notes,
+def settle(candidates: List[Candidate], settle_seconds: float, notes: Notes,
             parallel: bool) -> List[Checkpoint]:
     """Drop the candidates whose size or mtime changes within ``settle_seconds`` (still written)."""
     if settle_seconds <= 0:
@@ -314,7 +171,7 @@ def _map(func: Callable[[List[T]], R], items: List[T], parallel: bool) -> List[R
         return list(pool.map(func, [items[i:i + size] for i in range(0, len(items), size)]))
 
 
-def _drop_ambiguous(checkpoints: List[Checkpoint], notes: _Notes) -> List[Checkpoint]:
+def _drop_ambiguous(checkpoints: List[Checkpoint], notes: Notes) -> List[Checkpoint]:
     """Remove every checkpoint sharing its rank, kind and (epoch, step) with another one.
 
     Two files for one step (e.g. MindSpore's ``prefix_1-`` files from a rerun) cannot both be the
@@ -334,15 +191,17 @@ def _drop_ambiguous(checkpoints: List[Checkpoint], notes: _Notes) -> List[Checkp
     return kept
 
 
-def _rank_dirs(checkpoint_dir: str, world_size: int, notes: _Notes) -> Dict[int, str]:
+def list_rank_dirs(checkpoint_dir: str, world_size: int, notes: Notes) -> Dict[int, str]:
     """``rank -> directory`` for the ``rank_<r>`` entries of the checkpoint directory."""
     with os.scandir(checkpoint_dir) as it:
         entries = sorted((entry.name, entry.is_dir()) for entry in it)
     dirs = {}
     for name, is_dir in entries:
         match = _RANK_DIR.fullmatch(name)
+        if name == REPORTS_DIR and is_dir:
+            continue  # the ranks' reports of their saves (ckptreports.py)
         if not (match and is_dir):
-            notes.add(_UNEXPECTED, name)
+            notes.add(UNEXPECTED, name)
         elif int(match.group(1)) >= world_size:
             notes.add(f"rank directories beyond world size {world_size} ignored", name)
         else:
@@ -364,24 +223,24 @@ def scan_checkpoints(checkpoint_dir: str, world_size: int,
     Returns:
         Per rank, its complete checkpoints sorted by kind, (epoch, step) and path.
     """
-    notes = _Notes()
+    notes = Notes()
     try:
-        dirs = _rank_dirs(checkpoint_dir, world_size, notes)
+        dirs = list_rank_dirs(checkpoint_dir, world_size, notes)
     except OSError as exc:
         return unreadable_root(checkpoint_dir, world_size, exc)
 
-    def scan(ranks: List[int]) -> Tuple[List[_Candidate], _Notes]:
-        batch_notes, found = _Notes(), []  # per batch: no shared state between the threads
+    def scan(ranks: List[int]) -> Tuple[List[Candidate], Notes]:
+        batch_notes, found = Notes(), []  # per batch: no shared state between the threads
         for rank in ranks:
-            found.extend(_scan_rank(rank, dirs[rank], patterns, batch_notes))
+            found.extend(scan_rank(rank, dirs[rank], patterns, batch_notes))
         return found, batch_notes
 
     results, parallel = probed_map(scan, sorted(dirs))
-    candidates: List[_Candidate] = []
+    candidates: List[Candidate] = []
     for found, batch_notes in results:
         candidates.extend(found)
         notes.merge(batch_notes)
-    return finish_scan(world_size, _settle(candidates, settle_seconds, notes, parallel), notes)
+    return finish_scan(world_size, settle(candidates, settle_seconds, notes, parallel), notes)
 
 
 def unreadable_root(checkpoint_dir: str, world_size: int, exc: OSError) -> ScanResult:
@@ -404,7 +263,7 @@ def probed_map(func: Callable[[List[T]], R], ranks: List[T]) -> Tuple[List[R], b
     return results + _map(func, ranks[PROBE_RANKS:], parallel), parallel
 
 
-def finish_scan(world_size: int, settled: List[Checkpoint], notes: _Notes) -> ScanResult:
+def finish_scan(world_size: int, settled: List[Checkpoint], notes: Notes) -> ScanResult:
     """The scan result from the settled checkpoints of ranks below ``world_size``: ambiguous steps
     dropped, each rank's checkpoints sorted by kind, (epoch, step) and path."""
     per_rank: List[List[Checkpoint]] = [[] for _ in range(world_size)]
@@ -415,7 +274,7 @@ def finish_scan(world_size: int, settled: List[Checkpoint], notes: _Notes) -> Sc
     return ScanResult(ordered, notes.lines())
 
 
-def rank_checkpoints(settled: List[Checkpoint], notes: _Notes) -> Tuple[Checkpoint, ...]:
+def rank_checkpoints(settled: List[Checkpoint], notes: Notes) -> Tuple[Checkpoint, ...]:
     """One rank's settled checkpoints as the scan reports them: ambiguous steps dropped, sorted by
     kind, (epoch, step) and path."""
     return tuple(sorted(_drop_ambiguous(settled, notes), key=lambda c: (c.kind, c.key, c.path)))

@@ -20,6 +20,10 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   schedules :meth:`CheckpointIndex.update` after a burst of events, which lists the touched
   directories then (local file systems only, never sleeping), so a save round is indexed while it
   happens and the plan before the restart finds little left to read.
+* **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
+  ``<root>/.saves/`` is not stat-ed at each scan; one ``stat`` and, when it changed, one listing of
+  that directory bring every reporting rank up to date without listing its directory, and a
+  reported file needs no settle sleep. This is what makes a shared file system cheap.
 * **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
   saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
@@ -36,9 +40,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
                                        parse_events)
-from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Checkpoint, CheckpointPattern,
-                                          ScanResult, _Candidate, _Notes, _rank_dirs, _scan_rank, _settle,
-                                          probed_map, rank_checkpoints, unreadable_root)
+from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
+                                          CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
+                                          rank_checkpoints, scan_rank, settle, unreadable_root)
+from launcher.restore.ckptnames import KindIndex, by_kind, classify_name
+from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
 
 logger = logging.getLogger(__name__)
 
@@ -48,28 +54,22 @@ UPDATE_DELAY = 0.2
 RACY_SECONDS = 2.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _READ_SIZE = 64 * 1024
-DirStamp = Optional[Tuple[int, int]]  # (mtime_ns, inode) of a directory; None when it cannot be stat-ed
-
-
-def _dir_stamp(path: str) -> DirStamp:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_mtime_ns, st.st_ino)
+_NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
 
 class _RankEntry:
     """What the last listing of one rank directory found, and its result once every file settled."""
 
-    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result")
+    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result", "kinds", "reported")
 
     def __init__(self, path: str):
         self.path = path
+        self.reported: Dict[str, Optional[int]] = {}  # the rank's reports the candidates account for
         self.stamp: DirStamp = None
-        self.candidates: List[_Candidate] = []
-        self.list_notes = self.notes = _Notes()  # of the listing; of the listing and the result
+        self.candidates: List[Candidate] = []
+        self.list_notes = self.notes = Notes()  # of the listing; of the listing and the result
         self.result: Optional[Tuple[Checkpoint, ...]] = None
+        self.kinds: KindIndex = _NO_KINDS  # by_kind(result), kept for the planner
 
 
 class CheckpointIndex:
@@ -91,7 +91,7 @@ class CheckpointIndex:
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
         self._racy_ns = int(racy_seconds * 1e9)
         self._root_stamp: DirStamp = None
-        self._root_notes = _Notes()
+        self._root_notes = Notes()
         self._ranks: Dict[int, _RankEntry] = {}
         self._dirty: Set[int] = set()  # ranks with inotify events since their last listing
         self._complete: Set[str] = set()  # paths closed after writing or renamed in, untouched since
@@ -102,6 +102,8 @@ class CheckpointIndex:
         self._call_later, self._update_pending = call_later, False
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
+        # Rank-reported saves; a completion marker is proof only the directory listing can give.
+        self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
             self._start_inotify()
 
@@ -183,22 +185,26 @@ class CheckpointIndex:
             self._root_stamp, self._ranks = None, {}
             return unreadable_root(self.root, world_size, exc)
         ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
+        if self._reports is not None:
+            for rank in self._reports.refresh(self._trusted) & set(self._ranks):
+                self._apply_reports(rank)
         parallel = self._relist(self._stale(ranks))
-        notes = _Notes()
+        notes = Notes()
         notes.merge(self._root_notes)
         for rank in self._ranks:
             if rank >= world_size:
                 notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
         self._settle_pending([rank for rank in ranks if self._ranks[rank].result is None], notes, parallel)
         per_rank: List[Tuple[Checkpoint, ...]] = [()] * world_size
+        kinds: List[KindIndex] = [_NO_KINDS] * world_size
         for rank in ranks:
             entry = self._ranks[rank]
-            per_rank[rank] = entry.result
+            per_rank[rank], kinds[rank] = entry.result, entry.kinds
             if entry.notes.by_reason:
                 notes.merge(entry.notes)
         for rank in self._unsettled:
             self._ranks[rank].result = None  # a file was still being written: look again next time
-        return ScanResult(tuple(per_rank), notes.lines())
+        return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
 
     def update(self) -> None:
         """Read the queued events and list the changed rank directories now, from the event loop,
@@ -212,9 +218,9 @@ class CheckpointIndex:
         ranks = sorted(self._dirty.intersection(self._ranks))
         self._dirty.difference_update(ranks)
         self._relist(ranks)
-        self._settle_pending(ranks, _Notes(), False, sleep=False)
+        self._settle_pending(ranks, Notes(), False, sleep=False)
 
-    def _settle_pending(self, ranks: List[int], notes: _Notes, parallel: bool, sleep: bool = True) -> None:
+    def _settle_pending(self, ranks: List[int], notes: Notes, parallel: bool, sleep: bool = True) -> None:
         """Compute the result of every rank in ``ranks``: settle what is new (one sleep for all of
         them, none when every file was reported complete or seen settled before). Without
         ``sleep``, ranks with files to settle are left without a result."""
@@ -230,8 +236,8 @@ class CheckpointIndex:
         if not sleep:
             waiting = {candidate.checkpoint.rank for candidate in fresh}
             ranks, fresh = [rank for rank in ranks if rank not in waiting], []
-        settle_notes = _Notes()
-        checked = _settle(fresh, self.settle_seconds, settle_notes, parallel)
+        settle_notes = Notes()
+        checked = settle(fresh, self.settle_seconds, settle_notes, parallel)
         notes.merge(settle_notes)
         stamps = {candidate.checkpoint.path: candidate.stamp for candidate in fresh}
         for checkpoint in checked:
@@ -241,27 +247,31 @@ class CheckpointIndex:
         self._unsettled = {rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
         for rank in ranks:
             entry = self._ranks[rank]
-            entry.notes = _Notes()
+            entry.notes = Notes()
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
+            entry.kinds = by_kind(entry.result)
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""
-        stamp = _dir_stamp(self.root)
+        stamp = dir_stamp(self.root)
         if stamp is not None and stamp == self._root_stamp:
             return
         self._watch(self.root, -1)  # the same descriptor again when already watched
         if self._shared is None:
             self._shared = shared_file_system(self.root)
-        notes = _Notes()
-        dirs = _rank_dirs(self.root, _ANY_RANK, notes)
+        notes = Notes()
+        dirs = list_rank_dirs(self.root, _ANY_RANK, notes)
         self._root_stamp, self._root_notes = self._trusted(stamp), notes
         for rank in set(self._ranks) - set(dirs):
             del self._ranks[rank]
+        watched = set(self._wds.values())
         for rank, path in dirs.items():
             if rank not in self._ranks or self._ranks[rank].path != path:
                 self._ranks[rank] = _RankEntry(path)
                 self._dirty.add(rank)
+            elif self._fd is not None and rank not in watched:
+                self._dirty.add(rank)  # re-created since its watch was lost: what happened before is unseen
             self._watch(path, rank)
 
     def _trusted(self, stamp: DirStamp) -> DirStamp:
@@ -279,24 +289,62 @@ class CheckpointIndex:
             return sorted(dirty & set(ranks))
 
         def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:
-            return [(rank, _dir_stamp(self._ranks[rank].path)) for rank in batch]
+            return [(rank, dir_stamp(self._ranks[rank].path)) for rank in batch]
 
-        stale = []
-        for batch in probed_map(check, ranks)[0]:
-            for rank, stamp in batch:
-                if rank in dirty or stamp is None or stamp != self._ranks[rank].stamp:
-                    stale.append(rank)
-        return stale
+        stale = dirty & set(ranks)
+        reports = self._reports
+        looked = [rank for rank in ranks if rank not in stale and not (reports and reports.reporting(rank))]
+        for batch in probed_map(check, looked)[0]:
+            stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
+        return sorted(stale)
+
+    def _apply_reports(self, rank: int) -> None:
+        """Bring one rank's entry up to date with its reports, without listing its directory: a newly
+        reported file is a candidate that needs no settling, a withdrawn report drops its file.
+        Anything the name alone cannot settle (one name reported with two sizes, an empty file, a
+        name that is no checkpoint, a file the last listing warned about) has the directory listed."""
+        entry = self._ranks[rank]
+        files = self._reports.files(rank)
+        listed = {c.checkpoint.path: c.stamp[0] for c in entry.candidates}
+        fresh = []
+        for name, size in files.items():
+            if entry.reported.get(name) == size:
+                continue  # accounted for by the last listing or report
+            # No pattern has a marker when reports are used, so no other name matters here.
+            parsed = classify_name(name, self.patterns, frozenset())[1] if size else None
+            if parsed is None:
+                self._dirty.add(rank)
+                return
+            path = os.path.join(entry.path, name)
+            if listed.get(path) == size:  # inotify's listing already has it: only its settling is saved
+                self._complete.add(path)
+                continue
+            fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
+        gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
+        if not gone and not fresh:
+            entry.reported = files
+            return
+        gone.update(candidate.checkpoint.path for candidate in fresh)
+        noted = {name for names in entry.list_notes.by_reason.values() for name in names}
+        if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
+            self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
+            return
+        for path in gone:
+            self._settled.pop(path, None)
+            self._complete.discard(path)
+        self._complete.update(candidate.checkpoint.path for candidate in fresh)
+        entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
+        entry.reported, entry.result = files, None
 
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
         Returns whether the file system was found slow."""
-        def scan(batch: List[int]) -> List[Tuple[int, DirStamp, List[_Candidate], _Notes]]:
+        def scan(batch: List[int]) -> List[Tuple[int, DirStamp, List[Candidate], Notes]]:
             out = []
             for rank in batch:
-                notes, path = _Notes(), self._ranks[rank].path
-                stamp = self._trusted(_dir_stamp(path))  # before the listing: a later change shows
-                out.append((rank, stamp, _scan_rank(rank, path, self.patterns, notes), notes))
+                notes, path = Notes(), self._ranks[rank].path
+                stamp = self._trusted(dir_stamp(path))  # before the listing: a later change shows
+                out.append((rank, stamp, scan_rank(rank, path, self.patterns, notes), notes))
             return out
 
         results, parallel = probed_map(scan, ranks)
@@ -309,6 +357,9 @@ class CheckpointIndex:
                         self._settled.pop(old.checkpoint.path, None)
                         self._complete.discard(old.checkpoint.path)
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
+                entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
+                self._complete.update(c.checkpoint.path for c in candidates  # reported: no settle sleep
+                                      if entry.reported.get(os.path.basename(c.checkpoint.path)) == c.stamp[0])
         return parallel
 
 

@@ -120,6 +120,10 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
     assert planned and planned[0]["step"] == 20 and planned[0]["fault_ranks"] == [2]
     chosen = {RESUMED.findall(text)[0][0] for text in attempts[1].values()}
     assert chosen == set(plan["checkpoints"].values()) and len(chosen) == 1  # one replica's file
+    # Every checkpoint was reported to the launcher's index (rankhooks/launcher_saves.py), with its size.
+    saved = {f"{path.parent.name[5:]}.{path.stat().st_size}.{path.name}"
+             for path in (tmp_path / "ckpt").glob("rank_*/ckpt-*.pt")}
+    assert saved and {path.name for path in (tmp_path / "ckpt" / ".saves").iterdir()} == saved
 
 
 def wait_for_progress(tmp: Path, pattern: str, proc: subprocess.Popen, timeout: float = 60):

@@ -12,6 +12,7 @@ from launcher.common.filewatch import IN_Q_OVERFLOW
 from launcher.restore import PlanInputs, compute_plan
 from launcher.restore import checkpoints, ckptindex
 from launcher.restore.checkpoints import scan_checkpoints
+from launcher.restore.ckptnames import by_kind
 from launcher.restore.ckptindex import CheckpointIndex, shared_file_system
 
 NAMES = ["ckpt-1_100.pt", "ckpt-1_100_breakpoint.pt", "ckpt-2_50.pt", "a-1_100.ckpt", "x_1-1_100.ckpt",
@@ -54,20 +55,30 @@ def _apply(root, index, op):
         index.scan(WORLD)
 
 
-@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
-@settings(max_examples=150, deadline=None)
-@given(ops=st.lists(OPS, max_size=25))
-def test_index_equals_full_scan_after_any_file_events(watch, ops):
+def _replay(watch, ops, apply):
+    """Apply ``ops`` to a fresh tree under an index; the index's scan, per-kind dicts and plan must
+    equal the full scan's."""
     with tempfile.TemporaryDirectory() as root:
         index = CheckpointIndex(root, settle_seconds=0, watch=watch)
         try:
             assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
             for op in ops:
-                _apply(root, index, op)
-            assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
+                apply(root, index, op)
+            result = index.scan(WORLD)
+            assert result == scan_checkpoints(root, WORLD, settle_seconds=0)
+            assert result.kinds == tuple(by_kind(items) for items in result.checkpoints)
+            inputs = PlanInputs(world_size=WORLD, dp=WORLD, checkpoint_dir=root, settle_seconds=0)
+            assert compute_plan(inputs, index=index) == compute_plan(inputs)  # the planner uses the kinds
             assert index.scan(WORLD - 1) == scan_checkpoints(root, WORLD - 1, settle_seconds=0)
         finally:
             index.close()
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(OPS, max_size=25))
+def test_index_equals_full_scan_after_any_file_events(watch, ops):
+    _replay(watch, ops, _apply)
 
 
 def _tree(root, ranks=4):
@@ -88,13 +99,13 @@ def _age(root):
 def _listings(monkeypatch):
     """The rank directories the index lists, in order."""
     seen = []
-    real = ckptindex._scan_rank  # pylint: disable=protected-access
+    real = ckptindex.scan_rank
 
     def counting(rank, *args):
         seen.append(rank)
         return real(rank, *args)
 
-    monkeypatch.setattr(ckptindex, "_scan_rank", counting)
+    monkeypatch.setattr(ckptindex, "scan_rank", counting)
     return seen
 
 
@@ -218,3 +229,94 @@ def test_a_file_still_being_written_is_looked_at_again(tmp_path, monkeypatch):
     assert [c.step for c in index.scan(1).checkpoints[0]] == [150]
     monkeypatch.setattr(checkpoints.time, "sleep", lambda _seconds: None)  # the writer finished
     assert sorted(c.step for c in index.scan(1).checkpoints[0]) == [100, 150]
+
+
+# -- rank-reported saves ------------------------------------------------------------------------
+REPORTER = 1  # this rank reports its saves; the others do not (mixed, as in a job mid-migration)
+_OTHER = st.sampled_from([0, 2, 3])
+REPORTED_OPS = st.one_of(
+    st.tuples(st.sampled_from(["write", "rename", "append", "delete"]), _OTHER, st.sampled_from(NAMES),
+              st.integers(0, 2)),
+    st.tuples(st.sampled_from(["rsave", "rdelete"]), st.just(REPORTER), st.sampled_from(NAMES[:5]),
+              st.integers(0, 3)),
+    st.tuples(st.sampled_from(["update", "scan"]), st.just(0), st.just(""), st.just(0)),
+)
+
+
+def _saves():
+    import sys  # pylint: disable=import-outside-toplevel
+
+    from launcher.supervision.debugging import HOOKS_DIR  # pylint: disable=import-outside-toplevel
+
+    if HOOKS_DIR not in sys.path:
+        sys.path.append(HOOKS_DIR)
+    import launcher_saves  # pylint: disable=import-outside-toplevel,import-error
+
+    return launcher_saves
+
+
+def _apply_reported(root, index, op):
+    kind, rank, name, size = op
+    path = os.path.join(root, f"rank_{rank}", name)
+    if kind == "rsave":  # the example's save: temporary file, rename, report
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if os.path.exists(path):
+            _saves().withdraw(path)
+        with open(path + ".tmp", "wb") as fh:
+            fh.write(b"x" * size)
+        os.replace(path + ".tmp", path)
+        _saves().report_saved(path)
+    elif kind == "rdelete" and os.path.isfile(path):
+        _saves().withdraw(path)
+        os.remove(path)
+    else:
+        _apply(root, index, op)
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(REPORTED_OPS, max_size=25))
+def test_index_with_reported_saves_equals_full_scan(watch, ops):
+    _replay(watch, ops, _apply_reported)
+
+
+def test_reported_saves_need_no_directory_stat_listing_or_sleep(tmp_path, listings, monkeypatch):
+    root = str(tmp_path)
+    _tree(root)
+    for rank in range(4):
+        for name in ("ckpt-1_100.pt", "ckpt-1_150_breakpoint.pt"):
+            _saves().report_saved(os.path.join(root, f"rank_{rank}", name))
+    _age(root)
+    index = CheckpointIndex(root, watch=False)  # as on a shared file system: no inotify
+    monkeypatch.setattr(checkpoints.time, "sleep", _no_sleep)
+    index.scan(4)
+    listings.clear()
+    stats = []
+    real_stamp = ckptindex.dir_stamp
+    monkeypatch.setattr(ckptindex, "dir_stamp", lambda path: stats.append(path) or real_stamp(path))
+    new = tmp_path / "rank_2" / "ckpt-1_200.pt"
+    new.write_bytes(b"y" * 8)
+    _saves().report_saved(str(new))
+    result = index.scan(4)
+    assert not listings and stats == [root]  # the root's stamp; the reports directory is read apart
+    assert sorted(c.step for c in result.checkpoints[2]) == [100, 150, 200]
+    assert result == scan_checkpoints(root, 4, settle_seconds=0)
+
+
+def test_a_rank_directory_recreated_after_its_watch_was_lost_is_listed_again(tmp_path):
+    root = str(tmp_path)
+    index = CheckpointIndex(root, settle_seconds=0)
+    try:
+        if index.fileno() is None:
+            pytest.skip("no inotify here")
+        rank_dir = tmp_path / "rank_0"
+        rank_dir.mkdir()
+        (rank_dir / "ckpt-1_100.pt").write_bytes(b"")
+        index.scan(3)
+        shutil.rmtree(rank_dir)
+        index.update()  # the event loop sees the deletion; the watch is gone
+        rank_dir.mkdir()
+        (rank_dir / "ckpt-1_100.pt").write_bytes(b"")  # before the next watch: no event
+        assert index.scan(3) == scan_checkpoints(root, 3, settle_seconds=0)
+    finally:
+        index.close()
