@@ -17,7 +17,7 @@ def test_first_start_without_checkpoints_is_said_calmly_and_a_restart_says_why_a
                for line in lines), lines
     warnings = [line for line in lines if line.startswith("[launcher WARNING]")]
     assert len(warnings) == 1 and "rank 1 failed (exit code 3)" in warnings[0], warnings
-    assert [line.split(" ", 2)[2] for line in lines if " restarting " in line] == [
+    assert [line.split(" ", 2)[2] for line in lines if " restarting (" in line] == [
         f"restarting (restart 1 of 1) after rank 1 failed (exit code 3); starting from scratch "
         f"(no checkpoints: {ckpt} does not exist yet)"]
 
