@@ -229,7 +229,8 @@ def check_one_job(nodes: Sequence[Launcher], reference: str, attempts: int, ckpt
                 [f"rank_{r}.log" for r in local]
             for rank in local:
                 assert f"rank {rank}/{WORLD} backend gloo" in rank_log(node, attempt, rank)
-    assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == [f"rank_{r}" for r in range(WORLD)]
+    # .saves/ holds the saves the ranks reported (docs/restore-plan.md), beside one directory per rank
+    assert sorted(p.name for p in ckpt.iterdir() if p.is_dir()) == [".saves"] + [f"rank_{r}" for r in range(WORLD)]
 
 
 def test_nnodes_two_launchers_run_one_job(tmp_path, reference_hash):
