@@ -15,12 +15,12 @@ import click
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
+from launcher.jobspec import hostfacts
 
 #: The rendezvous backends whose torchrun meaning the launcher keeps: rank 0 hosts the store.
 RDZV_BACKENDS = ("static", "c10d")
 #: torchrun's port for an ``--rdzv-endpoint`` without one.
 RDZV_DEFAULT_PORT = 29400
-_DEVICE_NODE = re.compile(r"^davinci\d+$")  # an Ascend NPU: /dev/davinci<N>; davinci_manager is not one
 
 #: torchrun options the launcher has no use for: option -> (takes a value, what to do instead).
 REFUSED: Dict[str, Tuple[bool, str]] = {
@@ -132,10 +132,7 @@ def cpu_count() -> int:
 
 def npu_count(dev: str = "/dev") -> int:
     """Ascend NPUs visible here: the container sees only the ``davinci<N>`` devices it was given."""
-    try:
-        return sum(1 for name in os.listdir(dev) if _DEVICE_NODE.match(name))
-    except OSError:
-        return 0
+    return len(hostfacts.davinci_devices(dev))
 
 
 def translate(kwargs: Dict[str, Any], explicit: Sequence[str]) -> Dict[str, Any]:

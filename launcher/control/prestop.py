@@ -8,7 +8,6 @@ only one), asks its supervisor for the gasp and waits. A supervisor that does no
 ``ack_timeout`` (stopped, hung) is treated as gone: prestop signals the recorded ranks itself.
 """
 
-import os
 import signal
 import sys
 import time
