@@ -7,7 +7,6 @@ options, or refused with one line each saying what to do instead (exit 2).
 """
 
 import os
-import re
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
