@@ -28,15 +28,17 @@ event that enters it:
   that follows. Without step numbers it stays ``None`` and the time stays in ``productive``.
 """
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+import json
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 PARTS = ("productive", "startup", "detection", "stopping", "restarting", "recomputed", "waiting")
 
 
-@dataclass
-class Failure:
+class Failure(NamedTuple):
     """One failed attempt and what it cost.
+
+    NamedTuples, not dataclasses, here: ``launcher status`` imports this module and must answer in
+    under 100 ms; the ``dataclasses`` module alone costs about 10 ms to import.
 
     Attributes:
         attempt: The attempt that failed.
@@ -55,8 +57,7 @@ class Failure:
     steps_recomputed: Optional[int] = None
 
 
-@dataclass
-class Goodput:
+class Goodput(NamedTuple):
     """A run's wall time by part (seconds) and its failures.
 
     Attributes:
@@ -71,8 +72,8 @@ class Goodput:
     start: float
     end: float
     parts: Dict[str, float]
-    failures: List[Failure] = field(default_factory=list)
-    spans: List[Tuple[str, float, float, int]] = field(default_factory=list)
+    failures: Tuple[Failure, ...] = ()
+    spans: Tuple[Tuple[str, float, float, int], ...] = ()
     ended: bool = True
 
     @property
@@ -108,6 +109,45 @@ def last_run(events: Sequence[dict]) -> List[dict]:
     first = starts[-1]
     run_id = events[first].get("run_id")
     return [ev for ev in events[first:] if ev.get("run_id") == run_id]
+
+
+#: How ``EventLog`` writes a ``start`` event (``json.dumps``' default separators): a hint where the
+#: newest run begins, checked after parsing.
+_START = b'"event": "start"'
+
+
+def read_last_run(path: str) -> List[dict]:
+    """The newest run's events in the events file ``path`` ([] without one), read fast.
+
+    An events file collects every run on its run dir and may be long; ``launcher status`` must answer
+    in under 100 ms. So only the lines from the newest ``start`` on are parsed, all in one
+    ``json.loads`` (a per-line ``json.loads`` cost more than everything else ``status`` does). A torn or
+    foreign line makes it fall back to parsing line by line, skipping what is not a JSON object.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    begin = data.rfind(b"\n", 0, max(data.rfind(_START), 0)) + 1
+    events = _parse_lines(data[begin:])
+    if begin and (not events or events[0].get("event") != "start"):
+        events = _parse_lines(data)  # the hint missed (a value held the text): read it all
+    return last_run(events)
+
+
+def _parse_lines(data: bytes) -> List[dict]:
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    try:
+        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        parsed = []
+        for line in lines:
+            try:
+                parsed.append(json.loads(line))
+            except ValueError:
+                continue
+    return [ev for ev in parsed if isinstance(ev, dict)]
 
 
 class _Sweep:
@@ -151,12 +191,11 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     if end is None:
         end = max(now if now is not None else 0.0, float(run[-1].get("ts", start)), sweep.since)
     sweep.to("end", end)
-    spans = _carve_recomputed(sweep.spans, failures, steps, run)
+    spans, failures = _carve_recomputed(sweep.spans, failures, steps)
     parts = dict.fromkeys(PARTS, 0.0)
     for part, begin, stop, _ in spans:
         parts[part] += stop - begin
-    _charge(failures, spans)
-    return Goodput(start, end, parts, failures, spans, ended)
+    return Goodput(start, end, parts, tuple(_charge(f, spans) for f in failures), tuple(spans), ended)
 
 
 def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
@@ -212,15 +251,17 @@ class _StepLog:
             self.last[self.attempt] = max(step, self.last.get(self.attempt, step))
 
 
-def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure], steps: _StepLog,
-                      run: List[dict]) -> List[Tuple[str, float, float, int]]:
+def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure],
+                      steps: _StepLog) -> Tuple[List[Tuple[str, float, float, int]], List[Failure]]:
     """Split the first productive span after each failure into recomputed + productive, where known."""
-    out = list(spans)
+    out, known = list(spans), []
     for failure in failures:
         last, resumed = steps.last.get(failure.attempt), steps.plan.get(failure.attempt + 1)
         if last is None or resumed is None:
+            known.append(failure)
             continue
-        failure.steps_recomputed = max(0, last - resumed)
+        failure = failure._replace(steps_recomputed=max(0, last - resumed))
+        known.append(failure)
         done = [s for s in out if s[3] == failure.attempt and s[0] == "productive"]
         first = steps.plan.get(failure.attempt, 0)
         ran = sum(s[2] - s[1] for s in done)
@@ -233,15 +274,16 @@ def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List
                 out[i:i + 1] = [s for s in (("recomputed", begin, cut, attempt), (part, cut, stop, attempt))
                                 if s[2] > s[1]]
                 break
-    return out
+    return out, known
 
 
-def _charge(failures: List[Failure], spans: List[Tuple[str, float, float, int]]) -> None:
-    """Time lost per failure: the non-productive spans from it until productive time resumes."""
-    for failure in failures:
-        for part, begin, stop, _ in spans:
-            if stop <= failure.at:
-                continue
-            if part == "productive" or part == "end":
-                break
-            failure.time_lost += stop - max(begin, failure.at)
+def _charge(failure: Failure, spans: List[Tuple[str, float, float, int]]) -> Failure:
+    """``failure`` with its time lost: the non-productive spans from it until productive time resumes."""
+    lost = 0.0
+    for part, begin, stop, _ in spans:
+        if stop <= failure.at:
+            continue
+        if part == "productive" or part == "end":
+            break
+        lost += stop - max(begin, failure.at)
+    return failure._replace(time_lost=lost)
