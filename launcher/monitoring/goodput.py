@@ -20,12 +20,16 @@ event that enters it:
   rank is spawned again).
 * ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
   restart.
-* ``recomputed`` - carved from the start of the productive time after a restart: the time spent
-  re-running steps the failed attempt had already done. Known only when events carry step numbers
-  (``heartbeat`` events with ``rank`` and ``step``, or ``step`` on ``rank_exited``, from a future
-  heartbeat source): steps recomputed = the failed attempt's last step - the next restore plan's
-  step; its time = those steps at the failed attempt's mean step time, at most the productive time
-  that follows. Without step numbers it stays ``None`` and the time stays in ``productive``.
+* ``recomputed`` - carved from the productive time after a restart: the time spent re-running steps
+  the failed attempt had already done. The steps come from the ranks' heartbeat slots, which the hang
+  detector records (``launcher.run.hangwatch``): ``step_last`` (an attempt's highest step, at its
+  end), ``step_first`` (its first beat with a step) and ``step_regained`` (a restarted attempt reached
+  the step before the failure again), each with the beat's time ``at``; ``heartbeat`` events with a
+  ``step`` count the same way. Per failure, steps recomputed = the failed attempt's last step - the
+  step the next attempt's ``restore_plan`` resumes from; their time = the next attempt's productive
+  time from its first step until it regained that step (or until its productive time ended, when it
+  never did). Without those events both stay ``None`` (unknown, never 0) and the time stays in
+  ``productive``.
 """
 
 import json
@@ -46,7 +50,8 @@ class Failure(NamedTuple):
         cause: ``exit code N`` / ``signal SIGX``.
         at: Wall-clock time of the failure.
         time_lost: Seconds of detection, stopping, restarting, waiting and recomputation it caused.
-        steps_recomputed: Steps re-run after it, when step numbers are known.
+        steps_recomputed: Steps re-run after it (None: unknown, no step numbers).
+        recompute_seconds: The time spent re-running them (None: unknown).
     """
 
     attempt: int
@@ -55,6 +60,7 @@ class Failure(NamedTuple):
     at: float
     time_lost: float = 0.0
     steps_recomputed: Optional[int] = None
+    recompute_seconds: Optional[float] = None
 
 
 class Goodput(NamedTuple):
@@ -86,19 +92,40 @@ class Goodput(NamedTuple):
         """Productive share of the wall time (None for an empty run)."""
         return self.parts["productive"] / self.wall if self.wall > 0 else None
 
+    @property
+    def steps_recomputed(self) -> Optional[int]:
+        """Steps recomputed after all failures (0 without failures; None when any is unknown)."""
+        steps = [f.steps_recomputed for f in self.failures]
+        return None if None in steps else sum(steps)
+
     def to_json(self) -> dict:
         """The ``goodput`` object of ``launcher status --json``."""
         return {"wall": round(self.wall, 3), "ratio": None if self.ratio is None else round(self.ratio, 4),
                 "ended": self.ended, "parts": {k: round(v, 3) for k, v in self.parts.items()},
+                "steps_recomputed": self.steps_recomputed,
                 "failures": [{"attempt": f.attempt, "rank": f.rank, "cause": f.cause, "at": f.at,
-                              "time_lost": round(f.time_lost, 3), "steps_recomputed": f.steps_recomputed}
-                             for f in self.failures]}
+                              "time_lost": round(f.time_lost, 3), "steps_recomputed": f.steps_recomputed,
+                              "recompute_seconds": _rounded(f.recompute_seconds)} for f in self.failures]}
 
     def summary(self) -> str:
-        """One line: ``goodput 93.1% of 120.4 s: productive 112.1 s, startup 2.0 s, ...``."""
+        """One line: ``goodput 93.1% of 120.4 s: productive 112.1 s, startup 2.0 s, ...; 1 failure(s),
+        30 steps recomputed`` (``steps recomputed unknown`` without step numbers)."""
         ratio = "?" if self.ratio is None else f"{100 * self.ratio:.1f}%"
         parts = ", ".join(f"{name} {self.parts[name]:.1f} s" for name in PARTS if self.parts[name] or name == "productive")
-        return f"goodput {ratio} of {self.wall:.1f} s: {parts}; {len(self.failures)} failure(s)"
+        return f"goodput {ratio} of {self.wall:.1f} s: {parts}; {len(self.failures)} failure(s){self._steps_note()}"
+
+    def _steps_note(self) -> str:
+        if not self.failures:
+            return ""
+        known = [f.steps_recomputed for f in self.failures if f.steps_recomputed is not None]
+        if not known:
+            return ", steps recomputed unknown"
+        unknown = len(self.failures) - len(known)
+        return f", {sum(known)} steps recomputed" + (f" (unknown for {unknown})" if unknown else "")
+
+
+def _rounded(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 3)
 
 
 def last_run(events: Sequence[dict]) -> List[dict]:
@@ -181,9 +208,11 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     sweep, failures, steps = _Sweep(start), [], _StepLog()
     end, ended = None, False
     for ev in run:
-        ts = max(float(ev.get("ts", sweep.since)), sweep.since)
         kind = ev.get("event")
-        steps.see(ev)
+        if kind not in _KINDS:
+            continue  # most events (heartbeats, output notes) move nothing: skipped before any work
+        ts = max(float(ev.get("ts", sweep.since)), sweep.since)
+        steps.see(ev, kind)
         if kind in ("job_end", "stop"):
             end, ended = ts, True
             break
@@ -196,6 +225,12 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     for part, begin, stop, _ in spans:
         parts[part] += stop - begin
     return Goodput(start, end, parts, tuple(_charge(f, spans) for f in failures), tuple(spans), ended)
+
+
+#: The events that move the sweep or carry steps.
+_STEP_EVENTS = frozenset(("heartbeat", "rank_exited", "step_first", "step_regained", "step_last"))
+_KINDS = _STEP_EVENTS | {"job_end", "stop", "attempt_start", "rank_spawned", "stop_group", "gasp", "attempt_end",
+                         "restart", "cluster_hold", "cluster_hold_end", "restore_plan"}
 
 
 def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
@@ -231,58 +266,81 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
 
 
 class _StepLog:
-    """The newest step number each attempt reported, from events that carry ``step``."""
+    """Per attempt: its highest step, the step its restore plan resumes from, when it first beat with a
+    step, and when it regained the attempt before it's highest step (wall-clock)."""
 
     def __init__(self) -> None:
         self.last: Dict[int, int] = {}
         self.plan: Dict[int, int] = {}
+        self.first: Dict[int, float] = {}
+        self.regained: Dict[int, float] = {}
         self.attempt = 0
 
-    def see(self, ev: dict) -> None:
-        kind = ev.get("event")
+    def see(self, ev: dict, kind: str) -> None:
         if kind == "attempt_start":
             self.attempt = int(ev.get("attempt", self.attempt))
         step = ev.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             return
+        attempt = ev.get("attempt")
+        attempt = attempt if isinstance(attempt, int) else self.attempt
         if kind == "restore_plan":
-            self.plan[int(ev.get("attempt", self.attempt))] = step
-        elif kind in ("heartbeat", "rank_exited"):
-            self.last[self.attempt] = max(step, self.last.get(self.attempt, step))
+            self.plan[attempt] = step
+        elif kind in _STEP_EVENTS:
+            self.last[attempt] = max(step, self.last.get(attempt, step))
+            if kind != "step_last":  # recorded at the attempt's end: when it got there is unknown
+                self._timed(attempt, step, float(ev.get("at") or ev.get("ts") or 0.0))
+
+    def _timed(self, attempt: int, step: int, at: float) -> None:
+        self.first[attempt] = min(at, self.first.get(attempt, at))
+        before = self.last.get(attempt - 1)
+        if before is not None and step >= before and attempt not in self.regained:
+            self.regained[attempt] = at
 
 
 def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure],
                       steps: _StepLog) -> Tuple[List[Tuple[str, float, float, int]], List[Failure]]:
-    """Split the first productive span after each failure into recomputed + productive, where known."""
+    """Each failure's steps recomputed, and the next attempt's productive time spent on them relabelled
+    ``recomputed`` (from its first step until it regained the failed attempt's last step)."""
     out, known = list(spans), []
     for failure in failures:
-        last, resumed = steps.last.get(failure.attempt), steps.plan.get(failure.attempt + 1)
+        after = failure.attempt + 1
+        last, resumed = steps.last.get(failure.attempt), steps.plan.get(after)
         if last is None or resumed is None:
             known.append(failure)
             continue
-        failure = failure._replace(steps_recomputed=max(0, last - resumed))
-        known.append(failure)
-        done = [s for s in out if s[3] == failure.attempt and s[0] == "productive"]
-        first = steps.plan.get(failure.attempt, 0)
-        ran = sum(s[2] - s[1] for s in done)
-        if not failure.steps_recomputed or last <= first or ran <= 0:
-            continue
-        cost = failure.steps_recomputed * ran / (last - first)
-        for i, (part, begin, stop, attempt) in enumerate(out):
-            if part == "productive" and attempt == failure.attempt + 1:
-                cut = min(stop, begin + cost)
-                out[i:i + 1] = [s for s in (("recomputed", begin, cut, attempt), (part, cut, stop, attempt))
-                                if s[2] > s[1]]
-                break
+        count, seconds = max(0, last - resumed), None
+        if not count:
+            seconds = 0.0
+        elif after in steps.first or after in steps.regained:
+            out, seconds = _relabel(out, after, steps.first.get(after, float("-inf")),
+                                    steps.regained.get(after, float("inf")))
+        known.append(failure._replace(steps_recomputed=count, recompute_seconds=seconds))
     return out, known
 
 
-def _charge(failure: Failure, spans: List[Tuple[str, float, float, int]]) -> Failure:
-    """``failure`` with its time lost: the non-productive spans from it until productive time resumes."""
-    lost = 0.0
-    for part, begin, stop, _ in spans:
-        if stop <= failure.at:
+def _relabel(spans: List[Tuple[str, float, float, int]], attempt: int, lo: float,
+             hi: float) -> Tuple[List[Tuple[str, float, float, int]], float]:
+    """``attempt``'s productive time between ``lo`` and ``hi`` made ``recomputed``; and how much it was."""
+    out, moved = [], 0.0
+    for part, begin, end, at in spans:
+        if part != "productive" or at != attempt or end <= lo or begin >= hi:
+            out.append((part, begin, end, at))
             continue
+        cut, stop = max(begin, lo), min(end, hi)
+        out += [s for s in ((part, begin, cut, at), ("recomputed", cut, stop, at), (part, stop, end, at))
+                if s[2] > s[1]]
+        moved += stop - cut
+    return out, moved
+
+
+def _charge(failure: Failure, spans: List[Tuple[str, float, float, int]]) -> Failure:
+    """``failure`` with its time lost: the non-productive spans from it until productive time resumes,
+    and the time spent recomputing its steps."""
+    lost = failure.recompute_seconds or 0.0
+    for part, begin, stop, _ in spans:
+        if stop <= failure.at or part == "recomputed":
+            continue  # recomputation is charged to the failure whose steps it re-ran, above
         if part == "productive" or part == "end":
             break
         lost += stop - max(begin, failure.at)

@@ -197,10 +197,17 @@ def format_status(doc: dict) -> List[str]:
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in good["parts"].items() if v or k == "productive")
     lines.append(f"goodput {ratio} of {good['wall']:.1f}s: {parts}")
     for failure in good["failures"]:
-        steps = "" if failure["steps_recomputed"] is None else f", {failure['steps_recomputed']} steps recomputed"
         lines.append(f"  failure in attempt {failure['attempt']}: rank {_dash(failure['rank'])} {failure['cause']}; "
-                     f"lost {failure['time_lost']:.1f}s{steps}")
+                     f"lost {failure['time_lost']:.1f}s, {_recomputed(failure)}")
     return lines
+
+
+def _recomputed(failure: dict) -> str:
+    """``30 steps recomputed in 12.0s``, ``steps recomputed unknown`` without step numbers."""
+    steps, seconds = failure["steps_recomputed"], failure["recompute_seconds"]
+    if steps is None:
+        return "steps recomputed unknown"
+    return f"{steps} steps recomputed" + ("" if seconds is None else f" in {seconds:.1f}s")
 
 
 def _dash(value: object) -> str:
