@@ -42,6 +42,10 @@ try:  # the launcher's stdlib helper to report saves (launcher/rankhooks, on the
     import launcher_saves
 except ImportError:  # under torchrun, or a copy of this script elsewhere: the launcher scans instead
     launcher_saves = None
+try:  # heartbeats with the step (launcher run --heartbeat-timeout): hang detection and recomputed steps
+    import launcher_heartbeat
+except ImportError:
+    launcher_heartbeat = None
 
 # Variable names of the launcher contract, spelled out because user code must not import it.
 ENV_RESUME_CHECKPOINT = "LAUNCHER_RESUME_CHECKPOINT"
@@ -459,9 +463,17 @@ def dying_gasp(job, code, why):
     exit_now(code)
 
 
+def beat(job):
+    """Tell the launcher this rank's step (a no-op without its heartbeat slot): its hang detector
+    watches the beats, and its goodput counts the steps a restart made the ranks recompute."""
+    if launcher_heartbeat is not None:
+        launcher_heartbeat.heartbeat(step=job.step)
+
+
 def run(job, stops):
     """The training loop, from job.step to --steps."""
     args = job.args
+    beat(job)  # the step this attempt starts (resumes) from
     while job.step < args.steps:
         graceful, signum = agree_on_stop(job, stops)
         if graceful:
@@ -470,6 +482,7 @@ def run(job, stops):
             dying_gasp(job, 128 + signum, f"signal {signum} received")
         maybe_inject_fault(job)
         loss = job.train_step()
+        beat(job)
         if args.log_every > 0 and job.step % args.log_every == 0:
             log(f"step {job.step}/{args.steps} loss {loss:.4f}")
         if args.ckpt_every > 0 and job.step % args.ckpt_every == 0:
