@@ -16,6 +16,8 @@ Resilience features, all driven by plain environment variables so that this file
 * a dying-gasp breakpoint ``ckpt-<epoch>_<step>_breakpoint.pt`` on SIGTERM/SIGINT, with all ranks
   agreeing on the step through an all-reduce;
 * graceful exit on request through the JSON file named by ``LAUNCHER_GRACEFUL_EXIT_FILE``;
+* heartbeats with the step (``launcher_heartbeat``, when the launcher provides it) for its hang
+  detector and its count of recomputed steps;
 * fault injection (``--fail-at-step``) for tests and demos.
 
 Exit codes: 0 finished or graceful exit on request; 128+signal after a signal (143 for SIGTERM);
