@@ -272,8 +272,8 @@ class _StepLog:
     def __init__(self) -> None:
         self.last: Dict[int, int] = {}
         self.plan: Dict[int, int] = {}
-        self.first: Dict[int, float] = {}
-        self.regained: Dict[int, float] = {}
+        self.first: Dict[int, Tuple[float, int]] = {}     # (when, step) of the first beat with a step
+        self.regained: Dict[int, Tuple[float, int]] = {}  # (when, step) it was back at the last step
         self.attempt = 0
 
     def see(self, ev: dict, kind: str) -> None:
@@ -292,10 +292,10 @@ class _StepLog:
                 self._timed(attempt, step, float(ev.get("at") or ev.get("ts") or 0.0))
 
     def _timed(self, attempt: int, step: int, at: float) -> None:
-        self.first[attempt] = min(at, self.first.get(attempt, at))
+        self.first[attempt] = min((at, step), self.first.get(attempt, (at, step)))
         before = self.last.get(attempt - 1)
         if before is not None and step >= before and attempt not in self.regained:
-            self.regained[attempt] = at
+            self.regained[attempt] = (at, step)
 
 
 def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure],
@@ -313,10 +313,24 @@ def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List
         if not count:
             seconds = 0.0
         elif after in steps.first or after in steps.regained:
-            out, seconds = _relabel(out, after, steps.first.get(after, float("-inf")),
-                                    steps.regained.get(after, float("inf")))
+            out, seconds = _relabel(out, after, _recompute_start(steps, after, resumed),
+                                    steps.regained.get(after, (float("inf"), 0))[0])
         known.append(failure._replace(steps_recomputed=count, recompute_seconds=seconds))
     return out, known
+
+
+def _recompute_start(steps: _StepLog, attempt: int, resumed: int) -> float:
+    """When ``attempt`` started re-running steps: its first step beat; when that beat was already past
+    the resume step (the launcher polls the slots every 0.2 s, so it may first see a later step), moved
+    back by the steps it had made, at the rate it went on to regain the failed step. Without such a
+    rate: -inf, i.e. from the attempt's productive start (its framework start-up counted too)."""
+    at, step = steps.first.get(attempt, (float("-inf"), resumed))
+    if step <= resumed:
+        return at
+    end_at, end_step = steps.regained.get(attempt, (at, step))
+    if end_step > step and end_at > at:
+        return at - (step - resumed) * (end_at - at) / (end_step - step)
+    return float("-inf")
 
 
 def _relabel(spans: List[Tuple[str, float, float, int]], attempt: int, lo: float,

@@ -123,7 +123,7 @@ def test_steps_recomputed_after_a_rank_fails_with_heartbeats(tmp_path):
               ["--ckpt-dir", str(ckpt), "--finish-when", str(finish), "--steps", "30", "--ckpt-every", "10",
                "--fail-at", "15", "--fail-rank", "1"], worker=STEP_RANK)
     try:
-        job.wait_ready(4)
+        job.wait_ready(4, timeout=60)
         deadline = time.monotonic() + 60
         while not [e for e in job.events() if e["event"] == "step_regained"] and time.monotonic() < deadline:
             time.sleep(0.05)

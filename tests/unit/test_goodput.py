@@ -83,7 +83,7 @@ def hangwatch_run():
             ev(200.0, "rank_exited", attempt=1, rank=0, state="failed", signal="SIGKILL", exited_at=200.0),
             ev(201.0, "attempt_end", attempt=1, failed=True), ev(201.0, "step_last", attempt=1, step=85),
             ev(202.0, "restore_plan", attempt=2, step=80), ev(203.0, "attempt_start", attempt=2, ranks=[0]),
-            ev(204.0, "rank_spawned", attempt=2, rank=0), ev(211.0, "step_first", attempt=2, step=81, at=210.0),
+            ev(204.0, "rank_spawned", attempt=2, rank=0), ev(211.0, "step_first", attempt=2, step=80, at=210.0),
             ev(230.0, "stop_group", reason="SIGTERM"), ev(231.0, "attempt_end", attempt=2, failed=False),
             ev(232.0, "step_last", attempt=2, step=84), ev(233.0, "job_end"), ev(233.0, "stop")]
 
@@ -97,6 +97,21 @@ def test_steps_recomputed_per_failure_from_the_hang_detectors_events():
     assert math.isclose(sum(g.parts.values()), g.wall)
     assert second.time_lost == (201.0 - 200.0) + (204.0 - 201.0) + 20.0  # stopping, restarting, recomputed
     assert "15 steps recomputed" in g.summary()
+
+
+def with_first_beat(attempt, step, at):
+    log = hangwatch_run()
+    [first] = [e for e in log if e["event"] == "step_first" and e["attempt"] == attempt]
+    first.update(step=step, at=at)
+    return log
+
+
+def test_a_first_beat_seen_past_the_resume_step_is_moved_back_at_the_rate_that_followed():
+    """The slots are polled: attempt 1 (resumed at 60) is first seen at step 63 at t=123 and at 70 at
+    t=130, 1 s a step, so it started re-running at t=120; seen first already at 70, no rate: from its
+    productive start (t=110)."""
+    assert goodput.compute(with_first_beat(1, 63, 123.0)).failures[0].recompute_seconds == 10.0
+    assert goodput.compute(with_first_beat(1, 70, 130.0)).failures[0].recompute_seconds == 20.0
 
 
 def test_without_steps_it_says_unknown_never_zero():
