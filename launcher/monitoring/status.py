@@ -207,7 +207,7 @@ def _recomputed(failure: dict) -> str:
     steps, seconds = failure["steps_recomputed"], failure["recompute_seconds"]
     if steps is None:
         return "steps recomputed unknown"
-    return f"{steps} steps recomputed" + ("" if seconds is None else f" in {seconds:.1f}s")
+    return f"{steps} steps recomputed" + ("" if seconds is None or not steps else f" in {seconds:.1f}s")
 
 
 def _dash(value: object) -> str:
