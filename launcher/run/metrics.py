@@ -9,7 +9,6 @@ rewritten atomically after every attempt and at the end (node_exporter's textfil
 """
 
 import logging
-import os
 import time
 from typing import Any, Mapping, Optional
 
