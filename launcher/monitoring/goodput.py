@@ -210,7 +210,7 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     for ev in run:
         kind = ev.get("event")
         if kind not in _KINDS:
-            continue  # most events (heartbeats, output notes) move nothing: skipped before any work
+            continue  # notes that neither move the sweep nor carry steps: skipped before any work
         ts = max(float(ev.get("ts", sweep.since)), sweep.since)
         steps.see(ev, kind)
         if kind in ("job_end", "stop"):
@@ -288,8 +288,9 @@ class _StepLog:
             self.plan[attempt] = step
         elif kind in _STEP_EVENTS:
             self.last[attempt] = max(step, self.last.get(attempt, step))
-            if kind != "step_last":  # recorded at the attempt's end: when it got there is unknown
-                self._timed(attempt, step, float(ev.get("at") or ev.get("ts") or 0.0))
+            at = ev.get("at") or ev.get("ts")
+            if kind != "step_last" and isinstance(at, (int, float)):  # step_last: when it got there is unknown
+                self._timed(attempt, step, float(at))
 
     def _timed(self, attempt: int, step: int, at: float) -> None:
         self.first[attempt] = min((at, step), self.first.get(attempt, (at, step)))
