@@ -1,15 +1,17 @@
-"""Coordinated restarts of one job's launchers through storage every node shares (``--sync-dir``).
+"""Coordinated restarts of one job's launchers: the protocol, over a store of records.
 
 Restart generations (docs/multinode.md): generation ``g`` is the attempt number, the same on every
-node. :class:`Coordinator` runs the protocol behind the supervisor's hooks over the files of
-:mod:`launcher.cluster.syncdir`; :mod:`launcher.cluster.syncjoin` joins it for ``launcher run``.
+node. :class:`Coordinator` runs the protocol behind the supervisor's hooks over a :class:`Store`:
+the files of :mod:`launcher.cluster.syncdir` (``--sync-dir``) or the keys of
+:mod:`launcher.cluster.etcdstore` (``--coordinator etcd://``, which adds leased membership: a node
+whose launcher dies is *lost*). :mod:`launcher.cluster.syncjoin` joins one for ``launcher run``.
 """
 
 import logging
 import time
-from typing import Callable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from launcher.cluster.syncdir import ABORT, DONE, STOPPED, Generation, SyncDir, failure_of
+from launcher.cluster.syncdir import ABORT, DONE, STOPPED, Generation, failure_of
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -21,19 +23,49 @@ POLL_INTERVAL = 0.5
 Emit = Callable[..., object]
 
 
+class Store(Protocol):
+    """Where the nodes' records live (``SyncDir``, ``EtcdStore``); ``read`` and ``write`` never block long.
+
+    Attributes:
+        index: This server's index; count: how many servers; path: where, for messages.
+    """
+
+    index: int
+    count: int
+    path: str
+
+    def name(self, index: int) -> str:
+        """``server 1 (10.0.0.2)``."""
+
+    def gen_path(self, generation: int) -> str:
+        """Where generation ``generation``'s records are, for messages."""
+
+    def read(self, generation: int) -> Generation:
+        """Every node's records of ``generation``."""
+
+    def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
+        """Publish ``gen_<g>/<name>``; with ``exclusive``, False when it already exists."""
+
+    def close(self, reason: str) -> None:
+        """Mark the incarnation as ended."""
+
+    def shutdown(self) -> None:
+        """Release what the store holds (threads, lease)."""
+
+
 class Coordinator(NoSync):
     """The restart-generation protocol behind the supervisor's hooks.
 
     Args:
-        files: This incarnation's files.
+        files: This incarnation's records.
         timeout: ``--sync-timeout``: longest wait for the other nodes at a barrier.
         emit: ``emit(event_name, **fields)`` for events.jsonl.
         call_later, cancel, post: The event loop's timers and event queue (``LocalProcessGroup``).
-        interval: Seconds between two looks at the shared directory.
+        interval: Seconds between two looks at the store.
         clock: Monotonic clock (tests pass a fake one).
     """
 
-    def __init__(self, files: SyncDir, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
+    def __init__(self, files: Store, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
                  cancel: Callable[[int], None], post: Callable[[object], None], interval: float = POLL_INTERVAL,
                  clock: Callable[[], float] = time.monotonic):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
@@ -74,7 +106,14 @@ class Coordinator(NoSync):
         if failures:
             first = failures[0]
             return PeerUpdate(state.number, first, f"{first.label} failed ({first.info.describe()})")
+        if state.lost:
+            names = self._names(state.lost)
+            return PeerUpdate(state.number, failure_of(state.number, {"name": names, "exited_at": time.time()}),
+                              f"{names} lost (its launcher's lease expired)")
         return None
+
+    def _names(self, servers) -> str:
+        return ", ".join(self.files.name(i) for i in sorted(servers))
 
     def rank_failed(self, generation: int, ranks: Sequence[int], failure: Failure) -> None:
         """Announce ``gen_<g>/failed.<i>.json`` before the local group is stopped."""
@@ -114,7 +153,7 @@ class Coordinator(NoSync):
         """``stopped.<i>``, then wait until every node stopped: restart with the union of failures."""
         self._mark(generation, STOPPED)
         state, waited = self._await(generation, wait, STOPPED,
-                                    lambda s: s.abort is not None or bool(s.done) or not s.missing(self.files.count))
+                                    lambda s: s.abort is not None or bool(s.done) or not self._waiting(s))
         if state is None:
             return Agreement()
         code = failure.info.exit_code if failure is not None else state.exit_code()
@@ -126,6 +165,8 @@ class Coordinator(NoSync):
             log.error("%s finished generation %d and starts nothing more: the job cannot restart", names, generation)
             self._abort(generation, code, f"{names} already finished")
             return Agreement(exit_code=code, reason="failed")
+        if state.lost:
+            return self._end_for_lost(generation, state, code)
         if state.missing(self.files.count):
             return self._timed_out(generation, state.missing(self.files.count), STOPPED)
         ranks = state.failed_ranks()
@@ -135,17 +176,32 @@ class Coordinator(NoSync):
                  waited, list(ranks))
         return Agreement(ranks)
 
+    def _waiting(self, state: Generation) -> List[int]:
+        """Servers still expected to report ``state``'s generation (not lost)."""
+        return [i for i in state.missing(self.files.count) if i not in state.lost]
+
+    def _end_for_lost(self, generation: int, state: Generation, code: int) -> Agreement:
+        """A server is lost: the job cannot go on with the nodes of its rank table."""
+        names = self._names(state.lost)
+        log.error("%s lost in generation %d (its launcher's lease expired): ending the job", names, generation)
+        self.emit("sync_lost", generation=generation, servers=sorted(state.lost))
+        self._abort(generation, code, f"{names} lost")
+        return Agreement(exit_code=code, reason="failed")
+
     def _finish_together(self, generation: int, wait: Wait) -> Agreement:
         """``done.<i>``, then wait for every node's outcome: success only if all are done."""
         self._mark(generation, DONE)
         count = self.files.count
         state, waited = self._await(generation, wait, DONE,
-                                    lambda s: s.abort is not None or s.failed or s.stopped or len(s.done) == count)
+                                    lambda s: s.abort is not None or s.failed or s.stopped or s.lost
+                                    or len(s.done) == count)
         if state is None:
             return Agreement()
         if len(state.done) == count:
             self.emit("sync_all_done", generation=generation, waited=round(waited, 3))
             return Agreement()
+        if state.lost and state.abort is None and not state.failed and not state.stopped:
+            return self._end_for_lost(generation, state, 1)
         if state.abort is None and not state.failed and not state.stopped:
             return self._timed_out(generation, [i for i in range(count) if i not in state.done], DONE)
         cause = state.failures()

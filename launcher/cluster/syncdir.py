@@ -24,7 +24,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Failure
@@ -47,6 +47,8 @@ class Generation:
         stopped: Servers whose processes of this generation are all gone, restarting.
         done: Servers whose ranks all exited 0.
         abort: The ``abort`` record, if the job ends.
+        lost: Servers that joined and are gone without a word (their lease expired: coordinators
+            with membership only, ``launcher.cluster.etcdstore``).
     """
 
     number: int
@@ -54,6 +56,7 @@ class Generation:
     stopped: FrozenSet[int] = frozenset()
     done: FrozenSet[int] = frozenset()
     abort: Optional[dict] = None
+    lost: FrozenSet[int] = frozenset()
 
     def failed_ranks(self) -> Tuple[int, ...]:
         """The union of every node's failed ranks: the restore plan's fault ranks."""
@@ -83,6 +86,42 @@ def failure_of(generation: int, record: dict) -> Failure:
     label = f"rank {rank} on {record.get('name', 'server ?')}" if rank >= 0 else str(record.get("name"))
     return Failure(generation, rank, label, ExitInfo(int(record.get("returncode", 1)),
                                                      float(record.get("exited_at", record.get("ts", 0.0)))))
+
+
+def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[dict]]) -> Generation:
+    """What the records ``names`` of generation ``number`` say; ``load(name)`` reads one (None: skip it)."""
+    failed: Dict[int, dict] = {}
+    marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
+    abort = None
+    for name in names:
+        match = _MARKER.fullmatch(name)
+        if match is None:
+            continue
+        if match.group(3):
+            marks[match.group(3)].add(int(match.group(4)))
+            continue
+        record = load(name)
+        if record is not None and match.group(1):
+            failed[int(match.group(2))] = record
+        elif record is not None:
+            abort = record
+    return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), abort)
+
+
+def stamp(index: int, name: str, data: dict) -> dict:
+    """A record as server ``index`` (called ``name``) writes it: who, where, when, then ``data``."""
+    return {"server": index, "name": name, "host": socket.gethostname(), "pid": os.getpid(), "ts": time.time(),
+            **data}
+
+
+def valid(record: object) -> Optional[dict]:
+    """``record`` if it is one of ours (the fields its readers convert do convert), else None."""
+    try:
+        failure_of(0, record)  # type: ignore[arg-type]
+        int(record.get("exit_code") or 1) + sum(int(r) for r in record.get("ranks", ()))  # type: ignore[union-attr]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return record  # type: ignore[return-value]
 
 
 class SyncDir:
@@ -136,22 +175,7 @@ class SyncDir:
             names = os.listdir(directory)
         except FileNotFoundError:
             names = []
-        failed: Dict[int, dict] = {}
-        marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
-        abort = None
-        for name in names:
-            match = _MARKER.fullmatch(name)
-            if match is None:
-                continue
-            if match.group(3):
-                marks[match.group(3)].add(int(match.group(4)))
-                continue
-            record = _load(os.path.join(directory, name))
-            if record is not None and match.group(1):
-                failed[int(match.group(2))] = record
-            elif record is not None:
-                abort = record
-        return Generation(generation, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), abort)
+        return collect(generation, names, lambda name: _load(os.path.join(directory, name)))
 
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
         """Publish ``gen_<g>/<name>``; with ``exclusive``, False when it already exists."""
@@ -161,10 +185,12 @@ class SyncDir:
         """Mark the incarnation as ended: a later start of the job does not join it."""
         self._publish("", CLOSED, {"reason": reason}, exclusive=True)
 
+    def shutdown(self) -> None:
+        """Nothing to release: files are written at once."""
+
     def _publish(self, sub: str, name: str, data: dict, exclusive: bool) -> bool:
         directory = os.path.join(self.path, sub) if sub else self.path
-        record = {"server": self.index, "name": self.name(self.index), "host": socket.gethostname(),
-                  "pid": os.getpid(), "ts": time.time(), **data}
+        record = stamp(self.index, self.name(self.index), data)
         target = os.path.join(directory, name)
         tmp = os.path.join(directory, f".{name}.{socket.gethostname()}.{os.getpid()}.tmp")
         try:
@@ -193,9 +219,6 @@ def _load(path: str) -> Optional[dict]:
     """A record written by a launcher, or None (unreadable, incomplete, or not one of ours)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
-        failure_of(0, record)  # the fields the readers convert must convert
-        int(record.get("exit_code") or 1) + sum(int(r) for r in record.get("ranks", ()))
-    except (OSError, ValueError, TypeError, AttributeError):
+            return valid(json.load(fh))
+    except (OSError, ValueError):
         return None
-    return record

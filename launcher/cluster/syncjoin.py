@@ -1,52 +1,76 @@
-"""Joining the cross-node restart coordination (``--sync-dir``) as an integration of ``launcher run``.
+"""Joining the cross-node restart coordination (``--coordinator``, ``--sync-dir``) as an integration.
 
-:class:`SyncCoordination` joins this job's incarnation in the shared directory before the first
-attempt and hands the supervisor its :class:`launcher.cluster.sync.Coordinator` (an explicit
+:class:`SyncCoordination` joins this job's incarnation in etcd or in the shared directory before the
+first attempt and hands the supervisor its :class:`launcher.cluster.sync.Coordinator` (an explicit
 dependency of the restart loop). The supervisor leaves the coordination when the job ends; if the
 launcher fails instead, :meth:`SyncCoordination.stop` leaves it, so the other nodes stop now rather
 than at their ``--sync-timeout``.
 """
 
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
-from launcher.cluster.sync import Coordinator
+from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Store
 from launcher.cluster.syncdir import SyncDir
 from launcher.common.errors import LauncherError, UsageError
+from launcher.jobspec.options import parse_coordinator
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.policy import RunResult
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two looks at etcd's snapshot: it is in memory, kept current by a watch.
+ETCD_POLL_INTERVAL = 0.05
+
 
 class SyncCoordination(Integration):
-    """``--sync-dir``: restart generations shared with the other launchers of the job."""
+    """``--coordinator`` / ``--sync-dir``: restart generations shared with the other launchers of the job."""
 
     name = "sync coordinator"
 
     def __init__(self) -> None:
         self.coordinator: Optional[Coordinator] = None
+        self.files: Optional[Store] = None
         self._generation = 0  # the supervisor's attempt number, from its events
         self._left = False
 
     def start(self, host: Host) -> None:
-        """Join ``<sync-dir>/<run id>`` (UsageError when the directory cannot be used)."""
+        """Join the job's incarnation (UsageError when the directory cannot be used, LauncherError
+        when etcd does not answer)."""
         opts, ctx = host.opts, host.ctx
-        if not opts.sync_dir:
+        if not opts.sync_dir and not opts.coordinator:
             return
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
-        try:
-            files = SyncDir.join(opts.sync_dir, ctx.run_id, topo.server_index, names)
-        except (OSError, LauncherError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else exc.message
-            raise UsageError(f"cannot use --sync-dir {opts.sync_dir}: {reason}",
-                             ["it must be a directory every node of the job can write"]) from None
+        files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names) if opts.coordinator \
+            else self._join_dir(opts.sync_dir, ctx.run_id, topo.server_index, names)
+        self.files = files
         host.emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
                   timeout=opts.sync_timeout)
         log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
         group = host.group
-        self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post)
+        self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post,
+                                       interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL)
+
+    @staticmethod
+    def _join_dir(sync_dir: str, run_id: str, index: int, names: Sequence[str]) -> Store:
+        try:
+            return SyncDir.join(sync_dir, run_id, index, names)
+        except (OSError, LauncherError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else exc.message
+            raise UsageError(f"cannot use --sync-dir {sync_dir}: {reason}",
+                             ["it must be a directory every node of the job can write"]) from None
+
+    @staticmethod
+    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str]) -> Store:
+        from launcher.cluster.etcdclient import EtcdClient, EtcdError
+        from launcher.cluster.etcdstore import EtcdStore
+
+        client = EtcdClient(parse_coordinator(opts.coordinator))
+        try:
+            return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout)
+        except EtcdError as exc:
+            raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 
     def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
         """Track the supervisor's attempt number (also counted by restarts) and whether it left."""
@@ -56,6 +80,8 @@ class SyncCoordination(Integration):
             self._left = True
 
     def stop(self) -> None:
-        """The launcher failed before the supervisor left: tell the other nodes now."""
+        """Tell the other nodes now if the launcher failed before the supervisor left; release the store."""
         if self.coordinator is not None and not self._left:
             self.coordinator.leave(self._generation, RunResult(1, "launcher-error", 0), quiet=True)
+        if self.files is not None:
+            self.files.shutdown()

@@ -30,6 +30,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
+                                                             "--coordinator", "--coordinator-ttl",
                                                              "--sync-dir", "--sync-timeout", "--taskd",
                                                              "--taskd-port")),
     ("Other options", ("--config", "--dry-run", "--json", "--help")),
@@ -239,11 +240,17 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="What to do when a rank fails, comma-separated: retry, recover, recover-in-place, dump, exit, "
            "elastic-training (default: "
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
+@_opt("--coordinator", metavar="etcd://HOST:PORT[,HOST:PORT]",
+      help="etcd that the launchers of the job restart together through, with leases: a machine whose "
+           "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere).")
+@_opt("--coordinator-ttl", type=click.IntRange(min=1), default=5,
+      help="With --coordinator: seconds of silence after which a machine's launcher counts as lost.")
 @_opt("--sync-dir", type=click.Path(file_okay=False),
       help="Directory every machine of the job can write: their launchers restart together "
            "(needs the same --run-id everywhere).")
 @_opt("--sync-timeout", type=click.FloatRange(min=0), default=300.0,
-      help="With --sync-dir: seconds to wait for the other machines at a restart before exiting 1.")
+      help="With --sync-dir or --coordinator: seconds to wait for the other machines at a restart before "
+           "exiting 1.")
 @_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
       help="MindCluster TaskD (recovery of single processes): its manager runs next to rank 0 "
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")

