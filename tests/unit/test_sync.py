@@ -4,6 +4,7 @@ Two or three :class:`Coordinator` objects on one tmp dir play the nodes of a job
 fake (``call_later`` records callbacks, the test runs them) and so is the clock (``wait`` advances it).
 """
 
+import dataclasses
 import os
 from typing import Callable, List, Optional
 
@@ -186,6 +187,58 @@ def test_barrier_with_a_finished_node_cannot_restart(tmp_path, caplog):
 def test_a_stop_signal_during_the_barrier_ends_the_wait(tmp_path):
     a = Node(tmp_path, 0)
     assert a.sync.settle(0, None, None, [], a.waiter(lambda n: False)) == Agreement()
+
+
+# -- a lost node (a store with membership: etcd's leases) --------------------------------------------
+class LeasedDir(SyncDir):
+    """A fake store with membership: the shared directory, plus servers the test declares lost."""
+
+    lost = frozenset()
+
+    def read(self, generation):
+        state = super().read(generation)
+        return dataclasses.replace(state, lost=frozenset(self.lost) - state.done - {self.index})
+
+
+def leased(tmp_path, index: int, count: int = 2, timeout: float = 10.0) -> Node:
+    return Node(tmp_path, index, count, timeout, files=LeasedDir.join(str(tmp_path), "job", index, NAMES[:count]))
+
+
+def test_watcher_reports_a_lost_node(tmp_path):
+    a = leased(tmp_path, 0)
+    a.sync.attempt_started(0)
+    a.loop.run_due()
+    assert not a.loop.posted
+    a.files.lost = {1}
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert update.failure.rank == -1 and update.failure.label == "server 1 (10.0.0.2)"
+    assert update.reason == "server 1 (10.0.0.2) lost (its launcher's lease expired)"
+
+
+def test_barrier_does_not_wait_for_a_lost_node_and_ends_the_job(tmp_path, caplog):
+    a, c = leased(tmp_path, 0, count=3, timeout=60.0), leased(tmp_path, 2, count=3)
+    c.files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+    wait = a.waiter()
+    assert a.sync.settle(0, None, failure(0, 5), [0], wait) == Agreement(exit_code=5, reason="failed")
+    assert not wait.calls  # no wait: the lost node will never report
+    assert ("sync_lost", {"generation": 0, "servers": [1]}) in a.events
+    assert "server 1 (10.0.0.2) lost in generation 0" in caplog.text
+    assert a.files.read(0).abort["reason"] == "server 1 (10.0.0.2) lost"
+
+
+def test_a_finished_node_fails_when_another_is_lost(tmp_path):
+    a = leased(tmp_path, 0)
+    a.files.lost = {1}
+    assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement(exit_code=1, reason="failed")
+
+
+def test_a_node_that_finished_is_not_lost(tmp_path):
+    a, b = leased(tmp_path, 0), leased(tmp_path, 1)
+    b.files.write(0, "done.1", {})
+    a.files.lost = {1}  # its launcher left after its ranks finished
+    assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement()
 
 
 # -- success and failure ----------------------------------------------------------------------------
