@@ -15,6 +15,7 @@ the lease alive, follow the keys (a watch, re-read on every change and at least 
 records queued by :meth:`EtcdStore.write` in order, retrying while etcd is away.
 """
 
+import dataclasses
 import json
 import logging
 import queue
@@ -25,7 +26,8 @@ from typing import Dict, Optional, Sequence, Tuple
 import tenacity
 
 from launcher.cluster.etcdclient import EtcdClient, EtcdError
-from launcher.cluster.syncdir import CLOSED, DONE, Generation, collect, stamp, valid
+from launcher.common.errors import UsageError
+from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp, valid
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ ROOT = "/launcher/"
 WATCH_IDLE = 5.0
 _INCARNATION = re.compile(r"inc_(\d+)/")
 _MEMBER = re.compile(r"(join|member)\.(\d+)")
+_GENERATION = re.compile(r"gen_(\d+)/")
 _Put = Tuple[str, bytes, bool]
 
 
@@ -65,6 +68,7 @@ class EtcdStore:
                          for what, target in (("lease", self._keep_alive), ("watch", self._follow),
                                               ("write", self._write_queued))]
         self._outage: Optional[str] = None
+        self.running: Optional[int] = None  # the generation this server joined a running job in
 
     def name(self, index: int) -> str:
         """``server 1 (10.0.0.2)``."""
@@ -72,38 +76,72 @@ class EtcdStore:
 
     @classmethod
     def join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-             write_for: float = 300.0, wait: float = 3.0) -> "EtcdStore":
+             write_for: float = 300.0, wait: float = 3.0, elastic: bool = False) -> "EtcdStore":
         """Join the current incarnation of ``run_id`` (or start the next one), as ``SyncDir.join``.
 
         ``write_for``: seconds a record is retried while etcd is away; ``wait``: how long etcd may
-        take to answer the first time.
+        take to answer the first time. With ``elastic``, a server whose place is free (its launcher
+        lost) or that arrives after the job's first restart joins the running job instead: see
+        :meth:`_join_running`; ``running`` is then the generation it joined in.
 
         Raises:
-            EtcdError: etcd did not answer within ``wait`` seconds.
+            EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
         """
         retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(wait), wait=tenacity.wait_fixed(0.25),
                                      retry=tenacity.retry_if_exception_type(EtcdError), reraise=True,
                                      before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
-        return retrying(cls._join, client, run_id, index, names, ttl, write_for)
+        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic)
 
     @classmethod
     def _join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-              write_for: float) -> "EtcdStore":
+              write_for: float, elastic: bool) -> "EtcdStore":
         root = f"{ROOT}{run_id}/"
         _, keys = client.range(root)
         number = max((int(m.group(1)) for m in map(_INCARNATION.match, (k[len(root):] for k in keys)) if m),
                      default=0)
         lease = client.grant(ttl)
         while True:
-            prefix = f"{root}inc_{number}/"
-            store = cls(client, prefix, index, names, ttl, lease, write_for)
-            if prefix + CLOSED not in keys and client.create(prefix + f"join.{index}", store._record({}), 0,
-                                                             [(prefix + f"member.{index}", b"{}", lease)]):
-                store._snapshot = client.range(prefix)[1]
-                for thread in store._threads:
-                    thread.start()
-                return store
+            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for)
+            if store.prefix + CLOSED not in keys:
+                if elastic and store._join_running(keys):
+                    break
+                if client.create(store.prefix + f"join.{index}", store._record({}), 0,
+                                 [(store.prefix + f"member.{index}", b"{}", lease)]):
+                    break
             number += 1
+        store._snapshot = client.range(store.prefix)[1]
+        for thread in store._threads:
+            thread.start()
+        return store
+
+    def _join_running(self, keys: Dict[str, bytes]) -> bool:
+        """Elastic: join the incarnation while it runs, when this server's place is free and the job is
+        past its start (this server joined before, or the job restarted since).
+
+        One transaction, if ``member.<i>`` is absent: ``member.<i>`` and ``join.<i>``, then
+        ``failed.<i>.json`` (so that the running servers stop and restart with this one) and
+        ``stopped.<i>`` (it has nothing running) in the running generation ``g``: this server passes
+        the barrier of ``g`` like the others and starts ``g + 1``.
+        """
+        names = [k[len(self.prefix):] for k in keys if k.startswith(self.prefix)]
+        mine = {m.group(1) for m in map(_MEMBER.fullmatch, names) if m and int(m.group(2)) == self.index}
+        generations = [int(m.group(1)) for m in map(_GENERATION.match, names) if m]
+        running = max(generations) if generations else None
+        alive = any(name.startswith("member.") for name in names)
+        if running is None or not alive or ("join" not in mine and running == 0):
+            return False
+        taken = UsageError(f"{self.name(self.index)} is already a live member of the running job",
+                           ["give each launcher its own --node-rank (or --server-id)"])
+        if "member" in mine:
+            raise taken
+        gen = f"{self.prefix}gen_{running}/"
+        note = self._record({"rank": -1, "ranks": [], "note": "joining", "returncode": 1})
+        if not self.client.create(f"{self.prefix}member.{self.index}", b"{}", self.lease,
+                                  [(f"{self.prefix}join.{self.index}", self._record({}), 0),
+                                   (f"{gen}failed.{self.index}.json", note, 0), (f"{gen}stopped.{self.index}", b"{}", 0)]):
+            raise taken
+        self.running = running
+        return True
 
     def _record(self, data: dict) -> bytes:
         return json.dumps(stamp(self.index, self.name(self.index), data)).encode()
@@ -125,7 +163,7 @@ class EtcdStore:
             if match:
                 present[match.group(1)].add(int(match.group(2)))
         lost = present["join"] - present["member"] - set(state.done) - {self.index}
-        return Generation(state.number, state.failed, state.stopped, state.done, state.abort, frozenset(lost))
+        return dataclasses.replace(state, lost=frozenset(lost))
 
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
         """Queue ``gen_<g>/<name>`` for the writer thread (always True: the first ``abort`` wins in etcd)."""

@@ -24,7 +24,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Failure
@@ -32,8 +32,8 @@ from launcher.supervision.states import ExitInfo
 
 log = logging.getLogger(__name__)
 
-CLOSED, ABORT, STOPPED, DONE = "closed", "abort", "stopped", "done"
-_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)")
+CLOSED, ABORT, STOPPED, DONE, NEXT = "closed", "abort", "stopped", "done", "next"
+_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next)\.json")
 _INCARNATION = re.compile(r"inc_(\d+)")
 
 
@@ -49,6 +49,8 @@ class Generation:
         abort: The ``abort`` record, if the job ends.
         lost: Servers that joined and are gone without a word (their lease expired: coordinators
             with membership only, ``launcher.cluster.etcdstore``).
+        next: The ``next.json`` record: the servers of generation ``number + 1`` when they differ
+            from this one's (elastic membership; the first writer wins).
     """
 
     number: int
@@ -57,14 +59,17 @@ class Generation:
     done: FrozenSet[int] = frozenset()
     abort: Optional[dict] = None
     lost: FrozenSet[int] = frozenset()
+    next: Optional[dict] = None
 
     def failed_ranks(self) -> Tuple[int, ...]:
         """The union of every node's failed ranks: the restore plan's fault ranks."""
         return tuple(sorted({int(r) for record in self.failed.values() for r in record.get("ranks", ())}))
 
-    def missing(self, server_count: int) -> List[int]:
-        """Servers that have neither stopped nor finished this generation."""
-        return [i for i in range(server_count) if i not in self.stopped and i not in self.done]
+    def missing(self, servers: Union[int, Iterable[int]]) -> List[int]:
+        """Servers (a count, or the indices of the generation's members) that have neither stopped
+        nor finished this generation."""
+        members = range(servers) if isinstance(servers, int) else servers
+        return [i for i in members if i not in self.stopped and i not in self.done]
 
     def failures(self, exclude: Optional[int] = None) -> List[Failure]:
         """Each node's first failure, earliest first (by the failing node's clock)."""
@@ -83,7 +88,8 @@ class Generation:
 def failure_of(generation: int, record: dict) -> Failure:
     """A failure record of a node (``failed.<i>.json`` or ``abort``) as the supervisor's ``Failure``."""
     rank = int(record.get("rank", -1))
-    label = f"rank {rank} on {record.get('name', 'server ?')}" if rank >= 0 else str(record.get("name"))
+    label = f"rank {rank} on {record.get('name', 'server ?')}" if rank >= 0 \
+        else " ".join(str(part) for part in (record.get("name"), record.get("note")) if part)
     return Failure(generation, rank, label, ExitInfo(int(record.get("returncode", 1)),
                                                      float(record.get("exited_at", record.get("ts", 0.0)))))
 
@@ -92,7 +98,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
     """What the records ``names`` of generation ``number`` say; ``load(name)`` reads one (None: skip it)."""
     failed: Dict[int, dict] = {}
     marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
-    abort = None
+    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None}
     for name in names:
         match = _MARKER.fullmatch(name)
         if match is None:
@@ -104,8 +110,9 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
         if record is not None and match.group(1):
             failed[int(match.group(2))] = record
         elif record is not None:
-            abort = record
-    return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), abort)
+            records[match.group(5) or match.group(6)] = record
+    return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), records[ABORT],
+                      next=records[NEXT])
 
 
 def stamp(index: int, name: str, data: dict) -> dict:

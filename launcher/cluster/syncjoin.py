@@ -10,11 +10,12 @@ than at their ``--sync-timeout``.
 import logging
 from typing import Any, Mapping, Optional, Sequence
 
-from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Store
+from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
 from launcher.cluster.syncdir import SyncDir
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.options import parse_coordinator
 from launcher.supervision.integration import Host, Integration
+from launcher.supervision.loopevents import SignalReceived
 from launcher.supervision.policy import RunResult
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ class SyncCoordination(Integration):
     def __init__(self) -> None:
         self.coordinator: Optional[Coordinator] = None
         self.files: Optional[Store] = None
+        self.first_generation = 0  # a launcher that joined a running job starts at the next generation
         self._generation = 0  # the supervisor's attempt number, from its events
         self._left = False
 
@@ -49,8 +51,28 @@ class SyncCoordination(Integration):
                   timeout=opts.sync_timeout)
         log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
         group = host.group
+        elastic = Elastic(opts.min_nodes, opts.elastic_wait) if opts.min_nodes is not None else None
         self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post,
-                                       interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL)
+                                       interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL,
+                                       elastic=elastic)
+        running = getattr(files, "running", None)
+        if running is not None:
+            self._join_running(host, running)
+
+    def _join_running(self, host: Host, generation: int) -> None:
+        """Elastic: this launcher joined a running job in ``generation``; wait for its barrier (the
+        others stop their ranks), then start with them at the next generation."""
+        log.warning("joining the running job: the other nodes stop generation %d and restart with this one",
+                    generation)
+        host.emit("sync_join_running", generation=generation)
+        agreed = self.coordinator.join_running(generation, lambda seconds: _idle(host.group, seconds))
+        if agreed.exit_code is not None:
+            raise LauncherError(f"could not join the running job in generation {generation}")
+        self.first_generation = generation + 1
+
+    def members(self) -> Optional[Sequence[int]]:
+        """The servers of the current generation (elastic membership), or None without coordination."""
+        return self.coordinator.members if self.coordinator is not None else None
 
     @staticmethod
     def _join_dir(sync_dir: str, run_id: str, index: int, names: Sequence[str]) -> Store:
@@ -68,7 +90,8 @@ class SyncCoordination(Integration):
 
         client = EtcdClient(parse_coordinator(opts.coordinator))
         try:
-            return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout)
+            return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
+                                  elastic=opts.min_nodes is not None)
         except EtcdError as exc:
             raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 
@@ -85,3 +108,8 @@ class SyncCoordination(Integration):
             self.coordinator.leave(self._generation, RunResult(1, "launcher-error", 0), quiet=True)
         if self.files is not None:
             self.files.shutdown()
+
+
+def _idle(group: Any, seconds: float) -> bool:
+    """Run the event loop for up to ``seconds`` before the first attempt; False on a stop signal."""
+    return not isinstance(group.wait_event(seconds), SignalReceived)

@@ -72,6 +72,8 @@ class RunOptions:
     sync_timeout: float = 300.0
     coordinator: Optional[str] = None
     coordinator_ttl: int = 5
+    min_nodes: Optional[int] = None
+    elastic_wait: float = 30.0
     taskd: str = "auto"
     taskd_port: int = TASKD_DEFAULT_PORT
     debug_rank: Optional[int] = None

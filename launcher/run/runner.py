@@ -43,6 +43,8 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                            topo.table.server_count, "--coordinator" if opts.coordinator else "--sync-dir")
     if opts.coordinator:
         parse_coordinator(opts.coordinator)
+    if opts.min_nodes is not None and not opts.coordinator:
+        raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes} (elastic) needs --coordinator etcd://...")
     if opts.dry_run:
         print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0

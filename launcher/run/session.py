@@ -52,6 +52,7 @@ class Session:
     def __init__(self, opts: RunOptions, ctx: EnvContext):
         self.opts = opts
         self.ctx = ctx
+        self.base_topology = ctx.topology  # every server of the job (elastic membership runs a subset)
         self.console_ranks = parse_rank_filter(opts.console_ranks)
         self.run_dir = rundir_mod.RunDir(ctx.run_dir)
         self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
@@ -146,6 +147,7 @@ class Session:
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
                                 self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
                                 progress=self.hangs.max_step, status=self.hangs.status)
+        supervisor.attempt_no = self.sync.first_generation  # > 0 when it joined a running elastic job
         result = supervisor.run()
         self._report(result)
         return result.exit_code
@@ -208,6 +210,7 @@ class Session:
         return supported and not coordinated
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
+        failed_before = self._follow_membership(attempt, failed_before)
         if attempt:
             self._refresh_rank_table()
             removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
@@ -219,6 +222,27 @@ class Session:
         if plan is not None:
             self._record_plan(attempt, plan)
         return specs
+
+    def _follow_membership(self, attempt: int, failed_before: Sequence[int]) -> Sequence[int]:
+        """Elastic membership: run the generation on the servers the nodes agreed on (ranks renumbered,
+        world size changed); failed ranks of the old numbering name nobody in the new one."""
+        members = self.sync.members()
+        if members is None:
+            return failed_before
+        from launcher.jobspec import topology
+
+        new = topology.regroup(self.base_topology, members)
+        old = self.ctx.topology
+        if new.table.servers == old.table.servers:
+            return failed_before
+        self.emit("world_size_changed", attempt=attempt, old_world_size=old.table.world_size,
+                  new_world_size=new.table.world_size, servers=list(members), old_ranks=list(old.server.ranks),
+                  new_ranks=list(new.server.ranks))
+        log.warning("attempt %d: world size %d -> %d (%d server(s)); local ranks %s -> %s", attempt,
+                    old.table.world_size, new.table.world_size, len(members), list(old.server.ranks),
+                    list(new.server.ranks))
+        self.ctx = dataclasses.replace(self.ctx, topology=new)
+        return ()
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         import psutil  # after the ranks are running: not on the path to the first rank
@@ -238,7 +262,8 @@ class Session:
         self.run_dir.write_json(PLAN_FILE, plan.to_json())
         self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                   restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
-                  warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
+                  warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE),
+                  world_size=self.ctx.topology.table.world_size)
         self.plans[attempt] = plan
         if not attempt:  # a restart says it in its own line (Supervisor)
             log.info("restore plan: %s", resume_summary(plan))

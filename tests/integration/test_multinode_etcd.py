@@ -151,3 +151,68 @@ def test_environment_names_the_coordinator(tmp_path, etcd):
                                  env=env, cwd=str(node.tmp))
     assert node.proc.wait(60) == 0
     assert events(node, "sync_join")[0]["dir"].startswith(etcd.url)
+
+
+# -- elastic membership (--nnodes MIN:MAX) ----------------------------------------------------------
+ELASTIC = ["--max-restarts", "3", "--elastic-wait", "1"]
+
+
+def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str) -> List[Launcher]:
+    launched = []
+    for index in nodes:
+        node = Launcher(tmp / f"node{index}-{len(list(tmp.glob(f'node{index}*')))}")
+        node.tmp.mkdir(parents=True)
+        node.start(["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC],
+                   ["--run-per-attempt", run])
+        launched.append(node)
+    return launched
+
+
+def attempt_ranks(node: Launcher) -> List[tuple]:
+    return [(e["attempt"], e["ranks"]) for e in events(node, "attempt_start")]
+
+
+def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str) -> List[Launcher]:
+    nodes = start_elastic(tmp_path, etcd, range(3), run)
+    for node in nodes:
+        node.wait_ready(PER_NODE)
+    nodes[2].proc.send_signal(signal.SIGKILL)
+    nodes[2].proc.wait()
+    return nodes
+
+
+def test_a_lost_node_and_no_replacement_the_job_goes_on_with_fewer(tmp_path, etcd):
+    """3 nodes, MIN 2: node 2's launcher dies; after --elastic-wait the two others agree on a
+    generation 1 of 2 nodes: world size 4, ranks renumbered, and finish it."""
+    nodes = lose_node_2(tmp_path, etcd, "60,2")
+    try:
+        codes = [node.wait(60) for node in nodes[:2]]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes[:2]]
+    assert attempt_ranks(nodes[0]) == [(0, [0, 1]), (1, [0, 1])]
+    assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3])]
+    for node in nodes[:2]:
+        [change] = events(node, "world_size_changed")
+        assert (change["old_world_size"], change["new_world_size"], change["servers"]) == (6, 4, [0, 1])
+        assert [e["servers"] for e in events(node, "sync_membership")] == [[0, 1]]
+
+
+def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
+    """After the job shrank to 2 nodes, node 2 starts again: the others stop, and generation 2 runs
+    on 3 nodes again (world size 6), node 2 with ranks 4, 5."""
+    nodes = lose_node_2(tmp_path, etcd, "60,60,2")
+    try:
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # attempt 1 of 2 nodes runs
+        [late] = start_elastic(tmp_path, etcd, [2], "60,60,2")
+        nodes.append(late)
+        codes = [node.wait(60) for node in (nodes[0], nodes[1], late)]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 0], [node.stderr for node in (nodes[0], nodes[1], late)]
+    assert attempt_ranks(late) == [(2, [4, 5])]
+    assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
+    assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
+    assert [e["generation"] for e in events(late, "sync_join_running")] == [1]

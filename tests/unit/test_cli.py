@@ -478,7 +478,8 @@ def test_rdzv_endpoint_and_id_are_master_and_run_id(capsys):
     (["--rdzv-endpoint", "h:x"], "--rdzv-endpoint 'h:x': expected HOST:PORT"),
     (["--rdzv-id", "a", "--run-id", "b"], "--rdzv-id a and --run-id b differ"),
     (["--nnodes", "2", "--rdzv-backend", "c10d"], "pass --node-rank on each node"),
-    (["--nnodes", "1:4"], "a range of nodes (elastic membership) is not supported"),
+    (["--nnodes", "1:4"], "--nnodes 1:4 (elastic) needs --coordinator etcd://"),
+    (["--nnodes", "4:1"], "MIN is above MAX"),
     (["--nproc-per-node", "gpu"], "the launcher does not count GPUs"),
 ])
 def test_torchrun_options_the_launcher_cannot_honour_exit_2(capsys, args, line):
