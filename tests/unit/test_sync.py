@@ -15,7 +15,7 @@ from launcher.common.errors import UsageError
 from launcher.jobspec.options import check_sync_options as check_options
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
 from launcher.supervision.states import ExitInfo
-from launcher.cluster.sync import Coordinator
+from launcher.cluster.sync import Coordinator, Elastic
 from launcher.cluster.syncdir import SyncDir
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
@@ -239,6 +239,72 @@ def test_a_node_that_finished_is_not_lost(tmp_path):
     b.files.write(0, "done.1", {})
     a.files.lost = {1}  # its launcher left after its ranks finished
     assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement()
+
+
+# -- elastic membership -----------------------------------------------------------------------------
+def elastic(tmp_path, index: int, min_nodes: int = 2, wait: float = 5.0) -> Node:
+    node = leased(tmp_path, index, count=3)
+    node.sync.elastic = Elastic(min_nodes, wait)
+    return node
+
+
+def test_elastic_goes_on_without_a_lost_node_once_the_wait_is_over(tmp_path):
+    a, c = elastic(tmp_path, 0), elastic(tmp_path, 2)
+    c.files.write(0, "stopped.2", {})
+    a.files.lost = c.files.lost = {1}
+    wait = a.waiter()
+    assert a.sync.settle(0, None, failure(-1), [], wait) == Agreement(())
+    assert sum(wait.calls) == pytest.approx(5.0)  # the replacement wait, then next.json is there at once
+    assert a.sync.members == (0, 2)
+    assert ("sync_membership", {"generation": 1, "servers": [0, 2], "previous": [0, 1, 2]}) in a.events
+    assert ("sync_lost", {"generation": 0, "servers": [1], "wait": 5.0}) in a.events
+    assert c.sync.settle(0, None, failure(-1), [], c.waiter()) == Agreement(())
+    assert c.sync.members == (0, 2)  # the proposal in the store, not its own view
+    assert a.files.read(0).next["servers"] == [0, 2]
+
+
+def test_elastic_below_min_ends_the_job(tmp_path, caplog):
+    a = elastic(tmp_path, 0, min_nodes=3, wait=1.0)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+    assert a.sync.settle(0, None, failure(-1, 3), [], a.waiter()) == Agreement(exit_code=3, reason="failed")
+    assert "--nnodes needs at least 3" in caplog.text
+    assert a.files.read(0).abort["reason"] == "server 1 (10.0.0.2) lost"
+
+
+def test_elastic_a_replacement_within_the_wait_keeps_the_membership(tmp_path):
+    a, b = elastic(tmp_path, 0), elastic(tmp_path, 1)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+
+    def replaced(call):  # a launcher takes server 1's place: it is alive again, and stopped
+        a.files.lost = set()
+        b.files.write(0, "stopped.1", {})
+    assert a.sync.settle(0, None, failure(-1), [], a.waiter(lambda n: replaced(n) if n == 1 else None)) == Agreement(())
+    assert a.sync.members == (0, 1, 2) and a.files.read(0).next is None
+
+
+def test_elastic_a_node_left_out_of_the_next_generation_ends(tmp_path, caplog):
+    a, b = elastic(tmp_path, 0), elastic(tmp_path, 1)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    a.files.write(0, "stopped.0", {})
+    b.files.lost = {2}  # b's view: 2 lost; but a's proposal came first
+    a.files.write(0, "next.json", {"servers": [0, 2]}, exclusive=True)
+    assert b.sync.settle(0, None, failure(-1, 9), [], b.waiter()).exit_code == 9
+    assert "the other nodes go on without this one" in caplog.text
+
+
+def test_a_launcher_joining_a_running_job_passes_the_barrier_of_its_generation(tmp_path):
+    a, b, late = elastic(tmp_path, 0), elastic(tmp_path, 1), elastic(tmp_path, 2)
+    a.files.write(0, "next.json", {"servers": [0, 1]}, exclusive=True)  # generation 1 ran on 0, 1
+    late.files.write(1, "stopped.2", {})  # what EtcdStore's join writes, with failed.2.json
+    a.sync.members = b.sync.members = (0, 1)
+    b.files.write(1, "stopped.1", {})
+    a.files.write(1, "stopped.0", {})
+    assert late.sync.join_running(1, late.waiter()) == Agreement(())
+    assert late.sync.members == (0, 1, 2)
+    assert a.sync.settle(1, None, failure(-1), [], a.waiter()) == Agreement(())
+    assert a.sync.members == (0, 1, 2)
 
 
 # -- success and failure ----------------------------------------------------------------------------
