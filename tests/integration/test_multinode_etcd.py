@@ -57,25 +57,34 @@ def events(node: Launcher, name: str) -> List[dict]:
     return [e for e in node.events() if e["event"] == name]
 
 
-def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, etcd):
-    """Rank 3 (node B) fails: node A stops its ranks, both pass the barrier with the union of failed
-    ranks and start generation 1 together; the job then ends with exit 0 on both."""
+def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None) -> List[Launcher]:
+    """Two nodes; once every rank runs, ``before()``, then rank 3 (node B) exits 7; returns the
+    finished nodes (both must exit 0: generation 1 runs to its end)."""
     trigger = tmp_path / "fail-now"
     nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
-                                           "--run", "4"], ["--max-restarts", "1"])
+                                           "--run", run], ["--max-restarts", "1"])
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
+        before()
+        assert all(node.proc.poll() is None for node in nodes)
         trigger.touch()
         codes = [node.wait(60) for node in nodes]
     finally:
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes]
     for node in nodes:
+        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
+    return nodes
+
+
+def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, etcd):
+    """Rank 3 (node B) fails: node A stops its ranks, both pass the barrier with the union of failed
+    ranks and start generation 1 together; the job then ends with exit 0 on both."""
+    nodes = fail_rank_3(tmp_path, etcd, "4")
+    for node in nodes:
         attempts = [int(line[1]) for line in node.ready_lines()]
         assert sorted(attempts) == [0] * PER_NODE + [1] * PER_NODE  # one generation 1, on every node
-        barrier = events(node, "sync_barrier")
-        assert [(e["generation"], e["failed_ranks"]) for e in barrier] == [(0, [3])]
         assert [e["attempt"] for e in events(node, "attempt_start")] == [0, 1]
     assert events(nodes[0], "sync_peer_failure")[0]["rank"] == 3
     assert events(nodes[0], "sync_join")[0]["dir"].startswith(etcd.url)
@@ -103,21 +112,7 @@ def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
 def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
     """etcd crashes and comes back on the same data while the ranks run: the job goes on, and a
     failure after that still restarts every node together."""
-    trigger = tmp_path / "fail-now"
-    nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--fail-when", str(trigger), "--run", "8"],
-                        ["--max-restarts", "1"])
-    try:
-        for node in nodes:
-            node.wait_ready(PER_NODE)
-        etcd.restart()
-        assert all(node.proc.poll() is None for node in nodes)
-        trigger.touch()
-        codes = [node.wait(60) for node in nodes]
-    finally:
-        stop_all(nodes)
-    assert codes == [0, 0], [node.stderr for node in nodes]
-    for node in nodes:
-        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
+    fail_rank_3(tmp_path, etcd, "8", before=etcd.restart)
 
 
 def test_etcd_unreachable_at_start_is_one_line_and_exit_1(tmp_path):
