@@ -22,7 +22,7 @@ import psutil
 
 from bench import common
 from bench.common import (PYTHON, Job, Result, Row, Settings, TempDir, alternate, column, fmt, free_port,
-                          job_env, median, ms, read_lines, script, wait_until, worker_ready)
+                          job_env, median, ms, read_events, read_lines, script, wait_until, worker_ready)
 
 NAME = "multinode"
 PER_NODE = 2
@@ -69,11 +69,23 @@ def restart_run(kind: str, nodes: int, url: str) -> dict:
         codes = [job.finish(grace=3.0) for job in jobs]
         crashes, restarted = read_lines(crash), again()
         counts = sorted({line[2] for line in read_lines(ready) if crashes and float(line[0]) > float(crashes[0][0])})
+        spawned = _spawned(kind, nodes, tmp)
     if not crashes or len(restarted) < world:
         return {"error": f"crash recorded: {bool(crashes)}, ranks running again: {len(restarted)} (exits {codes})"}
     crashed_at = float(crashes[0][0])
-    return {"restart_s": max(restarted.values()) - crashed_at, "first_node_s": min(restarted.values()) - crashed_at,
-            "restart_counts": ",".join(counts)}
+    metrics = {"restart_s": max(restarted.values()) - crashed_at, "first_node_s": min(restarted.values()) - crashed_at,
+               "restart_counts": ",".join(counts)}
+    if len(spawned) == world:  # the launchers' part: every node's attempt-1 ranks spawned
+        metrics["spawned_s"] = max(spawned) - crashed_at
+    return metrics
+
+
+def _spawned(kind: str, nodes: int, tmp: TempDir) -> List[float]:
+    """When each attempt-1 rank was spawned, from the launchers' events (none for torchrun)."""
+    if kind == "torchrun-c10d":
+        return []
+    return [e["ts"] for node in range(nodes) for e in read_events(tmp.sub(f"run{node}"))
+            if e.get("event") == "rank_spawned" and e.get("attempt") == 1]
 
 
 def _restarted(ready: List[List[str]], crashes: List[List[str]]) -> Dict[str, float]:
@@ -148,6 +160,9 @@ def run(settings: Settings) -> Result:
             raw[f"restart nodes={nodes}"] = runs
             rows.append(_row(f"{nodes} nodes x {PER_NODE}: crash -> every node's ranks restarted", runs,
                              "restart_s", "< 500 ms", lambda v: v is not None and v < 500))
+            spawned = {kind: ms(median(column(runs[kind], "spawned_s"))) for kind in kinds if kind != KINDS[2]}
+            details.append(f"- {nodes} nodes, crash -> every node's attempt-1 ranks spawned (`rank_spawned`, the "
+                           f"launchers' part, medians): " + "; ".join(f"{k} {fmt(v)} ms" for k, v in spawned.items()))
         variants = {kind: (lambda k=kind: loss_run(k, 2, url)) for kind in kinds}
         runs = alternate(variants, settings, "multinode loss 2 nodes")
         raw["loss nodes=2"] = runs

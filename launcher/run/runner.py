@@ -45,6 +45,9 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
         parse_coordinator(opts.coordinator)
     if opts.min_nodes is not None and not opts.coordinator:
         raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes} (elastic) needs --coordinator etcd://...")
+    if opts.min_nodes is not None and opts.min_nodes > topo.table.server_count:
+        raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes}: MIN is above the job's "
+                         f"{topo.table.server_count} server(s)")
     if opts.dry_run:
         print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0

@@ -399,3 +399,30 @@ def test_sync_options_from_the_environment_and_the_config_file(clean_env, restor
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--sync-dir" in out and "LAUNCHER_SYNC_TIMEOUT" in out
+
+
+@pytest.mark.parametrize("options, line", [
+    (["--coordinator", "etcd://127.0.0.1:2379", "--sync-dir", "/x"], "--sync-dir and --coordinator: choose one"),
+    (["--coordinator", "etcd://127.0.0.1:2379"], "--coordinator with several servers needs the same run id"),
+    (["--run-id", "j", "--coordinator", "etcd://h:99999"], "bad endpoint 'h:99999'"),
+    (["--run-id", "j", "--nnodes", "1:2"], "--nnodes 1:2 (elastic) needs --coordinator"),
+])
+def test_coordinator_options_refused_before_anything_starts(clean_env, restore_launcher_logger, tmp_path, capsys,
+                                                           options, line):
+    argv = ["run", "--run-dir", str(tmp_path / "run"), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+            *options, "--dry-run", "--", "true"]
+    assert main(argv) == 2
+    assert line in capsys.readouterr().err
+
+
+def test_coordinator_options_from_the_config_file_and_the_help(clean_env, restore_launcher_logger, tmp_path, capsys):
+    from launcher.jobspec.options import load_config, parse_coordinator
+
+    config = tmp_path / "launcher.yaml"
+    config.write_text("coordinator: etcd://10.0.0.9:2379\ncoordinator-ttl: 3\nnnodes: '2:4'\nelastic_wait: 5\n")
+    assert load_config(str(config)) == {"coordinator": "etcd://10.0.0.9:2379", "coordinator_ttl": 3,
+                                        "nnodes": "2:4", "elastic_wait": 5}
+    assert parse_coordinator("etcd://a:1,b") == [("a", 1), ("b", 2379)]
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "LAUNCHER_COORDINATOR" in out and "--elastic-wait" in out and "MIN:MAX" in out
