@@ -21,7 +21,7 @@ import logging
 import queue
 import re
 import threading
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
@@ -164,6 +164,11 @@ class EtcdStore:
                 present[match.group(1)].add(int(match.group(2)))
         lost = present["join"] - present["member"] - set(state.done) - {self.index}
         return dataclasses.replace(state, lost=frozenset(lost))
+
+    def not_joined(self) -> List[int]:
+        """Servers that have not joined this incarnation yet (the barrier before the first generation)."""
+        snapshot = self._snapshot
+        return [i for i in range(self.count) if f"{self.prefix}join.{i}" not in snapshot]
 
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
         """Queue ``gen_<g>/<name>`` for the writer thread (always True: the first ``abort`` wins in etcd)."""

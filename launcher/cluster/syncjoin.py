@@ -8,6 +8,7 @@ than at their ``--sync-timeout``.
 """
 
 import logging
+import time
 from typing import Any, Mapping, Optional, Sequence
 
 from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
@@ -58,6 +59,26 @@ class SyncCoordination(Integration):
         running = getattr(files, "running", None)
         if running is not None:
             self._join_running(host, running)
+        elif opts.coordinator:
+            self._await_start(host, files, opts.sync_timeout)
+
+    def _await_start(self, host: Host, files: Any, timeout: float) -> None:
+        """The barrier before the first generation: every server of the table has joined (etcd only:
+        ``--sync-dir`` starts at once, as it always did)."""
+        start = time.monotonic()
+        missing = files.not_joined()
+        if missing:
+            names = ", ".join(files.name(i) for i in missing)
+            host.emit("sync_wait", generation=0, waiting_for="join", servers=missing, timeout=timeout)
+            log.info("waiting for %s to join (up to %.0f s)", names, timeout)
+        while missing:
+            if time.monotonic() - start >= timeout:
+                names = ", ".join(files.name(i) for i in missing)
+                raise LauncherError(f"--sync-timeout: {names} did not join within {timeout:.0f} s")
+            if not _idle(host.group, ETCD_POLL_INTERVAL):
+                raise LauncherError("stopped while waiting for the other nodes to join")
+            missing = files.not_joined()
+        host.emit("sync_start", waited=round(time.monotonic() - start, 3))
 
     def _join_running(self, host: Host, generation: int) -> None:
         """Elastic: this launcher joined a running job in ``generation``; wait for its barrier (the

@@ -211,3 +211,15 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
     assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
     assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
     assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
+
+
+def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
+    """The barrier before the first generation: alone, node A starts nothing and gives up after
+    --sync-timeout, naming the node that never joined."""
+    node = Launcher(tmp_path / "node0")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", str(PER_NODE), "--run-id", RUN_ID,
+                     "--coordinator", etcd.url, "--sync-timeout", "1"], ["--run", "1"], timeout=60)
+    assert code == 1 and not node.ready.exists()
+    assert "--sync-timeout: server 1 (node1) did not join within 1 s" in node.stderr
+    assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]

@@ -95,6 +95,14 @@ def test_nodes_join_one_incarnation_and_a_closed_one_is_not_joined(etcd):
     assert join(etcd, 0, run_id="other").prefix == "/launcher/other/inc_0/"
 
 
+def test_servers_not_joined_yet(etcd):
+    a = join(etcd, 0)
+    assert a.not_joined() == [1, 2]
+    join(etcd, 2)
+    a._snapshot = etcd.range(a.prefix)[1]
+    assert a.not_joined() == [1]
+
+
 def test_a_joined_server_without_its_lease_is_lost_unless_it_finished(etcd):
     a, b, c = join(etcd, 0), join(etcd, 1), join(etcd, 2)
     a._snapshot = etcd.range(a.prefix)[1]
