@@ -217,7 +217,8 @@ class Coordinator(NoSync):
         lost = self._lost(state)
         names = self._names(lost)
         log.error("%s lost in generation %d (its launcher's lease expired): ending the job%s", names, generation, note)
-        self.emit("sync_lost", generation=generation, servers=lost)
+        if not note:  # with a note (too few left), sync_lost was said when the wait for a replacement began
+            self.emit("sync_lost", generation=generation, servers=lost)
         self._abort(generation, code, f"{names} lost")
         return Agreement(exit_code=code, reason="failed")
 

@@ -269,6 +269,7 @@ def test_elastic_below_min_ends_the_job(tmp_path, caplog):
     a.files.lost = {1}
     assert a.sync.settle(0, None, failure(-1, 3), [], a.waiter()) == Agreement(exit_code=3, reason="failed")
     assert "--nnodes needs at least 3" in caplog.text
+    assert [kw for name, kw in a.events if name == "sync_lost"] == [{"generation": 0, "servers": [1], "wait": 1.0}]
     assert a.files.read(0).abort["reason"] == "server 1 (10.0.0.2) lost"
 
 
