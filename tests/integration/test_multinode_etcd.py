@@ -159,13 +159,17 @@ def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str) -
         node.tmp.mkdir(parents=True)
         node.start(["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
                     "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC],
-                   ["--run-per-attempt", run])
+                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env")])
         launched.append(node)
     return launched
 
 
 def attempt_ranks(node: Launcher) -> List[tuple]:
     return [(e["attempt"], e["ranks"]) for e in events(node, "attempt_start")]
+
+
+def rank_env(node: Launcher) -> List[tuple]:
+    return [tuple(int(v) for v in line.split()) for line in (node.tmp / "env").read_text().splitlines()]
 
 
 def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str) -> List[Launcher]:
@@ -188,6 +192,8 @@ def test_a_lost_node_and_no_replacement_the_job_goes_on_with_fewer(tmp_path, etc
     assert codes == [0, 0], [node.stderr for node in nodes[:2]]
     assert attempt_ranks(nodes[0]) == [(0, [0, 1]), (1, [0, 1])]
     assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3])]
+    # What the ranks got: (rank, attempt, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE)
+    assert sorted(rank_env(nodes[1])) == [(2, 0, 6, 1, 3), (2, 1, 4, 1, 2), (3, 0, 6, 1, 3), (3, 1, 4, 1, 2)]
     for node in nodes[:2]:
         [change] = events(node, "world_size_changed")
         assert (change["old_world_size"], change["new_world_size"], change["servers"]) == (6, 4, [0, 1])
@@ -208,6 +214,7 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
         stop_all(nodes)
     assert codes == [0, 0, 0], [node.stderr for node in (nodes[0], nodes[1], late)]
     assert attempt_ranks(late) == [(2, [4, 5])]
+    assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
     assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
     assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
     assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
