@@ -12,6 +12,8 @@
 3. Breakpoint wins unless it is older than the periodic choice (stale dying-gasp files from an earlier
    failure must not roll training back).
 4. Otherwise nothing to resume from.
+5. A complete ``torch.distributed.checkpoint`` step under ``dcp/`` at least as new as that choice
+   wins: every rank loads the one global directory, whatever world wrote it (``reshard.py``).
 
 Every choice depends only on sorted data, never on listing order or modification times.
 """
@@ -30,9 +32,11 @@ from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX,
                                           scan_checkpoints, verify_digest)
 from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.ckptnames import by_kind
+from launcher.restore.dcpsteps import newest_dcp_step
 from launcher.restore.faults import FaultReport, collect_faults
 from launcher.restore.groups import ReplicaGroups, resolve_groups
 from launcher.restore.plan import KIND_NONE, RestorePlan
+from launcher.restore.reshard import target_layout, with_dcp
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +157,10 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
                           for p in sorted(rejected))
         plan = replace(plan, warnings=plan.warnings + (
             f"checkpoints: {len(rejected)} whose {DIGEST_SUFFIX} digest does not match ignored: {names}",))
+    if inputs.checkpoint_dir is not None:
+        step, dcp_warnings = newest_dcp_step(inputs.checkpoint_dir)
+        plan = with_dcp(plan, step, dcp_warnings,
+                        target_layout(inputs.world_size, inputs.dp, inputs.tp, inputs.pp))
     logger.debug("restore plan: %s (%s)", plan.kind, plan.reason)
     return plan
 
