@@ -33,7 +33,8 @@ FORMAT_DCP = "dcp"
 FROM_MANIFEST = "launcher manifest"
 FROM_SHARD_NAMES = "DCP shard file names"
 _LIMIT_MANIFEST = 64 * 1024
-_STEP_DIR = re.compile(r"step-(?:(?P<epoch>0|[1-9]\d{0,17})_)?(?P<step>0|[1-9]\d{0,17})")
+STEP_NAME = r"step-(?:(?P<epoch>0|[1-9]\d{0,17})_)?(?P<step>0|[1-9]\d{0,17})"
+_STEP_DIR = re.compile(STEP_NAME)
 _SHARD = re.compile(r"__(0|[1-9]\d{0,8})_\d+\.distcp")
 LAYOUT_AXES = ("dp", "tp", "pp")
 
@@ -135,8 +136,9 @@ def _saved_step(path: str, epoch: Optional[int], step: int, files: List[str],
     return SavedStep(path, epoch, step, max(ranks) + 1, (), FROM_SHARD_NAMES)
 
 
-def parse_manifest(data: Any, epoch: Optional[int], step: int) -> Tuple[int, Tuple[Tuple[str, int], ...]]:
-    """``(world_size, layout)`` of a manifest that must describe the step ``(epoch, step)``.
+def parse_manifest(data: Any, epoch: Optional[int], step: int,
+                   fmt: str = FORMAT_DCP) -> Tuple[int, Tuple[Tuple[str, int], ...]]:
+    """``(world_size, layout)`` of a manifest that must describe the step ``(epoch, step)`` in ``fmt``.
 
     Raises:
         ValueError: any field missing, of the wrong type, or disagreeing with the directory name
@@ -147,8 +149,8 @@ def parse_manifest(data: Any, epoch: Optional[int], step: int) -> Tuple[int, Tup
     problems = []
     if data.get("launcher_manifest") != MANIFEST_VERSION:
         problems.append(f"launcher_manifest is {data.get('launcher_manifest')!r}, not {MANIFEST_VERSION}")
-    if data.get("format") != FORMAT_DCP:
-        problems.append(f"format is {data.get('format')!r}, not {FORMAT_DCP!r}")
+    if data.get("format") != fmt:
+        problems.append(f"format is {data.get('format')!r}, not {fmt!r}")
     world = data.get("world_size")
     if not _positive(world):
         problems.append(f"world_size {world!r} is not a positive integer")

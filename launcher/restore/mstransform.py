@@ -22,7 +22,9 @@ import logging
 import os
 import shutil
 import socket
+import re
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
@@ -71,9 +73,23 @@ class TransformJob:
     name: str
     output: str
 
+    def to_json(self) -> dict:
+        """The plan record's ``transform`` object."""
+        return {"sources": {str(rank): path for rank, path in self.sources}, "src_strategy": self.src_strategy,
+                "dst_strategy": self.dst_strategy, "name": self.name, "output": self.output}
+
     def file_for(self, rank: int) -> str:
         """The converted checkpoint rank ``rank`` loads."""
         return os.path.join(self.output, f"rank_{rank}", self.name)
+
+
+def job_interpreter(command: Sequence[str]) -> str:
+    """The interpreter of the job's command (``python train.py`` -> ``python``, resolved on PATH), or
+    the launcher's own for a command that is not a Python interpreter (``train.py``, a wrapper)."""
+    first = command[0] if command else ""
+    if re.fullmatch(r"python[\d.]*", os.path.basename(first)):
+        return shutil.which(first) or first
+    return sys.executable
 
 
 def plan_job(checkpoint_dir: str, sources: Sequence[Tuple[int, str]], src_strategy: str, dst_strategy: str,

@@ -7,6 +7,7 @@ from functools import cached_property
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.common import envnames
+from launcher.restore.mstransform import TransformJob
 
 KIND_BREAKPOINT = "breakpoint"
 KIND_PERIODIC = "periodic"
@@ -91,6 +92,8 @@ class RestorePlan:
         saved_world_size: the number of ranks that wrote the chosen step, when known.
         conversion: how a step written by another world or layout is resumed; None when the world
             is the one it was written with (or that is unknown).
+        transform: the MindSpore conversion the launcher runs before the ranks start (each rank
+            loads ``transform.file_for(rank)``), or None.
     """
 
     world_size: int
@@ -108,6 +111,7 @@ class RestorePlan:
     dcp_dir: Optional[str] = None
     saved_world_size: Optional[int] = None
     conversion: Optional[Conversion] = None
+    transform: Optional[TransformJob] = None
 
     @cached_property
     def restore_ranks(self) -> Tuple[int, ...]:
@@ -156,8 +160,8 @@ class RestorePlan:
             raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
         if self.kind == KIND_NONE:
             return {}
-        if self.dcp_dir is not None:
-            return self._dcp_env()
+        if self.dcp_dir is not None or self.transform is not None:
+            return self._global_env(rank)
         source = self.sources[rank]
         restore_ranks, restore_map = self._env_values
         if not self.full_env_maps and self.kind == KIND_BREAKPOINT:
@@ -173,11 +177,15 @@ class RestorePlan:
             envnames.LAUNCHER_RESUME_KIND: self.kind,
         }
 
-    def _dcp_env(self) -> Dict[str, str]:
-        """Every rank's variables for a DCP step: the one global directory (no source rank)."""
+    def _global_env(self, rank: int) -> Dict[str, str]:
+        """A rank's variables for a step no single source rank holds: the one global DCP directory,
+        or the rank's file converted for this world."""
         env = {envnames.RESTORE_RANKS: NO_RESTORE, envnames.RESTORE_RANKS_MAP: restore_map_json({}),
-               envnames.LAUNCHER_RESUME_CHECKPOINT: self.dcp_dir, envnames.LAUNCHER_RESUME_DCP_DIR: self.dcp_dir,
                envnames.LAUNCHER_RESUME_STEP: str(self.step), envnames.LAUNCHER_RESUME_KIND: self.kind}
+        if self.transform is not None:
+            env[envnames.LAUNCHER_RESUME_CHECKPOINT] = self.transform.file_for(rank)
+        else:
+            env[envnames.LAUNCHER_RESUME_CHECKPOINT] = env[envnames.LAUNCHER_RESUME_DCP_DIR] = self.dcp_dir
         if self.saved_world_size is not None:
             env[envnames.LAUNCHER_RESUME_SAVED_WORLD_SIZE] = str(self.saved_world_size)
         return env
@@ -204,6 +212,7 @@ class RestorePlan:
             "dcp_dir": self.dcp_dir,
             "saved_world_size": self.saved_world_size,
             "conversion": None if self.conversion is None else self.conversion.to_json(),
+            "transform": None if self.transform is None else self.transform.to_json(),
         }
 
     def format_table(self) -> str:
@@ -219,7 +228,7 @@ class RestorePlan:
             if self.conversion.output:
                 lines.append(f"  converted checkpoints: {self.conversion.output}")
         lines.append(f"  replica groups: {len(self.groups)}, from {self.groups_source}")
-        if self.dcp_dir is not None:
+        if self.dcp_dir is not None or self.transform is not None:
             return self._with_warnings(lines)
         rows = [("GROUP", "FAULTY", "SOURCE", "CHECKPOINT")]
         faults = set(self.fault_ranks)

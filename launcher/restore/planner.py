@@ -12,7 +12,9 @@
 3. Breakpoint wins unless it is older than the periodic choice (stale dying-gasp files from an earlier
    failure must not roll training back).
 4. Otherwise nothing to resume from.
-5. A complete ``torch.distributed.checkpoint`` step under ``dcp/`` at least as new as that choice
+5. A MindSpore step with a launcher manifest at least as new, written by another world, is converted
+   for this one (with ``strategy_file``; without it a per-rank plan of that step is withdrawn).
+6. A complete ``torch.distributed.checkpoint`` step under ``dcp/`` at least as new as that choice
    wins: every rank loads the one global directory, whatever world wrote it (``reshard.py``).
 
 Every choice depends only on sorted data, never on listing order or modification times.
@@ -36,7 +38,8 @@ from launcher.restore.dcpsteps import newest_dcp_step
 from launcher.restore.faults import FaultReport, collect_faults
 from launcher.restore.groups import ReplicaGroups, resolve_groups
 from launcher.restore.plan import KIND_NONE, RestorePlan
-from launcher.restore.reshard import target_layout, with_dcp
+from launcher.restore.mssteps import newest_ms_step
+from launcher.restore.reshard import target_layout, with_dcp, with_ms
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +68,8 @@ class PlanInputs:
         checkpoint_pattern: file-name regex with ``(?P<step>)``; None for the defaults.
         checkpoint_marker: completion-marker template, e.g. ``{name}.done``; None for none.
         settle_seconds: interval of the "still being written" check; 0 disables it.
+        strategy_file: MindSpore's sharding-strategy file of this world; with it a step another world
+            wrote (``manifests/``) is converted for this one.
     """
 
     world_size: int
@@ -81,6 +86,7 @@ class PlanInputs:
     checkpoint_pattern: Optional[str] = None
     checkpoint_marker: Optional[str] = None
     settle_seconds: float = DEFAULT_SETTLE_SECONDS
+    strategy_file: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -158,9 +164,10 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
         plan = replace(plan, warnings=plan.warnings + (
             f"checkpoints: {len(rejected)} whose {DIGEST_SUFFIX} digest does not match ignored: {names}",))
     if inputs.checkpoint_dir is not None:
-        step, dcp_warnings = newest_dcp_step(inputs.checkpoint_dir)
-        plan = with_dcp(plan, step, dcp_warnings,
-                        target_layout(inputs.world_size, inputs.dp, inputs.tp, inputs.pp))
+        layout = target_layout(inputs.world_size, inputs.dp, inputs.tp, inputs.pp)
+        plan = with_ms(plan, *newest_ms_step(inputs.checkpoint_dir), inputs.checkpoint_dir,
+                       inputs.strategy_file, layout)
+        plan = with_dcp(plan, *newest_dcp_step(inputs.checkpoint_dir), layout)
     logger.debug("restore plan: %s (%s)", plan.kind, plan.reason)
     return plan
 

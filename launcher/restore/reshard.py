@@ -3,8 +3,10 @@ plan makes when that differs from the current world.
 
 * DCP (``torch.distributed.checkpoint``) steps are one global directory that DCP reshards on load:
   the conversion is "every rank loads the directory"; nothing runs before the ranks.
-* MindSpore strategy-file steps are converted once, before the ranks start, by
-  :mod:`launcher.restore.mstransform` (see there).
+* MindSpore per-rank steps with a launcher manifest (:mod:`launcher.restore.mssteps`) written by
+  another world are converted once, before the ranks start, from the manifest's strategy file to
+  the current world's (``--strategy-file``) by :mod:`launcher.restore.mstransform`; each rank gets its
+  converted file.
 
 :func:`with_dcp` turns a per-rank plan into a DCP plan when the newest complete DCP step is at least
 as new as the per-rank choice (pure: the caller read the step with
@@ -14,10 +16,14 @@ as new as the per-rank choice (pure: the caller read the step with
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from launcher.restore.dcpsteps import FORMAT_DCP, SavedStep, layout_text
+from launcher.restore.dcpsteps import FORMAT_DCP, FROM_MANIFEST, SavedStep, layout_text
+from launcher.restore.mssteps import FORMAT_MINDSPORE, StrategyStep
+from launcher.restore.mstransform import plan_job
 from launcher.restore.plan import KIND_NONE, KIND_PERIODIC, Conversion, RestorePlan
 
 DCP_METHOD = "torch.distributed.checkpoint reshards on load; every rank loads the one global checkpoint"
+MS_METHOD = ("mindspore.transform_checkpoint_by_rank in the job's interpreter before the ranks start; "
+             "every rank loads its converted file")
 
 
 def target_layout(world_size: int, dp: Optional[int], tp: Optional[int], pp: Optional[int]) -> str:
@@ -68,6 +74,40 @@ def with_dcp(plan: RestorePlan, step: Optional[SavedStep], warnings: Tuple[str, 
     return replace(plan, kind=KIND_PERIODIC, reason=reason, epoch=step.epoch, step=step.step,
                    sources=(), files=(), dcp_dir=step.path, saved_world_size=step.world_size,
                    conversion=dcp_conversion(step, plan.world_size, layout))
+
+
+def with_ms(plan: RestorePlan, step: Optional[StrategyStep], warnings: Tuple[str, ...], checkpoint_dir: str,
+            strategy_file: Optional[str], layout: str = "") -> RestorePlan:
+    """``plan``, or a conversion plan when ``step`` (a MindSpore manifest step) was written by another
+    world and is at least as new as the per-rank choice.
+
+    Without ``strategy_file`` such a step cannot be converted: a per-rank plan of that very step is
+    withdrawn (its files hold another world's shards), and the plan says why.
+    """
+    plan = replace(plan, warnings=plan.warnings + warnings) if warnings else plan
+    per_rank_key = (plan.epoch or 0, plan.step) if plan.kind != KIND_NONE else None
+    if step is None or (per_rank_key is not None and per_rank_key > step.key):
+        return plan
+    if step.world_size == plan.world_size and strategy_file is None:
+        return replace(plan, saved_world_size=step.world_size) if per_rank_key == step.key else plan
+    written = f"step {step.step} was written by {step.world_size} ranks ({step.manifest})"
+    if strategy_file is None:
+        note = (f"{written}; without --strategy-file (this world's sharding strategy) it cannot be "
+                f"converted for {plan.world_size} ranks")
+        if per_rank_key != step.key:
+            return replace(plan, warnings=plan.warnings + (note,))
+        return replace(plan, kind=KIND_NONE, reason=note, epoch=None, step=None, sources=(), files=(),
+                       warnings=plan.warnings + (note,))
+    try:
+        job = plan_job(checkpoint_dir, step.files, step.strategy_file, strategy_file, plan.world_size)
+    except OSError as exc:
+        return replace(plan, warnings=plan.warnings + (f"{written}; cannot plan its conversion: {exc}",))
+    conversion = Conversion(format=FORMAT_MINDSPORE, source=step.manifest, source_world_size=step.world_size,
+                            target_world_size=plan.world_size, source_layout=layout_text(step.layout),
+                            target_layout=layout, known_from=FROM_MANIFEST, method=MS_METHOD, output=job.output)
+    return replace(plan, kind=KIND_PERIODIC, reason=f"{written}; converted with {strategy_file}",
+                   epoch=step.epoch, step=step.step, sources=(), files=(), saved_world_size=step.world_size,
+                   conversion=conversion, transform=job)
 
 
 def _at(step: SavedStep) -> str:

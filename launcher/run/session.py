@@ -216,7 +216,18 @@ class Session:
                                     ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)
+            if plan.transform is not None:
+                self._convert_checkpoints(attempt, plan)
         return specs
+
+    def _convert_checkpoints(self, attempt: int, plan) -> None:
+        """A step written by another world, converted for this one before the ranks start (cached)."""
+        from launcher.restore.mstransform import convert, job_interpreter
+
+        started = time.monotonic()
+        ran = convert(plan.transform, job_interpreter(self.opts.command))
+        self.emit("checkpoint_conversion", attempt=attempt, cached=not ran, output=plan.transform.output,
+                  seconds=round(time.monotonic() - started, 3), conversion=plan.conversion.to_json())
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         import psutil  # after the ranks are running: not on the path to the first rank
