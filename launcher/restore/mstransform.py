@@ -179,8 +179,10 @@ def _run(python: str, spec: dict, timeout: float) -> None:
     except OSError as exc:
         raise LauncherError(f"checkpoint conversion: cannot run {python}: {exc.strerror or exc}") from exc
     if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise LauncherError(f"checkpoint conversion failed (exit {proc.returncode}): {tail}")
+        lines = proc.stderr.strip().splitlines() or ["(no output)"]
+        # MindSpore ends a C++ error with its source location; the cause is the last "...Error: " line.
+        cause = next((line for line in reversed(lines) if "Error: " in line), lines[-1])
+        raise LauncherError(f"checkpoint conversion failed (exit {proc.returncode}): {cause.strip()}")
 
 
 def _fsync_tree(root: str) -> None:

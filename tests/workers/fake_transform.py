@@ -3,7 +3,7 @@
 Reads the conversion job (JSON on stdin) like ``mstransform.TRANSFORM_SCRIPT`` and, by
 ``FAKE_TRANSFORM_MODE``:
   ok       writes ``converted <rank>`` into every target rank's file;
-  fail     writes nothing, prints a reason on stderr, exits 3;
+  fail     writes nothing, prints an error and MindSpore's C++ location on stderr, exits 3;
   partial  writes rank 0's file only, then writes its pid to ``FAKE_TRANSFORM_READY`` and waits to be
            killed (a crash mid-conversion).
 Each run appends one line to ``FAKE_TRANSFORM_LOG`` when set (how many conversions ran).
@@ -23,6 +23,8 @@ def main():
             log.write(f"{mode}\n")
     if mode == "fail":
         print("ValueError: the strategy files do not match", file=sys.stderr)
+        print("- C++ Call Stack:\nmindspore/ccsrc/frontend/parallel/tensor_layout/tensor_transform.cc:390 "
+              "TransformOperators", file=sys.stderr)  # MindSpore's errors end with the source location
         return 3
     for rank in job["ranks"]:
         out = os.path.join(job["tmp"], f"rank_{rank}", job["name"])
