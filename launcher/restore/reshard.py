@@ -76,28 +76,31 @@ def with_dcp(plan: RestorePlan, step: Optional[SavedStep], warnings: Tuple[str, 
                    conversion=dcp_conversion(step, plan.world_size, layout))
 
 
+def unconvertible(step: Optional[StrategyStep], world_size: int, strategy_file: Optional[str]) -> bool:
+    """Whether ``step`` was written by another world and cannot be converted (no strategy file)."""
+    return step is not None and step.world_size != world_size and strategy_file is None
+
+
 def with_ms(plan: RestorePlan, step: Optional[StrategyStep], warnings: Tuple[str, ...], checkpoint_dir: str,
             strategy_file: Optional[str], layout: str = "") -> RestorePlan:
     """``plan``, or a conversion plan when ``step`` (a MindSpore manifest step) was written by another
     world and is at least as new as the per-rank choice.
 
-    Without ``strategy_file`` such a step cannot be converted: a per-rank plan of that very step is
-    withdrawn (its files hold another world's shards), and the plan says why.
+    Without ``strategy_file`` such a step cannot be converted: the planner left its files out
+    (:func:`unconvertible`), and the plan says why.
     """
     plan = replace(plan, warnings=plan.warnings + warnings) if warnings else plan
     per_rank_key = (plan.epoch or 0, plan.step) if plan.kind != KIND_NONE else None
     if step is None or (per_rank_key is not None and per_rank_key > step.key):
         return plan
-    if step.world_size == plan.world_size and strategy_file is None:
+    if step.world_size == plan.world_size and (strategy_file is None
+                                               or _same_bytes(strategy_file, step.strategy_file)):
         return replace(plan, saved_world_size=step.world_size) if per_rank_key == step.key else plan
     written = f"step {step.step} was written by {step.world_size} ranks ({step.manifest})"
     if strategy_file is None:
-        note = (f"{written}; without --strategy-file (this world's sharding strategy) it cannot be "
-                f"converted for {plan.world_size} ranks")
-        if per_rank_key != step.key:
-            return replace(plan, warnings=plan.warnings + (note,))
-        return replace(plan, kind=KIND_NONE, reason=note, epoch=None, step=None, sources=(), files=(),
-                       warnings=plan.warnings + (note,))
+        return replace(plan, warnings=plan.warnings + (
+            f"{written}; without --strategy-file (this world's sharding strategy) it cannot be "
+            f"converted for {plan.world_size} ranks, and its files are not loaded",))
     try:
         job = plan_job(checkpoint_dir, step.files, step.strategy_file, strategy_file, plan.world_size)
     except OSError as exc:
@@ -108,6 +111,15 @@ def with_ms(plan: RestorePlan, step: Optional[StrategyStep], warnings: Tuple[str
     return replace(plan, kind=KIND_PERIODIC, reason=f"{written}; converted with {strategy_file}",
                    epoch=step.epoch, step=step.step, sources=(), files=(), saved_world_size=step.world_size,
                    conversion=conversion, transform=job)
+
+
+def _same_bytes(path: str, other: str) -> bool:
+    """Whether two strategy files are the same sharding (small files: read whole)."""
+    try:
+        with open(path, "rb") as a, open(other, "rb") as b:
+            return a.read() == b.read()
+    except OSError:
+        return False
 
 
 def _at(step: SavedStep) -> str:

@@ -116,8 +116,8 @@ def test_another_world_without_a_strategy_file_withdraws_that_step(tmp_path):
     """2 ranks wrote step 10; resumed on 1 rank, rank_0's file is half the model: not loaded."""
     write_step(tmp_path, 2)
     result = plan(tmp_path, 1)
-    assert result.kind == KIND_NONE and "--strategy-file" in result.reason
-    assert result.env_for(0) == {}
+    assert result.kind == KIND_NONE and result.env_for(0) == {}
+    assert "--strategy-file" in result.warnings[-1]
 
 
 def test_same_world_without_a_strategy_file_is_the_per_rank_plan(tmp_path):
@@ -133,3 +133,43 @@ def test_a_newer_per_rank_step_wins_over_an_older_manifest(tmp_path):
         (tmp_path / f"rank_{rank}" / "ms-1_20.ckpt").write_bytes(b"newer")
     result = plan(tmp_path, 2)
     assert (result.kind, result.step, result.conversion) == (KIND_PERIODIC, 20, None)
+
+
+def test_same_world_and_same_strategy_is_not_converted(tmp_path):
+    write_step(tmp_path, 2)
+    result = plan(tmp_path, 2, str(tmp_path / MANIFESTS_DIR / "strategy-src.ckpt"))
+    assert (result.kind, result.saved_world_size, result.conversion, result.transform) == (KIND_PERIODIC, 2, None, None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(saved=st.integers(1, 5), world=st.integers(1, 5), manifest_step=st.integers(1, 30),
+       own_step=st.one_of(st.none(), st.integers(1, 30)), with_strategy=st.booleans())
+def test_world_changes_plan_consistently(tmp_path_factory, saved, world, manifest_step, own_step, with_strategy):
+    """Random M -> N with a manifest step and, maybe, a per-rank step of the current world: the newer
+    wins; a step of another world is converted exactly when a strategy file is given, never loaded
+    as if it were this world's; every rank's file is the converted one or its own."""
+    root = tmp_path_factory.mktemp("ms")
+    write_step(root, saved, step=manifest_step)
+    if own_step is not None and own_step != manifest_step:
+        for rank in range(world):
+            (root / f"rank_{rank}").mkdir(exist_ok=True)
+            (root / f"rank_{rank}" / f"ms-1_{own_step}.ckpt").write_bytes(b"own")
+    dst = root.parent / f"{root.name}-dst.ckpt"
+    dst.write_bytes(b"strategy for %d" % world)
+    result = plan(root, world, str(dst) if with_strategy else None)
+    own = own_step if own_step is not None and own_step != manifest_step else None
+    if own is not None and own > manifest_step:
+        assert (result.step, result.conversion) == (own, None)
+        return
+    if saved == world:
+        assert result.step == manifest_step and result.saved_world_size == saved
+        assert (result.conversion is not None) == with_strategy  # another strategy on the same world
+    elif with_strategy:
+        assert (result.step, result.conversion.source_world_size, result.conversion.target_world_size) == (
+            manifest_step, saved, world)
+        files = [result.env_for(r)[envnames.LAUNCHER_RESUME_CHECKPOINT] for r in range(world)]
+        assert files == [result.transform.file_for(r) for r in range(world)]
+    else:
+        assert result.step != manifest_step and result.conversion is None
+        assert result.step == own  # an older step of this world, or nothing
+        assert any("--strategy-file" in w for w in result.warnings)
