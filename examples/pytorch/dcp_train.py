@@ -34,6 +34,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from train import atomic_write  # examples/pytorch/train.py, beside this file
+
 ENV_DCP_DIR = "LAUNCHER_RESUME_DCP_DIR"
 ENV_STEP = "LAUNCHER_RESUME_STEP"
 MANIFEST = "launcher-manifest.json"
@@ -132,17 +134,11 @@ def save(args, model, opt, step, rank, world):
     if rank == 0:
         manifest = {"launcher_manifest": 1, "format": "dcp", "world_size": world, "epoch": None,
                     "step": step, "layout": {"dp": world, "tp": 1, "pp": 1}}
-        with open(os.path.join(partial, MANIFEST), "w") as out:
-            json.dump(manifest, out)
-            out.flush()
-            os.fsync(out.fileno())
+        atomic_write(json.dumps(manifest).encode(), os.path.join(partial, MANIFEST))
         shutil.rmtree(final, ignore_errors=True)  # the same step saved again after a restart
+        # Not fsynced: a rename lost to a power cut leaves step-<n>.partial, never planned, and the
+        # previous step is resumed instead.
         os.rename(partial, final)
-        fd = os.open(root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
     dist.barrier()
 
 

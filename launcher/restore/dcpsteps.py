@@ -21,7 +21,7 @@ reported, never needed to load.
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Pattern, Tuple
 
 from launcher.common.inputfiles import InputFileError, read_json
 
@@ -77,23 +77,10 @@ def newest_dcp_step(checkpoint_dir: str) -> Tuple[Optional[SavedStep], Tuple[str
     is normal (no DCP checkpoints) and warns nothing.
     """
     root = os.path.join(checkpoint_dir, DCP_DIR)
-    warnings: List[str] = []
-    try:
-        with os.scandir(root) as entries:
-            names = sorted(e.name for e in entries if e.is_dir())
-    except FileNotFoundError:
-        return None, ()
-    except OSError as exc:
-        return None, (f"DCP checkpoints: cannot list {root}: {exc.strerror or exc}",)
-    candidates = []
-    for name in names:
-        match = _STEP_DIR.fullmatch(name)
-        if match is None:
-            continue  # e.g. a writer's scratch directory: DCP steps are only step-* names
-        epoch = int(match.group("epoch")) if match.group("epoch") is not None else None
-        candidates.append(((epoch or 0, int(match.group("step"))), epoch, name))
+    candidates, listing = step_entries(root, _STEP_DIR, "DCP checkpoints", directories=True)
+    warnings: List[str] = list(listing)
     unfinished = []
-    for key, epoch, name in sorted(candidates, reverse=True):
+    for key, epoch, name in candidates:
         path = os.path.join(root, name)
         try:
             files = os.listdir(path)
@@ -104,6 +91,25 @@ def newest_dcp_step(checkpoint_dir: str) -> Tuple[Optional[SavedStep], Tuple[str
             continue
         return _saved_step(path, epoch, key[1], files, _unfinished(unfinished, warnings)), tuple(warnings)
     return None, tuple(_unfinished(unfinished, warnings))
+
+
+def step_entries(root: str, pattern: Pattern[str], what: str, directories: bool) -> Tuple[
+        List[Tuple[Tuple[int, int], Optional[int], str]], Tuple[str, ...]]:
+    """``((epoch or 0, step), epoch, name)`` of the entries of ``root`` (directories or files) whose
+    names fully match ``pattern`` (groups ``epoch``, ``step``), newest first; and a listing warning.
+    A missing ``root`` has none and warns nothing."""
+    try:
+        with os.scandir(root) as entries:
+            names = [e.name for e in entries if e.is_dir() == directories]
+    except FileNotFoundError:
+        return [], ()
+    except OSError as exc:
+        return [], (f"{what}: cannot list {root}: {exc.strerror or exc}",)
+    found = []
+    for match in filter(None, map(pattern.fullmatch, names)):
+        epoch = int(match.group("epoch")) if match.group("epoch") is not None else None
+        found.append(((epoch or 0, int(match.group("step"))), epoch, match.string))
+    return sorted(found, reverse=True), ()
 
 
 def _unfinished(names: List[str], warnings: List[str]) -> List[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.common.inputfiles import InputFileError, read_json
-from launcher.restore.dcpsteps import STEP_NAME, parse_manifest
+from launcher.restore.dcpsteps import STEP_NAME, parse_manifest, step_entries
 
 MANIFESTS_DIR = "manifests"
 FORMAT_MINDSPORE = "mindspore"
@@ -59,22 +59,11 @@ class StrategyStep:
 
 def newest_ms_step(checkpoint_dir: str) -> Tuple[Optional[StrategyStep], Tuple[str, ...]]:
     """The newest complete step with a manifest, and warnings for newer ones skipped. Never raises."""
-    root = os.path.join(checkpoint_dir, MANIFESTS_DIR)
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return None, ()
-    except OSError as exc:
-        return None, (f"step manifests: cannot list {root}: {exc.strerror or exc}",)
-    found = []
-    for name in names:
-        match = _NAME.fullmatch(name)
-        if match:
-            epoch = int(match.group("epoch")) if match.group("epoch") is not None else None
-            found.append(((epoch or 0, int(match.group("step"))), epoch, name))
-    warnings: List[str] = []
-    for key, epoch, name in sorted(found, reverse=True):
-        path = os.path.join(root, name)
+    found, listing = step_entries(os.path.join(checkpoint_dir, MANIFESTS_DIR), _NAME, "step manifests",
+                                  directories=False)
+    warnings: List[str] = list(listing)
+    for key, epoch, name in found:
+        path = os.path.join(checkpoint_dir, MANIFESTS_DIR, name)
         try:
             return _read(checkpoint_dir, path, epoch, key[1]), tuple(warnings)
         except InputFileError as exc:

@@ -13,7 +13,7 @@ as new as the per-rank choice (pure: the caller read the step with
 :func:`launcher.restore.dcpsteps.newest_dcp_step`).
 """
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Optional, Tuple
 
 from launcher.restore.dcpsteps import FORMAT_DCP, FROM_MANIFEST, SavedStep, layout_text

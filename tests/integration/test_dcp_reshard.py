@@ -11,12 +11,13 @@ evenly, so only the summation order differs: measured within 2e-7 relative).
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.procs import free_port
 
 torch = pytest.importorskip("torch")
 
@@ -26,12 +27,6 @@ LOSS = re.compile(r"\[dcp_train rank 0/\d+\] step (\d+) loss ([0-9.]+)")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+) \(saved by (\d+) ranks\)")
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launch(tmp: Path, name: str, nproc: int, ckpt: Path, steps: int, *train_args: str):

@@ -80,6 +80,7 @@ def test_fresh_start_without_checkpoint_dir(reports):
     (["--dp", 2, "--groups-file", "g.json"], "one replica-group source"),
     (["--checkpoint-pattern", "nostep"], "no named group"),
     (["--rank", 4], "--rank 4 outside"),
+    (["--strategy-file", "/nonexistent/strategy.ckpt"], "--strategy-file: /nonexistent/strategy.ckpt is not a file"),
 ])
 def test_option_mistakes(reports, args, message):
     result = run("--world-size", 4, *reports, *args)
@@ -114,3 +115,4 @@ def test_world_size_change_shows_the_conversion(ckpt_dir, reports):
     assert f"LAUNCHER_RESUME_DCP_DIR={step}" in result.output
     record = json.loads(run(*args, "--json").output)
     assert record["conversion"]["source_world_size"] == 4 and record["dcp_dir"] == str(step)
+
