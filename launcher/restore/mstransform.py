@@ -23,20 +23,25 @@ import os
 import shutil
 import socket
 import re
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
 import psutil
 
+from launcher.common import signals
 from launcher.common.errors import LauncherError
+from launcher.supervision import guard
 
 logger = logging.getLogger(__name__)
 
 CONVERTED_DIR = "converted"
 _TMP = ".tmp-"
 _CHUNK = 1 << 20
+_POLL_SECONDS = 0.2  # how soon a stop signal interrupts a conversion
 
 #: Run by the job's interpreter; reads the job as JSON on stdin. Standard library and MindSpore only.
 TRANSFORM_SCRIPT = r"""
@@ -172,17 +177,40 @@ def _remove_dead_leftovers(parent: str, key: str) -> None:
 def _run(python: str, spec: dict, timeout: float) -> None:
     logger.info("converting checkpoints for %d ranks with %s", len(spec["ranks"]), python)
     try:
-        proc = subprocess.run([python, "-c", TRANSFORM_SCRIPT], input=json.dumps(spec), text=True,
-                              capture_output=True, timeout=timeout, start_new_session=True)
-    except subprocess.TimeoutExpired as exc:
-        raise LauncherError(f"checkpoint conversion did not finish within {timeout:.0f} s") from exc
+        # Its own session so it is killed as a group; the parent-death signal so a SIGKILLed
+        # launcher does not leave a conversion writing into the checkpoint dir.
+        proc = subprocess.Popen([python, "-c", TRANSFORM_SCRIPT], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, preexec_fn=guard.child_setup)
     except OSError as exc:
         raise LauncherError(f"checkpoint conversion: cannot run {python}: {exc.strerror or exc}") from exc
+    stderr = _communicate(proc, json.dumps(spec), timeout)
     if proc.returncode != 0:
-        lines = proc.stderr.strip().splitlines() or ["(no output)"]
+        lines = stderr.strip().splitlines() or ["(no output)"]
         # MindSpore ends a C++ error with its source location; the cause is the last "...Error: " line.
         cause = next((line for line in reversed(lines) if "Error: " in line), lines[-1])
         raise LauncherError(f"checkpoint conversion failed (exit {proc.returncode}): {cause.strip()}")
+
+
+def _communicate(proc: subprocess.Popen, spec: str, timeout: float) -> str:
+    """Wait for the conversion, its stderr back; a stop signal or the deadline kills its group.
+
+    A conversion can take minutes: the kubelet's SIGTERM must stop the launcher now, not after it.
+    """
+    deadline = time.monotonic() + timeout
+    data: "str | None" = spec
+    while True:
+        try:
+            _, stderr = proc.communicate(data, timeout=_POLL_SECONDS)
+            return stderr
+        except subprocess.TimeoutExpired:
+            data = None  # sent once; retrying communicate() loses no output
+        if signals.has_pending() or time.monotonic() >= deadline:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            if signals.has_pending():
+                raise LauncherError("checkpoint conversion interrupted by a stop signal")
+            raise LauncherError(f"checkpoint conversion did not finish within {timeout:.0f} s")
 
 
 def _fsync_tree(root: str) -> None:

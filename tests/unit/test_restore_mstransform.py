@@ -4,10 +4,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
+from launcher.common import signals
 from launcher.common.errors import LauncherError
 from launcher.restore.mstransform import CONVERTED_DIR, convert, is_cached, plan_job
 
@@ -90,8 +93,9 @@ def test_missing_interpreter_is_a_launcher_error(step):
 
 
 def test_killed_mid_conversion_is_never_loaded(step, fake_python, tmp_path):
-    """The launcher is SIGKILLed while the interpreter has written one rank's file: nothing counts
-    as converted; the next conversion removes the leftover and publishes a complete result."""
+    """The launcher is SIGKILLed while the interpreter has written one rank's file: the interpreter
+    dies with it (parent-death signal), nothing counts as converted; the next conversion removes the
+    leftover and publishes a complete result."""
     ckpt, sources, src, dst = step
     ready = tmp_path / "ready"
     code = ("import sys; from launcher.restore.mstransform import convert, plan_job; "
@@ -104,10 +108,11 @@ def test_killed_mid_conversion_is_never_loaded(step, fake_python, tmp_path):
         assert wait_until(ready.exists, timeout=60), "the conversion never started"
         interpreter = int(ready.read_text())
         launcher.kill()
+        assert wait_until(lambda: not _running(interpreter), timeout=30), "the conversion outlived the launcher"
     finally:
         launcher.kill()
         launcher.wait()
-        if interpreter is not None:
+        if interpreter is not None and _running(interpreter):
             os.kill(interpreter, signal.SIGKILL)
     job = plan_job(str(ckpt), sources, src, dst, 3)
     assert not is_cached(job) and not os.path.exists(job.output)
@@ -115,3 +120,35 @@ def test_killed_mid_conversion_is_never_loaded(step, fake_python, tmp_path):
     assert len(leftovers) == 1 and leftovers[0].startswith("." + os.path.basename(job.output) + ".tmp-")
     assert convert(job, fake_python) is True
     assert is_cached(job) and os.listdir(ckpt / CONVERTED_DIR) == [os.path.basename(job.output)]
+
+
+def test_stop_signal_interrupts_the_conversion(step, fake_python, tmp_path, monkeypatch):
+    """SIGTERM (the kubelet's) while a conversion runs stops it at once, not when it ends."""
+    ckpt, sources, src, dst = step
+    ready = tmp_path / "ready"
+    monkeypatch.setenv("FAKE_TRANSFORM_MODE", "partial")
+    monkeypatch.setenv("FAKE_TRANSFORM_READY", str(ready))
+    job = plan_job(str(ckpt), sources, src, dst, 3)
+
+    def terminate_when_started():
+        if wait_until(ready.exists, timeout=60):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    signals.install()
+    sender = threading.Thread(target=terminate_when_started)
+    sender.start()
+    try:
+        with pytest.raises(LauncherError, match="interrupted by a stop signal"):
+            convert(job, fake_python, timeout=600)
+    finally:
+        sender.join()
+        signals.uninstall()
+    assert not _running(int(ready.read_text()))
+    assert not is_cached(job)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
