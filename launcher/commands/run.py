@@ -27,7 +27,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id", "--metrics-port",
                         "--metrics-textfile")),
     ("Debugging a rank", ("--debug-rank", "--pdb")),
-    ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
+    ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--strategy-file", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
                                                              "--coordinator", "--coordinator-ttl", "--elastic-wait",
@@ -231,6 +231,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
            "picks the newest complete one and tells each rank which file to load.")
 @_opt("--checkpoint-pattern", help="Regex of checkpoint file names, with (?P<step>...) and optionally "
                                   "(?P<epoch>...).")
+@_opt("--strategy-file", type=click.Path(dir_okay=False),
+      help="MindSpore: this world's sharding-strategy file; a checkpoint step another world size wrote "
+           "(DIR/manifests/) is converted to it before the ranks start.")
 @_opt("--fault-npus", default=DEFAULT_FAULT_NPUS, help="The cluster's list of faulty devices.")
 @_opt("--reset-json", default=DEFAULT_RESET_JSON, help="The cluster's reset.json (status of every rank), followed while the job runs.")
 @_opt("--fault-ranks", help="Ranks whose checkpoints must not be loaded, e.g. 3,5.")

@@ -60,6 +60,7 @@ class RunOptions:
     hccl_if_ip: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
+    strategy_file: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
     reset_json: Optional[str] = DEFAULT_RESET_JSON
     fault_ranks: Optional[str] = None

@@ -119,7 +119,8 @@ def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[in
                       reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
                       previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
                       groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
-                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern)
+                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern,
+                      strategy_file=opts.strategy_file)
 
 
 def _has_group_info(root: str) -> bool:

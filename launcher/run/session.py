@@ -221,6 +221,8 @@ class Session:
                                     ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)
+            if plan.transform is not None:
+                self._convert_checkpoints(attempt, plan)
         return specs
 
     def _follow_membership(self, attempt: int, failed_before: Sequence[int]) -> Sequence[int]:
@@ -244,6 +246,15 @@ class Session:
         self.ctx = dataclasses.replace(self.ctx, topology=new)
         return ()
 
+    def _convert_checkpoints(self, attempt: int, plan) -> None:
+        """A step written by another world, converted for this one before the ranks start (cached)."""
+        from launcher.restore.mstransform import convert, job_interpreter
+
+        started = time.monotonic()
+        ran = convert(plan.transform, job_interpreter(self.opts.command))
+        self.emit("checkpoint_conversion", attempt=attempt, cached=not ran, output=plan.transform.output,
+                  seconds=round(time.monotonic() - started, 3), conversion=plan.conversion.to_json())
+
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         import psutil  # after the ranks are running: not on the path to the first rank
 
@@ -263,7 +274,9 @@ class Session:
         self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                   restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
                   warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE),
-                  world_size=self.ctx.topology.table.world_size)
+                  world_size=self.ctx.topology.table.world_size,
+                  saved_world_size=plan.saved_world_size,
+                  conversion=plan.conversion.to_json() if plan.conversion is not None else None)
         self.plans[attempt] = plan
         if not attempt:  # a restart says it in its own line (Supervisor)
             log.info("restore plan: %s", resume_summary(plan))
@@ -339,6 +352,9 @@ def resume_summary(plan: "RestorePlan") -> str:
         ranks = plan.restore_ranks
         return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
                 f"{', '.join(str(r) for r in ranks)}")
+    reshard = f", resharding {plan.conversion.summary()}" if plan.conversion is not None else ""
+    if plan.dcp_dir is not None:
+        return f"resuming from the step-{plan.step} DCP checkpoint {plan.dcp_dir}{reshard}"
     if plan.kind == KIND_PERIODIC:
-        return f"resuming from the step-{plan.step} periodic checkpoints"
+        return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
     return f"starting from scratch ({plan.reason})"
