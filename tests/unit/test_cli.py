@@ -592,9 +592,11 @@ def test_torchrun_value_parsers_accept_or_refuse_cleanly(text):
 
     for kind in (NprocType(), NnodesType()):
         try:
-            assert kind.convert(text, None, None) >= 1
+            value = kind.convert(text, None, None)
         except click.BadParameter:
-            pass
+            continue
+        # a count, or --nnodes MIN:MAX as the pair (elastic membership)
+        assert value >= 1 if isinstance(value, int) else 1 <= value[0] < value[1]
     kwargs = {"master_addr": None, "master_port": None}
     problems = _endpoint(kwargs, text)
     assert problems or (kwargs["master_addr"] and 0 < kwargs["master_port"] < 65536)
