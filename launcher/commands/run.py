@@ -30,6 +30,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--strategy-file", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
+                                                             "--coordinator", "--coordinator-ttl", "--elastic-wait",
                                                              "--sync-dir", "--sync-timeout", "--taskd",
                                                              "--taskd-port")),
     ("Other options", ("--config", "--dry-run", "--json", "--help")),
@@ -156,7 +157,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Seconds to wait for the cluster to finish writing the rank table.")
 @_opt("--nproc-per-node", type=torchrun.NprocType(),
       help="Start N ranks on this machine, no rank table needed; auto, cpu or npu count the devices.")
-@_opt("--nnodes", type=torchrun.NnodesType(), default=1, help="Number of machines (with --nproc-per-node).")
+@_opt("--nnodes", type=torchrun.NnodesType(), default=1,
+      help="Number of machines (with --nproc-per-node); MIN:MAX with --coordinator: elastic, the job goes on "
+           "with at least MIN when a machine is lost.")
 @_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This machine's index, from 0 (with --nproc-per-node).")
 @_opt("--master-addr", help="Address of the machine running rank 0 (default: from the rank table, else 127.0.0.1).")
 @_opt("--master-port", type=click.IntRange(1, 65535),
@@ -242,11 +245,20 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="What to do when a rank fails, comma-separated: retry, recover, recover-in-place, dump, exit, "
            "elastic-training (default: "
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
+@_opt("--coordinator", metavar="etcd://HOST:PORT[,HOST:PORT]",
+      help="etcd that the launchers of the job restart together through, with leases: a machine whose "
+           "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere).")
+@_opt("--coordinator-ttl", type=click.IntRange(min=1), default=5,
+      help="With --coordinator: seconds of silence after which a machine's launcher counts as lost.")
+@_opt("--elastic-wait", type=click.FloatRange(min=0), default=30.0,
+      help="With --nnodes MIN:MAX: seconds to wait for a replacement of a lost machine before going on "
+           "without it.")
 @_opt("--sync-dir", type=click.Path(file_okay=False),
       help="Directory every machine of the job can write: their launchers restart together "
            "(needs the same --run-id everywhere).")
 @_opt("--sync-timeout", type=click.FloatRange(min=0), default=300.0,
-      help="With --sync-dir: seconds to wait for the other machines at a restart before exiting 1.")
+      help="With --sync-dir or --coordinator: seconds to wait for the other machines at a restart before "
+           "exiting 1.")
 @_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
       help="MindCluster TaskD (recovery of single processes): its manager runs next to rank 0 "
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")
@@ -289,7 +301,10 @@ def run_options(ctx: click.Context) -> RunOptions:
     # Given by the user: on the command line, in the environment or in the --config file (default_map).
     explicit = [name for name in ctx.params
                 if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)]
-    kwargs = torchrun.translate(dict(ctx.params), explicit)
+    params = dict(ctx.params)
+    if isinstance(params["nnodes"], tuple):  # MIN:MAX: the table has MAX servers; MIN is elastic's floor
+        params["min_nodes"], params["nnodes"] = params["nnodes"]
+    kwargs = torchrun.translate(params, explicit)
     kwargs["command"] = torchrun.python_command(kwargs["command"], kwargs.pop("no_python"), kwargs.pop("module"),
                                                 os.environ)
     if kwargs.get("framework"):

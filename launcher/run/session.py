@@ -52,6 +52,7 @@ class Session:
     def __init__(self, opts: RunOptions, ctx: EnvContext):
         self.opts = opts
         self.ctx = ctx
+        self.base_topology = ctx.topology  # every server of the job (elastic membership runs a subset)
         self.console_ranks = parse_rank_filter(opts.console_ranks)
         self.run_dir = rundir_mod.RunDir(ctx.run_dir)
         self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
@@ -146,12 +147,13 @@ class Session:
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
                                 self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
                                 progress=self.hangs.max_step, status=self.hangs.status)
+        supervisor.attempt_no = self.sync.first_generation  # > 0 when it joined a running elastic job
         result = supervisor.run()
         self._report(result)
         return result.exit_code
 
     def _warn_uncoordinated(self) -> None:
-        """Several servers, neither --sync-dir nor reset.json: say that restarts stay node-local."""
+        """Several servers, no --sync-dir, --coordinator or reset.json: say that restarts stay node-local."""
         topo = self.ctx.topology
         if topo.table.server_count > 1 and self.sync.coordinator is None and self.reset.follower is None:
             self.emit("sync_disabled", server_count=topo.table.server_count)
@@ -199,13 +201,16 @@ class Session:
     def _in_place_supported(self) -> bool:
         """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
         switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator. Not with
-        --sync-dir: an in-place respawn would move this node's attempt number off the job's generation."""
+        --sync-dir or --coordinator: an in-place respawn would move this node's attempt number off the
+        job's generation."""
         supported = self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
-        if supported and self.opts.sync_dir:
-            log.info("--sync-dir: a failed rank restarts the whole job, not only itself (recover-in-place)")
-        return supported and not self.opts.sync_dir
+        coordinated = bool(self.opts.sync_dir or self.opts.coordinator)
+        if supported and coordinated:
+            log.info("coordinated restarts: a failed rank restarts the whole job, not only itself (recover-in-place)")
+        return supported and not coordinated
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
+        failed_before = self._follow_membership(attempt, failed_before)
         if attempt:
             self._refresh_rank_table()
             removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
@@ -219,6 +224,27 @@ class Session:
             if plan.transform is not None:
                 self._convert_checkpoints(attempt, plan)
         return specs
+
+    def _follow_membership(self, attempt: int, failed_before: Sequence[int]) -> Sequence[int]:
+        """Elastic membership: run the generation on the servers the nodes agreed on (ranks renumbered,
+        world size changed); failed ranks of the old numbering name nobody in the new one."""
+        members = self.sync.members()
+        if members is None:
+            return failed_before
+        from launcher.jobspec import topology
+
+        new = topology.regroup(self.base_topology, members)
+        old = self.ctx.topology
+        if new.table.servers == old.table.servers:
+            return failed_before
+        self.emit("world_size_changed", attempt=attempt, old_world_size=old.table.world_size,
+                  new_world_size=new.table.world_size, servers=list(members), old_ranks=list(old.server.ranks),
+                  new_ranks=list(new.server.ranks))
+        log.warning("attempt %d: world size %d -> %d (%d server(s)); local ranks %s -> %s", attempt,
+                    old.table.world_size, new.table.world_size, len(members), list(old.server.ranks),
+                    list(new.server.ranks))
+        self.ctx = dataclasses.replace(self.ctx, topology=new)
+        return ()
 
     def _convert_checkpoints(self, attempt: int, plan) -> None:
         """A step written by another world, converted for this one before the ranks start (cached)."""
@@ -248,6 +274,7 @@ class Session:
         self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                   restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
                   warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE),
+                  world_size=self.ctx.topology.table.world_size,
                   saved_world_size=plan.saved_world_size,
                   conversion=plan.conversion.to_json() if plan.conversion is not None else None)
         self.plans[attempt] = plan
