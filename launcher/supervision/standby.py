@@ -202,7 +202,7 @@ class StandbyPool:
         ours.send(json.dumps({"modules": list(self.modules), "script": script, "cwd": os.getcwd()}).encode())
         ours.setblocking(False)
         self._loop.add_reader(ours.fileno(), lambda: self._on_answer(standby))
-        self._loop.watch_pid(proc.pid, lambda info: self._on_death(standby, info.code))
+        self._loop.watch_pid(proc.pid, lambda info: self._on_death(standby, info.returncode))
         return standby
 
     def _on_answer(self, standby: Standby) -> None:

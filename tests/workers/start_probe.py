@@ -5,10 +5,11 @@ C-level environment (libc ``getenv`` of each name, and libc's ``environ`` array)
 sys.argv, sys.orig_argv, sys.path, sys.flags, ``__main__``'s attributes, every signal disposition and
 the blocked mask, session and process group, the parent-death signal, working directory, umask,
 stdio targets and modes, open fds and threads. Then, on the attempt given by ``--fail-attempt``, the
-rank given by ``--fail-rank`` ends with ``--mode`` (earlier attempts with exit 3): ``exit3`` (SystemExit(3)), ``raise`` (uncaught
-exception), ``kill`` (SIGKILL itself), ``interrupt`` (KeyboardInterrupt), ``exitmsg`` (SystemExit with
-a message), once the file ``--fail-when`` exists; everyone else exits 0. ``--wait-term`` instead waits for SIGTERM (the dying gasp) with a
-handler that writes ``<attempt>-<rank>.term`` and exits 143.
+rank given by ``--fail-rank`` ends with ``--mode`` (earlier attempts with exit 3), once the file
+``--fail-when`` exists: ``exit3`` (SystemExit(3)), ``raise`` (uncaught exception), ``kill`` (SIGKILL
+itself), ``interrupt`` (KeyboardInterrupt), ``exitmsg`` (SystemExit with a message); everyone else
+exits 0, or with ``--wait-term`` waits for SIGTERM (the dying gasp) with a handler that writes
+``<attempt>-<rank>.term`` (after ``.term.ready``) and exits 143.
 """
 
 import argparse
@@ -121,35 +122,42 @@ def main():
     path = os.path.join(args.out, f"{attempt}-{rank}.json")
     with open(path + ".tmp", "w") as fh:
         json.dump(doc, fh, indent=1, sort_keys=True)
-    print(f"probe rank {rank} attempt {attempt} pid {os.getpid()}", flush=True)
-    if args.wait_term:
-        def on_term(_signum, _frame):
-            with open(os.path.join(args.out, f"{attempt}-{rank}.term"), "w") as fh:
-                fh.write("term\n")
-            os._exit(143)
-
-        signal.signal(signal.SIGTERM, on_term)
-        os.replace(path + ".tmp", path)
-        while True:
-            signal.pause()
     os.replace(path + ".tmp", path)
-    if rank != args.fail_rank or attempt > args.fail_attempt:
-        return 0
-    while args.fail_when and not os.path.exists(args.fail_when):
-        time.sleep(0.01)
-    if attempt < args.fail_attempt:  # fail plainly first, so that the attempt measured is a restart
-        raise SystemExit(3)
-    if args.mode == "exit3":
-        raise SystemExit(3)
-    if args.mode == "exitmsg":
-        sys.exit("probe says goodbye")
-    if args.mode == "raise":
-        raise RuntimeError("probe failure")
-    if args.mode == "interrupt":
-        raise KeyboardInterrupt
-    if args.mode == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
+    print(f"probe rank {rank} attempt {attempt}", flush=True)
+    if rank == args.fail_rank and attempt <= args.fail_attempt:
+        while args.fail_when and not os.path.exists(args.fail_when):
+            time.sleep(0.01)
+        _fail(args.mode if attempt == args.fail_attempt else "exit3")  # earlier attempts: a plain failure first
+    if args.wait_term:
+        _wait_term(os.path.join(args.out, f"{attempt}-{rank}.term"))
     return 0
+
+
+def _wait_term(path):
+    """The dying gasp: a handler that writes ``path`` and exits 143, installed before the ready file."""
+    def on_term(_signum, _frame):
+        with open(path, "w") as fh:
+            fh.write("term\n")
+        os._exit(143)
+
+    signal.signal(signal.SIGTERM, on_term)
+    with open(path + ".ready", "w"):
+        pass
+    while True:
+        signal.pause()
+
+
+def _fail(mode):
+    if mode == "exit3":
+        raise SystemExit(3)
+    if mode == "exitmsg":
+        sys.exit("probe says goodbye")
+    if mode == "raise":
+        raise RuntimeError("probe failure")
+    if mode == "interrupt":
+        raise KeyboardInterrupt
+    if mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 if __name__ == "__main__":
