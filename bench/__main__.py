@@ -23,6 +23,7 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "status": "bench.status",
     "hang": "bench.hang",
+    "resume": "bench.resume",
 }
 
 

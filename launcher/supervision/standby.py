@@ -33,8 +33,12 @@ log = logging.getLogger(__name__)
 
 BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rankhooks",
                          "launcher_standby.py")
-#: Seconds after an attempt started before its replacements start importing: the ranks go first.
+#: Seconds after the first attempt started before the standbys start importing (the ranks go first).
 PREPARE_DELAY = 0.5
+#: Seconds after a restart before the replacements start importing: their imports take CPU the
+#: restarted ranks need to resume (measured on 2 loaded cores: 4 standbys importing torch next to 4
+#: resuming ranks made the resume take seconds longer), so they wait until the ranks are back to work.
+REPLACE_DELAY = 3.0
 _MAX_ANSWER = 1 << 16
 
 
@@ -161,7 +165,7 @@ class StandbyPool:
         if self._cold and attempt:
             log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
         self._used, self._cold = [], {}
-        self._loop.call_later(PREPARE_DELAY, lambda: self.prepare(specs))
+        self._loop.call_later(REPLACE_DELAY if attempt else PREPARE_DELAY, lambda: self.prepare(specs))
 
     # -- preparing ----------------------------------------------------------------------------------
     def prepare(self, specs: Sequence[WorkerSpec]) -> None:
