@@ -24,9 +24,11 @@ PROBE = str(REPO / "tests" / "workers" / "start_probe.py")
 
 
 class Job:
-    """One ``launcher run`` of the probe in ``root``; ``preload`` None runs it cold."""
+    """One ``launcher run`` of the probe in ``root``; ``preload`` None runs it cold; ``module``: as
+    ``python -m tests.workers.start_probe``; ``options``: more launcher options."""
 
-    def __init__(self, root: Path, preload, port: int, *probe_args: str, env=None, nproc: int = 2):
+    def __init__(self, root: Path, preload, port: int, *probe_args: str, env=None, nproc: int = 2,
+                 module: bool = False, options=()):
         self.root = root
         root.mkdir()
         self.out = root / "out"
@@ -34,8 +36,8 @@ class Job:
         self.trigger = root / "go"
         argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc), "--max-restarts", "1",
                 "--run-dir", str(root / "run"), "--log-dir", str(root / "logs"), "--run-id", "probe-job",
-                "--master-port", str(port), *(["--preload", preload] if preload else []),
-                "--", sys.executable, PROBE, "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
+                "--master-port", str(port), *(["--preload", preload] if preload else []), *options,
+                "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [PROBE]), "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
         self.stderr = open(root / "stderr.txt", "wb")
         self.proc = subprocess.Popen(argv, stdout=open(root / "stdout.txt", "wb"), stderr=self.stderr,
                                      cwd=str(REPO), env=env)
@@ -78,18 +80,20 @@ def _normalise(value, root: Path):
 KNOWN = {"proc_environ"}
 
 
-def _run_pair(tmp_path: Path, mode: str, preload: str = "json"):
+def _run_pair(tmp_path: Path, mode: str, preload: str = "json", module: bool = False):
     port = free_port()
     jobs = {}
     for name, modules in (("cold", None), ("warm", preload)):
-        job = Job(tmp_path / name, modules, port, "--fail-rank", "1", "--mode", mode, "--fail-attempt", "1")
+        job = Job(tmp_path / name, modules, port, "--fail-rank", "1", "--mode", mode, "--fail-attempt", "1",
+                  module=module)
         job.go_when_ready(2 if modules else 0)
         jobs[name] = (job, job.finish())
     return jobs
 
 
-def test_standby_born_rank_sees_exactly_what_a_cold_one_sees(tmp_path):
-    jobs = _run_pair(tmp_path, "ok")
+@pytest.mark.parametrize("module", [False, True], ids=["script", "module"])
+def test_standby_born_rank_sees_exactly_what_a_cold_one_sees(tmp_path, module):
+    jobs = _run_pair(tmp_path, "ok", module=module)
     (cold, cold_code), (warm, warm_code) = jobs["cold"], jobs["warm"]
     assert cold_code == warm_code == 0, warm.root.joinpath("stderr.txt").read_text()
     started = warm.events("standby_start")
@@ -167,3 +171,25 @@ def test_dying_gasp_reaches_a_standby_born_rank(tmp_path):
     assert job.finish() == 143
     assert all((job.out / f"1-{r}.term").read_text() == "term\n" for r in (0, 1))
     assert sorted(e["exit_code"] for e in job.events("rank_exited") if e["attempt"] == 1) == [143, 143]
+
+
+def test_standby_above_the_memory_cap_is_refused(tmp_path):
+    job = Job(tmp_path / "job", "json", free_port(), "--fail-rank", "1", "--mode", "exit3",
+              options=["--preload-max-rss", "1"])  # 1 MiB: no interpreter fits
+    assert wait_until(lambda: job.events("standby_refused") or job.proc.poll() is not None, 60)
+    job.trigger.touch()
+    assert job.finish() == 0
+    [refused] = job.events("standby_refused")
+    assert "above --preload-max-rss 1 MiB" in refused["reason"]
+    assert [sorted(e["cold"]) for e in job.events("standby_start")] == [["0", "1"]]
+
+
+def test_preload_ignored_for_a_command_that_is_not_python(tmp_path):
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    result = subprocess.run([sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir",
+                             str(job_dir / "run"), "--preload", "json", "--", "true"],
+                            capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("--preload json ignored: the command is not a Python interpreter") == 1
+    assert not [e for e in read_events(str(job_dir / "run" / "events.jsonl")) if e["event"].startswith("standby")]
