@@ -93,7 +93,8 @@ class LocalProcessGroup(ProcessGroup):
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
                  orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
-                 on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False, standby: Optional[StandbyPool] = None):
+                 on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False,
+                 standby: Optional[StandbyPool] = None):
         self._log_path = log_path
         self._on_console = on_console
         self._on_terminal = on_terminal
@@ -359,8 +360,7 @@ class LocalProcessGroup(ProcessGroup):
                     leaf: Optional[Leaf] = None) -> None:
         """After the groups are gone: the /proc sweep where needed, then remove the leaf cgroups."""
         if scan or not self._tree.contained:
-            exempt = {*self._watched, *self.pids().values(), *([self._guard.pid] if self._guard else []),
-                      *(self._standby.pids() if self._standby is not None else ())}
+            exempt = {*self._watched, *self.pids().values(), *([self._guard.pid] if self._guard else [])}
             self._escaped.extend(self._tree.sweep(deadline, self._reap, exempt, skip_pgids, leaf))
         self._tree.settle_leaves(leaves, deadline, self._reap)
 

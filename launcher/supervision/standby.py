@@ -3,7 +3,8 @@
 Per rank of this server, a standby is an interpreter started the way the rank is (same interpreter
 and options, own session, parent-death signal, the orphan guard, the job's token and a cgroup of its
 own) running ``launcher/rankhooks/launcher_standby.py``: it imports the preload modules and waits on
-a socket. When :class:`launcher.supervision.procgroup.LocalProcessGroup` starts a rank, it first asks
+a socket (a job's process the /proc sweeps spare: the loop watches its pid). When
+:class:`launcher.supervision.procgroup.LocalProcessGroup` starts a rank, it first asks
 :meth:`StandbyPool.activate`: a ready standby whose start-time variables match the rank's gets the
 rank's environment, argv, working directory and stdio, and becomes the rank (same pid: the rank's
 process group is the standby's). Otherwise, or on any error, the rank starts cold as before. After an
@@ -21,7 +22,7 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.jobspec.preload import PythonEntry, python_entry, start_env_diff
 from launcher.jobspec.rankenv import WorkerSpec
@@ -83,10 +84,6 @@ class StandbyPool:
     def attach(self, loop, tree, guard: Optional[guard_mod.OrphanGuard]) -> None:
         """Called by the process group: its event loop (readers, timers, reaper), job tree and guard."""
         self._loop, self._tree, self._guard = loop, tree, guard
-
-    def pids(self) -> Set[int]:
-        """Pids of the standbys not yet activated (the job's processes, but no rank's)."""
-        return {standby.proc.pid for standby in self._standbys.values()}
 
     # -- activation ---------------------------------------------------------------------------------
     def activate(self, spec: WorkerSpec, env: Dict[str, str],

@@ -80,20 +80,22 @@ def _normalise(value, root: Path):
 KNOWN = {"proc_environ"}
 
 
-def _run_pair(tmp_path: Path, mode: str, preload: str = "json", module: bool = False):
+def _run_pair(tmp_path: Path, mode: str, preload: str = "json", module: bool = False, env=None):
     port = free_port()
     jobs = {}
     for name, modules in (("cold", None), ("warm", preload)):
         job = Job(tmp_path / name, modules, port, "--fail-rank", "1", "--mode", mode, "--fail-attempt", "1",
-                  module=module)
+                  module=module, env=env)
         job.go_when_ready(2 if modules else 0)
         jobs[name] = (job, job.finish())
     return jobs
 
 
-@pytest.mark.parametrize("module", [False, True], ids=["script", "module"])
-def test_standby_born_rank_sees_exactly_what_a_cold_one_sees(tmp_path, module):
-    jobs = _run_pair(tmp_path, "ok", module=module)
+@pytest.mark.parametrize("module, cgroup", [(False, "auto"), (True, "auto"), (False, "off")],
+                         ids=["script", "module", "no-cgroup"])
+def test_standby_born_rank_sees_exactly_what_a_cold_one_sees(tmp_path, module, cgroup):
+    """Without a cgroup the attempt ends sweep /proc for the job's token: the standbys must survive it."""
+    jobs = _run_pair(tmp_path, "ok", module=module, env={**os.environ, "LAUNCHER_CGROUP": cgroup})
     (cold, cold_code), (warm, warm_code) = jobs["cold"], jobs["warm"]
     assert cold_code == warm_code == 0, warm.root.joinpath("stderr.txt").read_text()
     started = warm.events("standby_start")
