@@ -5,13 +5,14 @@ Standard library only, and never ``import launcher`` (the ranks' Python may not 
 parent-death signal, the job's token and cgroup) as ``PYTHON [OPTIONS] launcher_standby.py FD``,
 where FD is one end of a SOCK_SEQPACKET socket pair whose other end the launcher holds:
 
-1. The launcher sends ``{"modules", "argv", "cwd"}``: what to import, and the rank command it will
-   most likely run (so the imports see the ``sys.path[0]`` and working directory the rank will).
+1. The launcher sends ``{"modules", "script", "cwd"}``: what to import, and the rank command it will
+   most likely run after the interpreter and its options (so the imports see the ``sys.path[0]`` and
+   working directory the rank will).
 2. The standby imports the modules, refuses to go on if that started a thread, and answers
    ``{"ready": true, "rss": bytes, "threads": n, "env_read": [...]}`` (``env_read``: the variables
    the imports looked up through ``os.environ``) or ``{"ready": false, "error": "..."}``.
 3. It blocks on the socket, touching nothing. On a (re)start the launcher sends
-   ``{"env", "argv", "cwd"}`` with the rank's stdin, stdout and stderr (SCM_RIGHTS); the standby
+   ``{"env", "argv", "script", "cwd"}`` with the rank's stdin, stdout and stderr (SCM_RIGHTS); the standby
    becomes the rank: those fds on 0-2, ``os.environ`` replaced (which also sets the C-level
    environment), ``sys.argv``, ``sys.orig_argv``, ``sys.path[0]`` as Python sets it, the working
    directory, the signal dispositions and mask it was born with, and a fresh ``__main__``; then it
@@ -200,6 +201,9 @@ def _main():
         module, target = _become(sock)
     except (EOFError, ConnectionError):  # the launcher no longer needs this standby
         return 0
+    import atexit
+
+    atexit.register(_exit_by_sigint)
     try:
         _run(module, target)
     except SystemExit:
@@ -208,13 +212,22 @@ def _main():
         tb = _user_traceback(exc.__traceback__, module)
         sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
         sys.excepthook(type(exc), exc.with_traceback(tb), tb)
-        if isinstance(exc, KeyboardInterrupt):  # python exits by SIGINT then (status -2 / 130)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGINT)
+        _interrupted.append(isinstance(exc, KeyboardInterrupt))
         return 1
     return 0
+
+
+_interrupted = []
+
+
+def _exit_by_sigint():
+    """An uncaught KeyboardInterrupt: python exits by SIGINT (status -2 / 130) after the atexit
+    handlers; registered before the script runs, so it runs after the script's own."""
+    if any(_interrupted):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ class Job:
         argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc), "--max-restarts", "1",
                 "--run-dir", str(root / "run"), "--log-dir", str(root / "logs"), "--run-id", "probe-job",
                 "--master-port", str(port), *(["--preload", preload] if preload else []), *options,
-                "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [PROBE]), "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
+                "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [PROBE]),
+                "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
         self.stderr = open(root / "stderr.txt", "wb")
         self.proc = subprocess.Popen(argv, stdout=open(root / "stdout.txt", "wb"), stderr=self.stderr,
                                      cwd=str(REPO), env=env)

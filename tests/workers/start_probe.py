@@ -13,6 +13,7 @@ exits 0, or with ``--wait-term`` waits for SIGTERM (the dying gasp) with a handl
 """
 
 import argparse
+import atexit
 import ctypes
 import json
 import os
@@ -124,6 +125,7 @@ def main():
         json.dump(doc, fh, indent=1, sort_keys=True)
     os.replace(path + ".tmp", path)
     print(f"probe rank {rank} attempt {attempt}", flush=True)
+    atexit.register(print, f"probe rank {rank} atexit", flush=True)  # runs on every exit but SIGKILL and _exit
     if rank == args.fail_rank and attempt <= args.fail_attempt:
         while args.fail_when and not os.path.exists(args.fail_when):
             time.sleep(0.01)
