@@ -312,14 +312,15 @@ def test_damaged_checkpoint_then_fresh_launch(kind, request, tmp_path, reference
 
 # -- the same fault with warm standby ranks (--preload torch) -------------------------------------
 def test_rank_sigkill_with_preload(tmp_path, reference_hash, chaos_record):
-    """``--preload torch``: once every rank's standby imported torch, SIGKILL one rank; the four ranks
-    of the restart are the standbys (no interpreter start, no torch import), resume from the
-    breakpoint the survivors saved, and end bit-identical to the fault-free reference."""
+    """``--preload torch,torch._dynamo`` (the example's optimizer imports torch._dynamo lazily, in the
+    resume's path): once every rank's standby imported them, SIGKILL one rank; the four ranks of the
+    restart are the standbys (no interpreter start, no imports), resume from the breakpoint the
+    survivors saved, and end bit-identical to the fault-free reference."""
     record = chaos_record("pytorch", "rank-sigkill-preload", 0)
     step, rank = SCHEDULE[("rank-sigkill", 0)]
     job = new_job(tmp_path)
     # A 50 ms step leaves the standbys time to import torch before the job would end by itself.
-    launch = job.start(["--step-time", "0.05"], ["--preload", "torch"])
+    launch = job.start(["--step-time", "0.05"], ["--preload", "torch,torch._dynamo"])
     ready = lambda: len([e for e in job.events(launch) if e["event"] == "standby_ready"]) >= NPROC
     assert wait_until(lambda: ready() or launch.proc.poll() is not None, 120), job.output(launch)[-3000:]
     assert ready(), job.output(launch)[-3000:]
