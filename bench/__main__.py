@@ -24,6 +24,7 @@ BENCHMARKS = {
     "status": "bench.status",
     "hang": "bench.hang",
     "multinode": "bench.multinode",
+    "resume": "bench.resume",
 }
 
 

@@ -2,9 +2,10 @@
 
 Every rank appends ``<time.time()> <rank> <attempt> worker`` to ``$BENCH_READY`` first. On attempt 0
 the rank ``$BENCH_CRASH_RANK`` waits (no barrier: it polls the ready file) until the ready file holds
-``$BENCH_NPROC`` attempt-0 lines, appends ``<time.time()> <rank>`` to ``$BENCH_CRASH`` and calls
-``os._exit(1)``; the other ranks sleep and exit at once on SIGTERM (appending ``<time.time()> <rank>``
-to ``$BENCH_TERM`` first, when set). On later attempts every rank exits 0 right away.
+``$BENCH_NPROC`` attempt-0 lines (and, when set, until the file ``$BENCH_CRASH_WHEN`` exists),
+appends ``<time.time()> <rank>`` to ``$BENCH_CRASH`` and calls ``os._exit(1)``; the other ranks sleep
+and exit at once on SIGTERM (appending ``<time.time()> <rank>`` to ``$BENCH_TERM`` first, when set).
+On later attempts every rank exits 0 right away.
 """
 import os
 import signal
@@ -41,6 +42,8 @@ if ATTEMPT == "0":
         deadline = time.time() + 60
         while _ready_count(_env["BENCH_READY"]) < nproc and time.time() < deadline:
             time.sleep(0.001)
+        while _env.get("BENCH_CRASH_WHEN") and not os.path.exists(_env["BENCH_CRASH_WHEN"]):
+            time.sleep(0.001)  # --preload: the bench says when the standbys are ready
         time.sleep(float(_env.get("BENCH_CRASH_DELAY", "0.02")))  # peers reach their sleep (unmeasured)
         _append(_env["BENCH_CRASH"], "%r %s" % (time.time(), RANK))
         os._exit(1)

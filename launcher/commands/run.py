@@ -17,7 +17,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Where the ranks come from", ("--rank-table", "--rank-table-timeout", "--server-id", "--framework")),
     ("Local runs, torchrun style (no rank table)", ("--nproc-per-node", "--nnodes", "--node-rank",
                                                      "--master-addr", "--master-port")),
-    ("How COMMAND runs", ("--no-python", "--module")),
+    ("How COMMAND runs", ("--no-python", "--module", "--preload", "--preload-max-rss")),
     ("Supervision and restarts", ("--max-restarts", "--restart-backoff", "--restart-backoff-max", "--stop-timeout",
                                   "--recover-strategy",
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
@@ -134,6 +134,13 @@ def _check_section_timeouts(_ctx: click.Context, _param: click.Parameter, value:
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
     return tuple(value)
+
+
+def _check_preload(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    from launcher.jobspec.preload import parse_modules
+
+    parse_modules(value)  # UsageError: one line, exit 2 (--dry-run too)
+    return value
 
 
 def _opt(*decls: str, **kwargs: Any) -> Callable:
@@ -270,6 +277,14 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--pdb", is_flag=True,
       help="Post-mortem: the first rank that raises runs pdb on this terminal before the job is stopped "
            "(Python commands only).")
+@_opt("--preload", metavar="MODULES", callback=_check_preload,
+      help="Warm standby ranks: per rank, a Python interpreter that already imported these modules "
+           "(comma-separated, e.g. torch,numpy) becomes the rank on a restart, skipping start-up and imports. "
+           "Python scripts and -m modules only; never modules that start threads or open devices "
+           "(docs/warm-standby.md). Default: none.")
+@_opt("--preload-max-rss", type=click.FloatRange(min=0), default=4096.0, metavar="MIB",
+      help="Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
+           "(0: no cap).")
 @_opt("--dry-run", is_flag=True, help="Print every rank's command line and environment; start nothing.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

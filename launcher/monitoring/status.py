@@ -65,7 +65,7 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
            "stragglers": sorted({ev.get("rank") for ev in events
                                  if ev.get("event") == "straggler" and ev.get("attempt") == attempt}),
            "restore_plan": _last(events, "restore_plan"),
-           "cluster": _cluster(events), "now": now}
+           "cluster": _cluster(events), "standbys": _standbys(events, state) if live else [], "now": now}
     good = goodput_mod.compute(events, now=now if live else None)
     doc["goodput"] = good.to_json()
     return doc
@@ -129,6 +129,14 @@ def _slot_beat(path: str, pid: int) -> Tuple[Optional[float], Optional[int]]:
     return round(time.monotonic() - beat.at, 3), (beat.step if beat.step >= 0 else None)
 
 
+def _standbys(events: List[dict], state: dict) -> List[dict]:
+    """``--preload``'s warm standbys waiting now: the newest ready one of each rank, alive, no rank yet."""
+    ranks = {row.get("pid") for row in state.get("ranks", [])}
+    ready = {ev.get("rank"): ev for ev in events if ev.get("event") == "standby_ready"}
+    return [{"rank": rank, "pid": ev.get("pid"), "rss_bytes": ev.get("rss_bytes")} for rank, ev in sorted(ready.items())
+            if ev.get("pid") not in ranks and _proc_state(ev.get("pid")) not in (None, "Z")]
+
+
 def _cluster(events: List[dict]) -> dict:
     """Cluster holds: a ``cluster_hold`` not yet ended, and the newest reset.json update."""
     hold = None
@@ -159,6 +167,9 @@ def format_status(doc: dict) -> List[str]:
         age = "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago"
         lines.append(f"{row['rank']:>5} {row['pid']:>8} {row['process'] or '-':>4} {row['state']:<10} "
                      f"{_dash(row['exit_code']):>5} {age:>10} {_dash(row['step']):>8}")
+    if doc.get("standbys"):
+        lines.append("warm standbys (--preload): " + ", ".join(f"rank {sb['rank']} pid {sb['pid']} "
+                                                             f"{sb['rss_bytes'] >> 20} MiB" for sb in doc["standbys"]))
     if doc.get("stragglers"):
         lines.append(f"stragglers (slower than their peers): ranks {', '.join(map(str, doc['stragglers']))}")
     ratio = "?" if good["ratio"] is None else f"{100 * good['ratio']:.1f}%"

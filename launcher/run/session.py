@@ -29,7 +29,8 @@ from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.metrics import Metrics
-from launcher.run.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
+from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, standby_pool,
+                                  taskd_rank_env)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
@@ -98,7 +99,8 @@ class Session:
 
             self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
-                                       lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
+                                       lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank),
+                                       standby_pool(self.opts, self.log_session, self.emit))
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)

@@ -11,7 +11,9 @@ import os
 import random
 import re
 import shutil
+import signal
 import stat
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import pytest
 
 from tests.chaos.harness import (REPO, Attempt, ChaosJob, check_gasp_events, check_launch_events,
                                  check_no_survivors, flip_bit_in_tensor_data, measure, planned_files,
-                                 truncate)
+                                 truncate, wait_until)
 
 pytest.importorskip("torch")
 
@@ -305,4 +307,40 @@ def test_damaged_checkpoint_then_fresh_launch(kind, request, tmp_path, reference
     assert 0 <= record.steps_lost <= CKPT_EVERY
     assert attempts[0].final_hash() == reference_hash
     check_launch_events(job, launch, 0, after_unclean=kind == "truncated-periodic")  # SIGKILLed before
+    check_no_survivors(job)
+
+
+# -- the same fault with warm standby ranks (--preload torch) -------------------------------------
+def test_rank_sigkill_with_preload(tmp_path, reference_hash, chaos_record):
+    """``--preload torch,torch._dynamo`` (the example's optimizer imports torch._dynamo lazily, in the
+    resume's path): once every rank's standby imported them, SIGKILL one rank; the four ranks of the
+    restart are the standbys (no interpreter start, no imports), resume from the breakpoint the
+    survivors saved, and end bit-identical to the fault-free reference."""
+    record = chaos_record("pytorch", "rank-sigkill-preload", 0)
+    step, rank = SCHEDULE[("rank-sigkill", 0)]
+    job = new_job(tmp_path)
+    # A 50 ms step leaves the standbys time to import torch before the job would end by itself.
+    launch = job.start(["--step-time", "0.05"], ["--preload", "torch,torch._dynamo"])
+    ready = lambda: len([e for e in job.events(launch) if e["event"] == "standby_ready"]) >= NPROC
+    assert wait_until(lambda: ready() or launch.proc.poll() is not None, 120), job.output(launch)[-3000:]
+    assert ready(), job.output(launch)[-3000:]
+    job.wait_for_step(launch, step)
+    victim = job.attempts(launch)[0].pids[rank]
+    fault_time = time.time()
+    os.kill(victim, signal.SIGKILL)
+    record.fault = f"rank {rank} SIGKILL (by the test) once the standbys were ready, at step >= {step}"
+    code = job.wait(launch)
+    record.exit_codes = [code]
+    attempts = job.attempts(launch)
+    assert len(attempts) == 2, (code, job.output(launch)[-3000:])
+    before, after = attempts
+    record.fault_step = before.max_step()
+    measure(record, before.max_step(), after, fault_time, reference_hash, code)
+    assert code == 0, job.output(launch)[-3000:]
+    started = [e for e in job.events(launch) if e["event"] == "standby_start"]
+    assert [e["ranks"] for e in started] == [list(range(NPROC))], started  # every rank from a standby
+    assert after.final_hash() == reference_hash
+    resumed_at = check_resumed(job, launch, after, "breakpoint")
+    assert record.steps_lost == 0 and resumed_at == record.progress
+    check_launch_events(job, launch, 0)
     check_no_survivors(job)
