@@ -21,6 +21,7 @@ import logging
 import queue
 import re
 import threading
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import tenacity
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 ROOT = "/launcher/"
 #: A watch that says nothing for this long is re-opened after a fresh read (also the fallback poll).
 WATCH_IDLE = 5.0
+MIN_WATCH_ROUND = 0.1  # seconds: a watch that ends sooner is not reopened at once
 _INCARNATION = re.compile(r"inc_(\d+)/")
 _MEMBER = re.compile(r"(join|member)\.(\d+)")
 _GENERATION = re.compile(r"gen_(\d+)/")
@@ -217,10 +219,15 @@ class EtcdStore:
         while not self._stop.is_set():
             try:
                 revision, self._snapshot = self.client.range(self.prefix)
+                opened = time.monotonic()
                 for _ in self.client.watch(self.prefix, revision + 1, WATCH_IDLE):
                     self._snapshot = self.client.range(self.prefix)[1]
                     if self._stop.is_set():
                         return
+                if time.monotonic() - opened < MIN_WATCH_ROUND:
+                    # A stream the server closes at once (compaction, a proxy) must not turn
+                    # this thread into a busy loop of range requests.
+                    self._stop.wait(MIN_WATCH_ROUND)
             except EtcdError as exc:
                 self._reachable(str(exc))
                 self._stop.wait(0.5)

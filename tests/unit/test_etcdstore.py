@@ -25,6 +25,8 @@ class FakeEtcd:
         self.revoked: List[int] = []
         self.down = False
         self.closing = threading.Event()
+        self.stores: List[EtcdStore] = []
+        self.ranges = 0
 
     def _check(self):
         if self.down:
@@ -32,6 +34,7 @@ class FakeEtcd:
 
     def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
         self._check()
+        self.ranges += 1
         return 1, {k: v for k, v in self.kv.items() if k.startswith(prefix)}
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
@@ -73,13 +76,23 @@ class FakeEtcd:
 
 @pytest.fixture
 def etcd():
+    """The fake; every store joined to it is shut down at the end, so no thread outlives its test."""
     fake = FakeEtcd()
     yield fake
+    fake.down = False
+    for store in fake.stores:
+        store.shutdown(timeout=1.0)
     fake.closing.set()
+    for store in fake.stores:
+        for thread in store._threads:
+            thread.join(5)
+            assert not thread.is_alive(), f"{thread.name} outlived its test"
 
 
 def join(etcd: FakeEtcd, index: int, run_id: str = "job", count: int = 3) -> EtcdStore:
-    return EtcdStore.join(etcd, run_id, index, NAMES[:count], ttl=5)
+    store = EtcdStore.join(etcd, run_id, index, NAMES[:count], ttl=5)
+    etcd.stores.append(store)
+    return store
 
 
 def test_nodes_join_one_incarnation_and_a_closed_one_is_not_joined(etcd):
@@ -148,3 +161,13 @@ def test_join_fails_when_etcd_never_answers(etcd):
     etcd.down = True
     with pytest.raises(EtcdError, match="Connection refused"):
         EtcdStore.join(etcd, "job", 0, NAMES, ttl=5, wait=0.3)
+
+
+def test_a_watch_closed_at_once_is_not_a_busy_loop(etcd):
+    """A server that ends every watch stream at once (compaction, a proxy): the follower paces its
+    re-reads instead of spinning on range requests."""
+    etcd.closing.set()  # the fake's watch now returns at once
+    join(etcd, 0)
+    done = threading.Event()
+    done.wait(0.5)
+    assert etcd.ranges < 20, f"{etcd.ranges} range requests in 0.5 s"
