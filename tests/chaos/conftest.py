@@ -69,7 +69,7 @@ def chaos_record(request):
     def make(framework: str, kind: str, run: int) -> RunRecord:
         record = RunRecord(framework, kind, run)
         made.append(record)
-        request.node._chaos_record = record
+        request.node._chaos_records = made  # one test may measure several faults in a row
         return record
 
     yield make
@@ -83,18 +83,18 @@ def chaos_record(request):
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    record = getattr(item, "_chaos_record", None)
-    if record is None or item.get_closest_marker("chaos") is None:
+    if item.get_closest_marker("chaos") is None:
         return
-    if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        if hasattr(report, "wasxfail"):
-            record.outcome = "xfailed" if report.skipped else "XPASS"
-        elif report.failed and "XPASS(strict)" in str(report.longrepr):
-            record.outcome = "XPASS(strict): remove the xfail mark"
-        else:
-            record.outcome = report.outcome
-    elif report.when == "teardown" and report.failed and record.outcome == "passed":
-        record.outcome = "failed (teardown)"
+    for record in getattr(item, "_chaos_records", ()):
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            if hasattr(report, "wasxfail"):
+                record.outcome = "xfailed" if report.skipped else "XPASS"
+            elif report.failed and "XPASS(strict)" in str(report.longrepr):
+                record.outcome = "XPASS(strict): remove the xfail mark"
+            else:
+                record.outcome = report.outcome
+        elif report.when == "teardown" and report.failed and record.outcome == "passed":
+            record.outcome = "failed (teardown)"
 
 
 def pytest_collection_finish(session):

@@ -7,11 +7,8 @@ steps and ranks come from ``random.Random(SEED)``, drawn in a fixed order at imp
 CI run injects the same faults whatever subset of tests is selected. See docs/chaos.md.
 """
 
-import os
 import random
 import re
-import shutil
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,16 +198,10 @@ def launcher_killed(tmp_path_factory) -> Stopped:
     return stop_job(tmp_path_factory.mktemp("chaos-killed"), "sigkill", SCHEDULE[("launcher-sigkill", 0)][0])
 
 
-def _not_a_socket(directory, names):
-    return [n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)]
-
-
 def adopt(stopped: Stopped, tmp: Path) -> ChaosJob:
-    """A job on a copy of the stopped job's run dir and checkpoint dir (the control socket a
-    SIGKILLed launcher leaves behind is not copied: the next launcher replaces it anyway)."""
+    """A job on a copy of the stopped job's run dir and checkpoint dir."""
     job = new_job(tmp)
-    shutil.copytree(stopped.snapshot / "run", job.run_dir, ignore=_not_a_socket)
-    shutil.copytree(stopped.snapshot / "ckpt", job.ckpt_dir)
+    job.adopt_dirs(stopped.snapshot)
     return job
 
 
