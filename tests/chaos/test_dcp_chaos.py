@@ -303,14 +303,16 @@ def test_incomplete_step_skipped(launcher_killed, tmp_path, reference, chaos_rec
     launch = job.start(["--dump-loaded", str(dump)])
     code = job.wait(launch, LAUNCH_TIMEOUT)
     record.exit_codes = [-9, code]
-    (attempt,) = job.attempts(launch)
-    measure(record, stopped.progress, attempt, stopped.fault_time, None, code,
+    attempts = job.attempts(launch)
+    measure(record, stopped.progress, attempts[-1], stopped.fault_time, None, code,
             gap=launch.started - stopped.ended_at)
 
-    assert code == 0, job.output(launch)[-3000:]
-    plan = check_dcp_resume(job, launch, attempt, NPROC, dump)
-    assert plan["step"] == previous, plan
-    assert any(f"step-{newest}" in w for w in plan["warnings"]), plan["warnings"]
+    first_plan = next(e for e in job.events(launch) if e["event"] == "restore_plan")
+    assert first_plan["step"] == previous, f"step-{newest} has no .metadata but was planned: {first_plan}"
+    assert any(f"step-{newest}" in w for w in first_plan["warnings"]), first_plan["warnings"]
+    assert code == 0 and len(attempts) == 1, job.output(launch)[-3000:]
+    attempt = attempts[0]
+    check_dcp_resume(job, launch, attempt, NPROC, dump)
     assert 0 <= record.steps_lost <= 2 * SAVE_EVERY
     check_same_as_reference(job, attempt.logs[0], reference, previous)
     record.recovered = True
