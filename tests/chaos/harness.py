@@ -15,13 +15,11 @@ import signal
 import socket
 import stat
 import statistics
-import struct
 import subprocess
 import sys
 import threading
 import time
 import weakref
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -236,12 +234,15 @@ class ChaosJob:
 
     def sigkill_rank(self, launch: Launch, rank: int) -> int:
         """SIGKILL one rank of the launch's newest attempt from outside (an OOM kill, a lost
-        process); returns its pid. The pid is the one the launcher recorded, and the rank is
-        alive (it just logged a step), so it cannot be a reused pid."""
+        process); returns its pid, the one the launcher recorded, checked to be its child."""
+        import psutil
+
         spawned = [e for e in self.events(launch) if e["event"] == "rank_spawned"]
         newest = max(e["attempt"] for e in spawned)
         pid = next(e["pid"] for e in spawned if e["attempt"] == newest and e["rank"] == rank)
-        os.kill(pid, signal.SIGKILL)
+        proc = psutil.Process(pid)  # psutil refuses to signal a pid reused after this point
+        assert proc.ppid() == launch.pid, f"pid {pid} is not a child of launcher {launch.pid}"
+        proc.send_signal(signal.SIGKILL)
         return pid
 
     def prestop(self, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -336,40 +337,6 @@ class ChaosJob:
         pids = self.recorded_pids()
         wait_until(lambda: not any(pid_alive(p) for p in pids), timeout, 0.05)
         return [p for p in pids if pid_alive(p)]
-
-
-# -- damaging checkpoints ----------------------------------------------------------------------
-def truncate(path: Path) -> Tuple[int, int]:
-    """Cut ``path`` to half its size (a torn copy, a full disk). Returns (old size, new size)."""
-    size = path.stat().st_size
-    with open(path, "r+b") as fh:
-        fh.truncate(size // 2)
-    return size, size // 2
-
-
-def flip_bit_in_tensor_data(path: Path) -> Tuple[int, int]:
-    """Flip the lowest bit of one float in the largest tensor of a torch zip checkpoint: the size,
-    the zip structure and the pickle stay valid, so nothing short of a checksum notices.
-    Returns (offset, size)."""
-    with zipfile.ZipFile(path) as zf:
-        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(path, "r+b") as fh:
-        fh.seek(info.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", fh.read(4))
-        offset = info.header_offset + 30 + name_len + extra_len + 4 * (info.file_size // 8)
-        fh.seek(offset)
-        byte = fh.read(1)[0]
-        fh.seek(offset)
-        fh.write(bytes([byte ^ 0x01]))
-    return offset, path.stat().st_size
-
-
-def planned_files(ckpt_dir: Path, world_size: int, dp: int) -> Tuple[str, Optional[int], Dict[int, str]]:
-    """What the launcher's restore plan would pick now: (kind, step, {source rank: file})."""
-    from launcher.restore import PlanInputs, compute_plan
-
-    plan = compute_plan(PlanInputs(world_size=world_size, dp=dp, checkpoint_dir=str(ckpt_dir)))
-    return plan.kind, plan.step, dict(plan.files)
 
 
 # -- measurements and checks shared by the frameworks -------------------------------------------

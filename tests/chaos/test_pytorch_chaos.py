@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.chaos.damage import flip_bit_in_tensor_data, planned_files, truncate
 from tests.chaos.harness import (REPO, Attempt, ChaosJob, check_gasp_events, check_launch_events,
-                                 check_no_survivors, flip_bit_in_tensor_data, measure, planned_files,
-                                 truncate)
+                                 check_no_survivors, measure)
 
 pytest.importorskip("torch")
 
