@@ -315,7 +315,8 @@ DOC_OUTRO = """
    (compared with its offline reshard), the incomplete step was skipped with a warning, and the
    loss after 4 -> 2 -> 3 ranks stayed within 1.6e-7 relative of the 4-rank reference. The checks
    were shown to fail on injected defects (each run once, then reverted): a planner that ignores
-   `.metadata` (dcp-incomplete-step fails: the step was planned, every attempt failed to load it);
+   `.metadata` (dcp-incomplete-step fails: the step without it is planned, and its ranks fail to
+   load it, so the launcher restarts them);
    no `conversion` for a DCP step from another world (dcp-launcher-sigkill-shrink-4to2 fails);
    the example resuming without its AdamW state (dcp-rank-sigkill fails bit-identity from step 17,
    the 2-rank resume fails the loss tolerance at 3.4e-1 relative); one parameter shard moved by
