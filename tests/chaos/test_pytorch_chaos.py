@@ -10,18 +10,16 @@ CI run injects the same faults whatever subset of tests is selected. See docs/ch
 import os
 import random
 import re
-import shutil
 import signal
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.chaos.damage import flip_bit_in_tensor_data, planned_files, truncate
 from tests.chaos.harness import (REPO, Attempt, ChaosJob, check_gasp_events, check_launch_events,
-                                 check_no_survivors, flip_bit_in_tensor_data, measure, planned_files,
-                                 truncate, wait_until)
+                                 check_no_survivors, measure, wait_until)
 
 pytest.importorskip("torch")
 
@@ -203,16 +201,10 @@ def launcher_killed(tmp_path_factory) -> Stopped:
     return stop_job(tmp_path_factory.mktemp("chaos-killed"), "sigkill", SCHEDULE[("launcher-sigkill", 0)][0])
 
 
-def _not_a_socket(directory, names):
-    return [n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)]
-
-
 def adopt(stopped: Stopped, tmp: Path) -> ChaosJob:
-    """A job on a copy of the stopped job's run dir and checkpoint dir (the control socket a
-    SIGKILLed launcher leaves behind is not copied: the next launcher replaces it anyway)."""
+    """A job on a copy of the stopped job's run dir and checkpoint dir."""
     job = new_job(tmp)
-    shutil.copytree(stopped.snapshot / "run", job.run_dir, ignore=_not_a_socket)
-    shutil.copytree(stopped.snapshot / "ckpt", job.ckpt_dir)
+    job.adopt_dirs(stopped.snapshot)
     return job
 
 

@@ -10,21 +10,19 @@ evenly, so only the summation order differs: measured within 2e-7 relative).
 """
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.dcp import LOSS, RESUMED, check_conversion, check_loaded_equals_offline
 from tests.helpers.procs import free_port
 
 torch = pytest.importorskip("torch")
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = str(REPO / "examples" / "pytorch" / "dcp_train.py")
-LOSS = re.compile(r"\[dcp_train rank 0/\d+\] step (\d+) loss ([0-9.]+)")
-RESUMED = re.compile(r"resumed from (\S+) at step (\d+) \(saved by (\d+) ranks\)")
 
 pytestmark = pytest.mark.slow
 
@@ -49,33 +47,18 @@ def plan_event(run_dir: Path) -> dict:
     return found[0]
 
 
-def offline_reshard(step_dir: Path, out: Path) -> dict:
-    """The model state of a DCP step loaded without any process group (a world of one)."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    dcp_to_torch_save(str(step_dir), str(out))
-    return torch.load(str(out), weights_only=False)["model"]
-
-
 def check_resume(tmp, proc, run_dir, name, step, saved, world):
     """The plan, the event, the console line and the loaded parameters of one resumed run."""
     ckpt = tmp / "ckpt"
     step_dir = ckpt / "dcp" / f"step-{step}"
     record = json.loads((run_dir / "restore_plan.json").read_text())
     assert (record["dcp_dir"], record["step"], record["saved_world_size"]) == (str(step_dir), step, saved)
-    conversion = record["conversion"]
-    assert (conversion["format"], conversion["source_world_size"], conversion["target_world_size"]) == (
-        "dcp", saved, world)
-    assert conversion["source_layout"] == f"dp={saved} tp=1 pp=1"
-    assert plan_event(run_dir)["conversion"] == conversion
+    check_conversion(record["conversion"], step_dir, saved, world)
+    assert plan_event(run_dir)["conversion"] == record["conversion"]
     assert f"resharding {saved} -> {world} ranks" in proc.stderr
     resumed = RESUMED.findall(proc.stdout)
     assert sorted(resumed) == [(str(step_dir), str(step), str(saved))] * world
-    loaded = torch.load(str(tmp / f"loaded_{name}.pt"), weights_only=False)
-    reference = offline_reshard(step_dir, tmp / f"reference_{name}.pt")
-    assert sorted(loaded) == sorted(reference)
-    for key, tensor in reference.items():
-        assert torch.equal(loaded[key], tensor), key
+    check_loaded_equals_offline(tmp / f"loaded_{name}.pt", step_dir, tmp / f"reference_{name}.pt")
 
 
 def test_four_then_two_then_three_ranks(tmp_path):
