@@ -17,13 +17,12 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
   system raise no inotify events: for them the mtime check above applies, and the settle interval.
 * **As files appear.** With the event loop's timer (``call_later``), :meth:`CheckpointIndex.drain`
-  schedules :meth:`CheckpointIndex.update` after a burst of events, which lists the touched
-  directories then (local file systems only, never sleeping), so a save round is indexed while it
-  happens and the plan before the restart finds little left to read.
+  schedules :meth:`CheckpointIndex.update` after a burst of events (local file systems only, never
+  sleeping), and :meth:`CheckpointIndex.poll` reads new reports every ``POLL_SECONDS``, so a save
+  round is indexed while it happens and the plan before the restart finds little left to read.
 * **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
-  ``<root>/.saves/`` is not stat-ed at each scan; one ``stat`` and, when it changed, one listing of
-  that directory bring every reporting rank up to date without listing its directory, and a
-  reported file needs no settle sleep. This is what makes a shared file system cheap.
+  ``<root>/.saves/`` is not stat-ed at each scan, its new files need no listing and no settle sleep;
+  ``.saves/`` is followed by inotify on a local file system, else by one ``stat`` per look.
 * **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
   saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
@@ -41,7 +40,7 @@ import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
-                                       IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events)
+                                       IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events, shared_file_system)
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
@@ -65,8 +64,7 @@ _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; nev
 
 def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
     """Run ``method`` without cyclic garbage collection, as the planner does: reading a save round
-    allocates thousands of objects, and each full collection they trigger would traverse the whole
-    index (16,384 ranks: the event loop's update of 2,048 saves took 0.5-1.4 s with it)."""
+    allocates thousands of objects, and each full collection would traverse the whole index."""
     @functools.wraps(method)
     def paused(*args: Any) -> None:
         enabled = gc.isenabled()
@@ -436,24 +434,3 @@ class CheckpointIndex:
                                       if entry.reported.get(os.path.basename(c.checkpoint.path)) == c.stamp[0])
         return parallel
 
-
-#: File system types on which inotify sees every write (all writers are on this machine).
-LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs"})
-
-
-def shared_file_system(path: str) -> bool:
-    """Whether ``path`` may be written by other machines: any file system type not known to be
-    local (NFS, CIFS, Lustre, GPFS, CephFS, FUSE mounts of object stores, ...), or unknown."""
-    real = os.path.realpath(path)
-    best, fstype = "", ""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                fields = line.split()
-                mount = fields[4].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, fstype = mount, fields[fields.index("-") + 1]
-    except (OSError, ValueError, IndexError):
-        return True
-    return fstype not in LOCAL_FS_TYPES
