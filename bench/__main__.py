@@ -23,6 +23,8 @@ BENCHMARKS = {
     "scale": "bench.scale",
     "status": "bench.status",
     "hang": "bench.hang",
+    "multinode": "bench.multinode",
+    "resume": "bench.resume",
 }
 
 

@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Set
 
 import psutil
 
@@ -98,14 +98,18 @@ def become_subreaper() -> bool:
         return False
 
 
+#: Pids :func:`cleanup` spares: servers a benchmark starts once for all its runs (etcd).
+KEEP: Set[int] = set()
+
+
 def cleanup(timeout: float = 5.0) -> int:
-    """SIGKILL every descendant of the bench (and its process group), then reap them all.
+    """SIGKILL every descendant of the bench (and its process group) but ``KEEP``, then reap them all.
 
     Returns:
         How many processes were still running (not zombies) and had to be killed.
     """
     own_group = os.getpgrp()
-    procs = psutil.Process().children(recursive=True)
+    procs = [p for p in psutil.Process().children(recursive=True) if p.pid not in KEEP]
     running = 0
     for proc in procs:
         try:

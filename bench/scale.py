@@ -13,7 +13,10 @@
   the changed directories listed as the event loop does while the files appear, timed apart).
 * On a simulated shared file system: the full scan of ``SLOW_FS_RANKS`` rank directories, the
   index's check of all 16,384 (no inotify; every rank reports its saves in ``.saves/``), and the plan
-  after ``SAVERS`` ranks saved and reported a new step.
+  after ``SAVERS`` ranks saved and reported a new step: once with the failure right after the save
+  round (the plan reads the round), once after the event loop's poll absorbed it (the poll comes
+  ``RACY_SECONDS`` later, when the directory's mtime proves the next change; timed apart).
+  Every save round is a new step (nothing rotated), so ``.saves/`` grows by ``SAVERS`` per round.
 """
 
 import os
@@ -239,9 +242,10 @@ def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
     (``os.scandir`` and ``os.stat`` sleep ``SLOW_FS_LATENCY`` first), once as the launcher does it
     (threads after the probe) and once forced into one thread. One run each: the serial one takes
     seconds, and sleeps are not noisy."""
-    from launcher.restore import CheckpointIndex, checkpoints, compute_plan
+    from launcher.restore import CheckpointIndex, checkpoints
 
-    real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS)
+    real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS, checkpoints.os.listdir,
+            checkpoints.os.open)
 
     def slow(call):
         def wrapped(*args, **kwargs):
@@ -250,10 +254,13 @@ def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
         return wrapped
 
     out = {}
-    index = CheckpointIndex(root, watch=False)  # as on NFS: no events from the other nodes' writes
+    # As on NFS: no events from the other nodes' writes; the poll's timer is driven by hand.
+    index = CheckpointIndex(root, watch=False, call_later=lambda _delay, _callback: None)
     index.scan(WORLD)
     try:
         checkpoints.os.scandir, checkpoints.os.stat = slow(real[0]), slow(real[1])
+        # The listing of .saves/; the planner's opens (digest sidecars) while the plans are timed.
+        checkpoints.os.listdir, checkpoints.os.open = slow(real[3]), slow(real[4])
         for key, threshold in (("slow_fs_scan", real[2]), ("slow_fs_scan_one_thread", float("inf"))):
             checkpoints.SLOW_RANK_SECONDS = threshold
             start = time.perf_counter()
@@ -263,17 +270,42 @@ def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
         start = time.perf_counter()
         index.scan(WORLD)
         out["slow_fs_index"] = [time.perf_counter() - start]
-        out["slow_fs_plan_saved"] = []
-        for run in range(3):  # another node's ranks save: no inotify event, only their reports
-            _save_round(root, 300 + run)
-            start = time.perf_counter()
-            compute_plan(inputs, index=index)
-            out["slow_fs_plan_saved"].append(time.perf_counter() - start)
+        out.update(_slow_fs_rounds(root, inputs, index))
     finally:
-        checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS = real
+        (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS, checkpoints.os.listdir,
+         checkpoints.os.open) = real
+        index.close()
     progress(f"scale: slow file system scan: {out['slow_fs_scan'][0]:.2f} s, one thread "
              f"{out['slow_fs_scan_one_thread'][0]:.2f} s, index of {WORLD} ranks {out['slow_fs_index'][0]:.2f} s, "
-             f"plan after a reported save round {median(out['slow_fs_plan_saved']):.2f} s")
+             f"plan after a reported save round {median(out['slow_fs_plan_saved']):.2f} s, "
+             f"after the poll {median(out['slow_fs_plan_polled']):.2f} s")
+    return out
+
+
+def _slow_fs_rounds(root: str, inputs, index) -> Dict[str, List[float]]:
+    """Save rounds of another node's ranks (no inotify event, only their reports): the plan right
+    after one, and the plan after the event loop's poll absorbed another (3 runs each)."""
+    from launcher.restore import compute_plan
+    from launcher.restore.ckptindex import RACY_SECONDS
+
+    out: Dict[str, List[float]] = {"slow_fs_plan_saved": [], "slow_fs_poll": [], "slow_fs_plan_polled": [],
+                                   "slow_fs_scan_polled": []}
+    for run in range(3):
+        _save_round(root, 300 + 2 * run)
+        start = time.perf_counter()
+        compute_plan(inputs, index=index)
+        out["slow_fs_plan_saved"].append(time.perf_counter() - start)
+        _save_round(root, 301 + 2 * run)
+        time.sleep(RACY_SECONDS)  # the polls before this one listed .saves/ while its mtime was too recent
+        start = time.perf_counter()
+        index.poll()
+        out["slow_fs_poll"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        index.scan(WORLD)  # the index's share of the plan below (which finds the same: nothing new)
+        out["slow_fs_scan_polled"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        compute_plan(inputs, index=index)
+        out["slow_fs_plan_polled"].append(time.perf_counter() - start)
     return out
 
 
@@ -285,8 +317,11 @@ _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devic
          ("plan_ckpt", "restore plan, same, synthetic checkpoint dir, full scan (`launcher plan`; incl. 50 ms settle)"),
          ("plan_index", "restore plan before a restart, checkpoint index, nothing saved since the last plan"),
          ("plan_index_saved", f"restore plan before a restart, checkpoint index, after {SAVERS:,} ranks saved"),
-         ("slow_fs_plan_saved", f"restore plan before a restart, checkpoint index, simulated shared file system "
-          f"({SLOW_FS_LATENCY * 1e3:.0f} ms per stat/listing), after {SAVERS:,} ranks saved and reported it"),
+         ("slow_fs_plan_polled", f"restore plan before a restart, checkpoint index, simulated shared file system "
+          f"({SLOW_FS_LATENCY * 1e3:.0f} ms per stat/listing/open), after {SAVERS:,} ranks saved and reported a step "
+          "and the event loop's poll absorbed it"),
+         ("slow_fs_plan_saved", "the same, the failure right after the save round (before the poll: the plan "
+          "lists `.saves/` and applies the round)"),
          ("plan_env_all_ranks", f"restore environment of all {WORLD:,} ranks from that plan"))
 
 
@@ -326,6 +361,12 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"check of all {WORLD:,} rank directories there, every rank reporting its saves "
                      f"(`stat` of the checkpoint and `.saves/` directories, nothing changed): "
                      f"{fmt(ms(median(times['slow_fs_index'])))} ms.")
+    if "slow_fs_poll" in times:
+        lines.append(f"- Simulated shared file system: the event loop's poll that absorbs a round of {SAVERS:,} "
+                     f"reports (one listing of `.saves/`, the reports applied) takes "
+                     f"{fmt(ms(median(times['slow_fs_poll'])))} ms, outside the plan's time; after it the index's "
+                     f"scan takes {fmt(ms(median(times['slow_fs_scan_polled'])))} ms of the plan (the rest is the "
+                     "planner's, including one `open` per chosen file for its digest sidecar).")
     if "index_update" in times:
         lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
                      f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "

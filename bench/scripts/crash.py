@@ -2,9 +2,10 @@
 
 Every rank appends ``<time.time()> <rank> <attempt> worker`` to ``$BENCH_READY`` first. On attempt 0
 the rank ``$BENCH_CRASH_RANK`` waits (no barrier: it polls the ready file) until the ready file holds
-``$BENCH_NPROC`` attempt-0 lines, appends ``<time.time()> <rank>`` to ``$BENCH_CRASH`` and calls
-``os._exit(1)``; the other ranks sleep and exit at once on SIGTERM. On later attempts every rank
-exits 0 right away.
+``$BENCH_NPROC`` attempt-0 lines (and, when set, until the file ``$BENCH_CRASH_WHEN`` exists),
+appends ``<time.time()> <rank>`` to ``$BENCH_CRASH`` and calls ``os._exit(1)``; the other ranks sleep
+and exit at once on SIGTERM (appending ``<time.time()> <rank>`` to ``$BENCH_TERM`` first, when set).
+On later attempts every rank exits 0 right away.
 """
 import os
 import signal
@@ -28,13 +29,21 @@ def _ready_count(path):
 
 
 _append(_env["BENCH_READY"], "%r %s %s worker" % (T, RANK, ATTEMPT))
-signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+def _on_term(*_):
+    if _env.get("BENCH_TERM"):
+        _append(_env["BENCH_TERM"], "%r %s" % (time.time(), RANK))
+    os._exit(0)
+
+
+signal.signal(signal.SIGTERM, _on_term)
 if ATTEMPT == "0":
     if RANK == _env["BENCH_CRASH_RANK"]:
         nproc = int(_env["BENCH_NPROC"])
         deadline = time.time() + 60
         while _ready_count(_env["BENCH_READY"]) < nproc and time.time() < deadline:
             time.sleep(0.001)
+        while _env.get("BENCH_CRASH_WHEN") and not os.path.exists(_env["BENCH_CRASH_WHEN"]):
+            time.sleep(0.001)  # --preload: the bench says when the standbys are ready
         time.sleep(float(_env.get("BENCH_CRASH_DELAY", "0.02")))  # peers reach their sleep (unmeasured)
         _append(_env["BENCH_CRASH"], "%r %s" % (time.time(), RANK))
         os._exit(1)

@@ -2,7 +2,8 @@
 
 Owns: ``resetjson`` (reading reset.json) and ``resetfollow`` (following it during a run, deciding on
 its changes), ``taskd`` / ``taskd_sidecar`` (TaskD preload and the manager sidecar), ``sync`` /
-``syncdir`` / ``syncjoin`` (the cross-node restart protocol, its shared files, joining it).
+``syncdir`` / ``etcdstore`` / ``etcdclient`` / ``syncjoin`` (the cross-node restart protocol, its
+stores: shared files or etcd, joining it).
 
 May import: ``launcher.supervision``, ``launcher.monitoring``, ``launcher.jobspec``,
 ``launcher.common``.

@@ -1,15 +1,18 @@
-"""Coordinated restarts of one job's launchers through storage every node shares (``--sync-dir``).
+"""Coordinated restarts of one job's launchers: the protocol, over a store of records.
 
 Restart generations (docs/multinode.md): generation ``g`` is the attempt number, the same on every
-node. :class:`Coordinator` runs the protocol behind the supervisor's hooks over the files of
-:mod:`launcher.cluster.syncdir`; :mod:`launcher.cluster.syncjoin` joins it for ``launcher run``.
+node. :class:`Coordinator` runs the protocol behind the supervisor's hooks over a :class:`Store`:
+the files of :mod:`launcher.cluster.syncdir` (``--sync-dir``) or the keys of
+:mod:`launcher.cluster.etcdstore` (``--coordinator etcd://``, which adds leased membership: a node
+whose launcher dies is *lost*). :mod:`launcher.cluster.syncjoin` joins one for ``launcher run``.
 """
 
 import logging
 import time
-from typing import Callable, List, Optional, Sequence, Set, Tuple
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from launcher.cluster.syncdir import ABORT, DONE, STOPPED, Generation, SyncDir, failure_of
+from launcher.cluster.syncdir import ABORT, DONE, NEXT, STOPPED, Generation, failure_of
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -21,22 +24,67 @@ POLL_INTERVAL = 0.5
 Emit = Callable[..., object]
 
 
+@dataclass(frozen=True)
+class Elastic:
+    """Elastic membership (``--nnodes MIN:MAX``): after a server is lost, wait ``wait`` seconds for a
+    replacement, then go on without it if at least ``min_nodes`` servers remain."""
+
+    min_nodes: int
+    wait: float
+
+
+class Store(Protocol):
+    """Where the nodes' records live (``SyncDir``, ``EtcdStore``); ``read`` and ``write`` never block long.
+
+    Attributes:
+        index: This server's index; count: how many servers; path: where, for messages.
+    """
+
+    index: int
+    count: int
+    path: str
+
+    def name(self, index: int) -> str:
+        """``server 1 (10.0.0.2)``."""
+
+    def gen_path(self, generation: int) -> str:
+        """Where generation ``generation``'s records are, for messages."""
+
+    def read(self, generation: int) -> Generation:
+        """Every node's records of ``generation``."""
+
+    def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
+        """Publish ``gen_<g>/<name>``; with ``exclusive``, False when it already exists."""
+
+    def close(self, reason: str) -> None:
+        """Mark the incarnation as ended."""
+
+    def shutdown(self) -> None:
+        """Release what the store holds (threads, lease)."""
+
+
 class Coordinator(NoSync):
     """The restart-generation protocol behind the supervisor's hooks.
 
     Args:
-        files: This incarnation's files.
+        files: This incarnation's records.
         timeout: ``--sync-timeout``: longest wait for the other nodes at a barrier.
         emit: ``emit(event_name, **fields)`` for events.jsonl.
         call_later, cancel, post: The event loop's timers and event queue (``LocalProcessGroup``).
-        interval: Seconds between two looks at the shared directory.
+        interval: Seconds between two looks at the store.
         clock: Monotonic clock (tests pass a fake one).
+        elastic: Elastic membership, or None: a lost server ends the job.
+
+    Attributes:
+        members: The servers of the current generation (all of the table's unless elastic).
     """
 
-    def __init__(self, files: SyncDir, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
+    def __init__(self, files: Store, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
                  cancel: Callable[[int], None], post: Callable[[object], None], interval: float = POLL_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
+        self.elastic = elastic
+        self.members: Tuple[int, ...] = tuple(range(files.count))
         self._call_later, self._cancel, self._post = call_later, cancel, post
         self._timer: Optional[int] = None
         self._generation = 0
@@ -48,6 +96,8 @@ class Coordinator(NoSync):
         """Watch ``gen_<g>/`` for other nodes' failures and for ``abort`` (first look at once)."""
         self._unwatch()
         self._generation = generation
+        if self.elastic is not None:  # tells a launcher that joins later which generation runs
+            self.files.write(generation, f"running.{self.files.index}", {})
         self._timer = self._call_later(0.0, self._poll)
 
     def _unwatch(self) -> None:
@@ -74,7 +124,19 @@ class Coordinator(NoSync):
         if failures:
             first = failures[0]
             return PeerUpdate(state.number, first, f"{first.label} failed ({first.info.describe()})")
+        lost = self._lost(state)
+        if lost:
+            names = self._names(lost)
+            return PeerUpdate(state.number, failure_of(state.number, {"name": names, "exited_at": time.time()}),
+                              f"{names} lost (its launcher's lease expired)")
         return None
+
+    def _lost(self, state: Generation) -> List[int]:
+        """The generation's members that are lost."""
+        return sorted(state.lost & set(self.members))
+
+    def _names(self, servers) -> str:
+        return ", ".join(self.files.name(i) for i in sorted(servers))
 
     def rank_failed(self, generation: int, ranks: Sequence[int], failure: Failure) -> None:
         """Announce ``gen_<g>/failed.<i>.json`` before the local group is stopped."""
@@ -113,21 +175,32 @@ class Coordinator(NoSync):
     def _barrier(self, generation: int, failure: Optional[Failure], wait: Wait) -> Agreement:
         """``stopped.<i>``, then wait until every node stopped: restart with the union of failures."""
         self._mark(generation, STOPPED)
-        state, waited = self._await(generation, wait, STOPPED,
-                                    lambda s: s.abort is not None or bool(s.done) or not s.missing(self.files.count))
+        state, waited = self._await(generation, wait, STOPPED, lambda s: s.abort is not None
+                                    or bool(s.done & set(self.members)) or not self._waiting(s))
         if state is None:
             return Agreement()
         code = failure.info.exit_code if failure is not None else state.exit_code()
         if state.abort is not None:
             log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation, state.abort["reason"])
             return Agreement(exit_code=code, reason="failed")
-        if state.done:
-            names = ", ".join(self.files.name(i) for i in sorted(state.done))
+        if state.done & set(self.members):
+            names = self._names(state.done & set(self.members))
             log.error("%s finished generation %d and starts nothing more: the job cannot restart", names, generation)
             self._abort(generation, code, f"{names} already finished")
             return Agreement(exit_code=code, reason="failed")
-        if state.missing(self.files.count):
-            return self._timed_out(generation, state.missing(self.files.count), STOPPED)
+        if self._waiting(state):
+            return self._timed_out(generation, self._waiting(state), STOPPED)
+        if self._lost(state):
+            if self.elastic is None:
+                return self._end_for_lost(generation, state, code)
+            state = self._await_replacement(generation, state, wait)
+            if state is None:
+                return Agreement()
+        servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
+        if servers != self.members:
+            ended = self._regroup(generation, servers, code, wait)
+            if ended is not None:
+                return ended
         ranks = state.failed_ranks()
         self.emit("sync_barrier", generation=generation, waited=round(waited, 3), failed_ranks=list(ranks),
                   failed_servers=sorted(state.failed))
@@ -135,34 +208,100 @@ class Coordinator(NoSync):
                  waited, list(ranks))
         return Agreement(ranks)
 
+    def _waiting(self, state: Generation) -> List[int]:
+        """Servers still expected to report ``state``'s generation (not lost)."""
+        return [i for i in state.missing(self.members) if i not in state.lost]
+
+    def _end_for_lost(self, generation: int, state: Generation, code: int, note: str = "") -> Agreement:
+        """A server is lost: the job cannot go on with the nodes it has."""
+        lost = self._lost(state)
+        names = self._names(lost)
+        log.error("%s lost in generation %d (its launcher's lease expired): ending the job%s", names, generation, note)
+        if not note:  # with a note (too few left), sync_lost was said when the wait for a replacement began
+            self.emit("sync_lost", generation=generation, servers=lost)
+        self._abort(generation, code, f"{names} lost")
+        return Agreement(exit_code=code, reason="failed")
+
+    def _await_replacement(self, generation: int, state: Generation, wait: Wait) -> Optional[Generation]:
+        """Elastic: give a launcher up to ``elastic.wait`` seconds to take a lost server's place."""
+        lost = self._lost(state)
+        self.emit("sync_lost", generation=generation, servers=lost, wait=self.elastic.wait)
+        log.warning("%s lost in generation %d: waiting up to %.0f s for a replacement", self._names(lost), generation,
+                    self.elastic.wait)
+        state, _ = self._await(generation, wait, "a replacement", lambda s: s.abort is not None or not self._lost(s),
+                               self.elastic.wait)
+        return state
+
+    def _regroup(self, generation: int, servers: Tuple[int, ...], code: int, wait: Wait) -> Optional[Agreement]:
+        """Elastic: agree on the servers of the next generation (the first proposal in etcd wins).
+
+        Returns:
+            None to go on (``members`` updated), else how the job ends.
+        """
+        if len(servers) < self.elastic.min_nodes:
+            state = self._read(generation)
+            return self._end_for_lost(generation, state, code, f" ({len(servers)} server(s) left, "
+                                                               f"--nnodes needs at least {self.elastic.min_nodes})")
+        self.files.write(generation, f"{NEXT}.json", {"servers": list(servers)}, exclusive=True)
+        state, _ = self._await(generation, wait, "the next generation's servers", lambda s: s.next is not None)
+        if state is None:
+            return Agreement()
+        if state.next is None:
+            return self._timed_out(generation, [], NEXT)
+        agreed = tuple(int(i) for i in state.next.get("servers", ()))
+        if self.files.index not in agreed:
+            log.error("the other nodes go on without this one (generation %d: %s)", generation + 1, self._names(agreed))
+            return Agreement(exit_code=code, reason="failed")
+        previous, self.members = self.members, agreed
+        self.emit("sync_membership", generation=generation + 1, servers=list(agreed), previous=list(previous))
+        log.warning("generation %d runs on %d server(s) (was %d): %s", generation + 1, len(agreed), len(previous),
+                    self._names(agreed))
+        return None
+
+    def join_running(self, generation: int, wait: Wait) -> Agreement:
+        """A launcher that joined a running elastic job (it announced itself in ``generation``):
+        learn the generation's servers, then pass its barrier like the others."""
+        for number in range(generation - 1, -1, -1):
+            proposal = self._read(number).next
+            if proposal is not None:
+                self.members = tuple(int(i) for i in proposal.get("servers", ()))
+                break
+        self._written.add((generation, STOPPED))  # announced with the join
+        return self.settle(generation, None, None, [], wait)
+
     def _finish_together(self, generation: int, wait: Wait) -> Agreement:
         """``done.<i>``, then wait for every node's outcome: success only if all are done."""
         self._mark(generation, DONE)
-        count = self.files.count
+        members = set(self.members)
         state, waited = self._await(generation, wait, DONE,
-                                    lambda s: s.abort is not None or s.failed or s.stopped or len(s.done) == count)
+                                    lambda s: s.abort is not None or s.failed or s.stopped or self._lost(s)
+                                    or members <= s.done)
         if state is None:
             return Agreement()
-        if len(state.done) == count:
+        if members <= state.done:
             self.emit("sync_all_done", generation=generation, waited=round(waited, 3))
             return Agreement()
+        if self._lost(state) and state.abort is None and not state.failed and not state.stopped:
+            return self._end_for_lost(generation, state, 1)
         if state.abort is None and not state.failed and not state.stopped:
-            return self._timed_out(generation, [i for i in range(count) if i not in state.done], DONE)
+            return self._timed_out(generation, [i for i in self.members if i not in state.done], DONE)
         cause = state.failures()
         log.error("this node's ranks finished, but the job failed on another node in generation %d: %s",
                   generation, f"{cause[0].label} ({cause[0].info.describe()})" if cause else "see its log")
         return Agreement(exit_code=state.exit_code(), reason="failed")
 
-    def _await(self, generation: int, wait: Wait, what: str,
-               ready: Callable[[Generation], bool]) -> Tuple[Optional[Generation], float]:
-        """Poll ``gen_<g>`` until ``ready``, the timeout (returns the last state) or the run's end (None)."""
+    def _await(self, generation: int, wait: Wait, what: str, ready: Callable[[Generation], bool],
+               timeout: Optional[float] = None) -> Tuple[Optional[Generation], float]:
+        """Poll ``gen_<g>`` until ``ready``, the timeout (``--sync-timeout`` unless given; returns the
+        last state) or the run's end (None)."""
         start = self.clock()
-        deadline = start + self.timeout
+        timeout = self.timeout if timeout is None else timeout
+        deadline = start + timeout
         state = self._read(generation)
         if not ready(state):
-            waiting = [self.files.name(i) for i in state.missing(self.files.count)]
-            self.emit("sync_wait", generation=generation, waiting_for=what, servers=waiting, timeout=self.timeout)
-            log.info("generation %d: waiting for %s (up to %.0f s)", generation, ", ".join(waiting), self.timeout)
+            waiting = [self.files.name(i) for i in state.missing(self.members)] or [what]
+            self.emit("sync_wait", generation=generation, waiting_for=what, servers=waiting, timeout=timeout)
+            log.info("generation %d: waiting for %s (up to %.0f s)", generation, ", ".join(waiting), timeout)
         while not ready(state):
             remaining = deadline - self.clock()
             if remaining <= 0:

@@ -24,7 +24,7 @@ import re
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Failure
@@ -32,8 +32,8 @@ from launcher.supervision.states import ExitInfo
 
 log = logging.getLogger(__name__)
 
-CLOSED, ABORT, STOPPED, DONE = "closed", "abort", "stopped", "done"
-_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)")
+CLOSED, ABORT, STOPPED, DONE, NEXT = "closed", "abort", "stopped", "done", "next"
+_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next)\.json")
 _INCARNATION = re.compile(r"inc_(\d+)")
 
 
@@ -47,6 +47,10 @@ class Generation:
         stopped: Servers whose processes of this generation are all gone, restarting.
         done: Servers whose ranks all exited 0.
         abort: The ``abort`` record, if the job ends.
+        lost: Servers that joined and are gone without a word (their lease expired: coordinators
+            with membership only, ``launcher.cluster.etcdstore``).
+        next: The ``next.json`` record: the servers of generation ``number + 1`` when they differ
+            from this one's (elastic membership; the first writer wins).
     """
 
     number: int
@@ -54,14 +58,18 @@ class Generation:
     stopped: FrozenSet[int] = frozenset()
     done: FrozenSet[int] = frozenset()
     abort: Optional[dict] = None
+    lost: FrozenSet[int] = frozenset()
+    next: Optional[dict] = None
 
     def failed_ranks(self) -> Tuple[int, ...]:
         """The union of every node's failed ranks: the restore plan's fault ranks."""
         return tuple(sorted({int(r) for record in self.failed.values() for r in record.get("ranks", ())}))
 
-    def missing(self, server_count: int) -> List[int]:
-        """Servers that have neither stopped nor finished this generation."""
-        return [i for i in range(server_count) if i not in self.stopped and i not in self.done]
+    def missing(self, servers: Union[int, Iterable[int]]) -> List[int]:
+        """Servers (a count, or the indices of the generation's members) that have neither stopped
+        nor finished this generation."""
+        members = range(servers) if isinstance(servers, int) else servers
+        return [i for i in members if i not in self.stopped and i not in self.done]
 
     def failures(self, exclude: Optional[int] = None) -> List[Failure]:
         """Each node's first failure, earliest first (by the failing node's clock)."""
@@ -80,9 +88,47 @@ class Generation:
 def failure_of(generation: int, record: dict) -> Failure:
     """A failure record of a node (``failed.<i>.json`` or ``abort``) as the supervisor's ``Failure``."""
     rank = int(record.get("rank", -1))
-    label = f"rank {rank} on {record.get('name', 'server ?')}" if rank >= 0 else str(record.get("name"))
+    label = f"rank {rank} on {record.get('name', 'server ?')}" if rank >= 0 \
+        else " ".join(str(part) for part in (record.get("name"), record.get("note")) if part)
     return Failure(generation, rank, label, ExitInfo(int(record.get("returncode", 1)),
                                                      float(record.get("exited_at", record.get("ts", 0.0)))))
+
+
+def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[dict]]) -> Generation:
+    """What the records ``names`` of generation ``number`` say; ``load(name)`` reads one (None: skip it)."""
+    failed: Dict[int, dict] = {}
+    marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
+    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None}
+    for name in names:
+        match = _MARKER.fullmatch(name)
+        if match is None:
+            continue
+        if match.group(3):
+            marks[match.group(3)].add(int(match.group(4)))
+            continue
+        record = load(name)
+        if record is not None and match.group(1):
+            failed[int(match.group(2))] = record
+        elif record is not None:
+            records[match.group(5) or match.group(6)] = record
+    return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), records[ABORT],
+                      next=records[NEXT])
+
+
+def stamp(index: int, name: str, data: dict) -> dict:
+    """A record as server ``index`` (called ``name``) writes it: who, where, when, then ``data``."""
+    return {"server": index, "name": name, "host": socket.gethostname(), "pid": os.getpid(), "ts": time.time(),
+            **data}
+
+
+def valid(record: object) -> Optional[dict]:
+    """``record`` if it is one of ours (the fields its readers convert do convert), else None."""
+    try:
+        failure_of(0, record)  # type: ignore[arg-type]
+        int(record.get("exit_code") or 1) + sum(int(r) for r in record.get("ranks", ()))  # type: ignore[union-attr]
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return record  # type: ignore[return-value]
 
 
 class SyncDir:
@@ -136,22 +182,7 @@ class SyncDir:
             names = os.listdir(directory)
         except FileNotFoundError:
             names = []
-        failed: Dict[int, dict] = {}
-        marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
-        abort = None
-        for name in names:
-            match = _MARKER.fullmatch(name)
-            if match is None:
-                continue
-            if match.group(3):
-                marks[match.group(3)].add(int(match.group(4)))
-                continue
-            record = _load(os.path.join(directory, name))
-            if record is not None and match.group(1):
-                failed[int(match.group(2))] = record
-            elif record is not None:
-                abort = record
-        return Generation(generation, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), abort)
+        return collect(generation, names, lambda name: _load(os.path.join(directory, name)))
 
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
         """Publish ``gen_<g>/<name>``; with ``exclusive``, False when it already exists."""
@@ -161,10 +192,12 @@ class SyncDir:
         """Mark the incarnation as ended: a later start of the job does not join it."""
         self._publish("", CLOSED, {"reason": reason}, exclusive=True)
 
+    def shutdown(self) -> None:
+        """Nothing to release: files are written at once."""
+
     def _publish(self, sub: str, name: str, data: dict, exclusive: bool) -> bool:
         directory = os.path.join(self.path, sub) if sub else self.path
-        record = {"server": self.index, "name": self.name(self.index), "host": socket.gethostname(),
-                  "pid": os.getpid(), "ts": time.time(), **data}
+        record = stamp(self.index, self.name(self.index), data)
         target = os.path.join(directory, name)
         tmp = os.path.join(directory, f".{name}.{socket.gethostname()}.{os.getpid()}.tmp")
         try:
@@ -193,9 +226,6 @@ def _load(path: str) -> Optional[dict]:
     """A record written by a launcher, or None (unreadable, incomplete, or not one of ours)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
-        failure_of(0, record)  # the fields the readers convert must convert
-        int(record.get("exit_code") or 1) + sum(int(r) for r in record.get("ranks", ()))
-    except (OSError, ValueError, TypeError, AttributeError):
+            return valid(json.load(fh))
+    except (OSError, ValueError):
         return None
-    return record

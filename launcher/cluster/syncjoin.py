@@ -1,52 +1,120 @@
-"""Joining the cross-node restart coordination (``--sync-dir``) as an integration of ``launcher run``.
+"""Joining the cross-node restart coordination (``--coordinator``, ``--sync-dir``) as an integration.
 
-:class:`SyncCoordination` joins this job's incarnation in the shared directory before the first
-attempt and hands the supervisor its :class:`launcher.cluster.sync.Coordinator` (an explicit
+:class:`SyncCoordination` joins this job's incarnation in etcd or in the shared directory before the
+first attempt and hands the supervisor its :class:`launcher.cluster.sync.Coordinator` (an explicit
 dependency of the restart loop). The supervisor leaves the coordination when the job ends; if the
 launcher fails instead, :meth:`SyncCoordination.stop` leaves it, so the other nodes stop now rather
 than at their ``--sync-timeout``.
 """
 
 import logging
-from typing import Any, Mapping, Optional
+import time
+from typing import Any, Mapping, Optional, Sequence
 
-from launcher.cluster.sync import Coordinator
+from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
 from launcher.cluster.syncdir import SyncDir
 from launcher.common.errors import LauncherError, UsageError
+from launcher.jobspec.options import parse_coordinator
 from launcher.supervision.integration import Host, Integration
+from launcher.supervision.loopevents import SignalReceived
 from launcher.supervision.policy import RunResult
 
 log = logging.getLogger(__name__)
 
+#: Seconds between two looks at etcd's snapshot: it is in memory, kept current by a watch.
+ETCD_POLL_INTERVAL = 0.05
+
 
 class SyncCoordination(Integration):
-    """``--sync-dir``: restart generations shared with the other launchers of the job."""
+    """``--coordinator`` / ``--sync-dir``: restart generations shared with the other launchers of the job."""
 
     name = "sync coordinator"
 
     def __init__(self) -> None:
         self.coordinator: Optional[Coordinator] = None
+        self.files: Optional[Store] = None
+        self.first_generation = 0  # a launcher that joined a running job starts at the next generation
         self._generation = 0  # the supervisor's attempt number, from its events
         self._left = False
 
     def start(self, host: Host) -> None:
-        """Join ``<sync-dir>/<run id>`` (UsageError when the directory cannot be used)."""
+        """Join the job's incarnation (UsageError when the directory cannot be used, LauncherError
+        when etcd does not answer)."""
         opts, ctx = host.opts, host.ctx
-        if not opts.sync_dir:
+        if not opts.sync_dir and not opts.coordinator:
             return
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
-        try:
-            files = SyncDir.join(opts.sync_dir, ctx.run_id, topo.server_index, names)
-        except (OSError, LauncherError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) else exc.message
-            raise UsageError(f"cannot use --sync-dir {opts.sync_dir}: {reason}",
-                             ["it must be a directory every node of the job can write"]) from None
+        files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names) if opts.coordinator \
+            else self._join_dir(opts.sync_dir, ctx.run_id, topo.server_index, names)
+        self.files = files
         host.emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
                   timeout=opts.sync_timeout)
         log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
         group = host.group
-        self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post)
+        elastic = Elastic(opts.min_nodes, opts.elastic_wait) if opts.min_nodes is not None else None
+        self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post,
+                                       interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL,
+                                       elastic=elastic)
+        running = getattr(files, "running", None)
+        if running is not None:
+            self._join_running(host, running)
+        elif opts.coordinator:
+            self._await_start(host, files, opts.sync_timeout)
+
+    def _await_start(self, host: Host, files: Any, timeout: float) -> None:
+        """The barrier before the first generation: every server of the table has joined (etcd only:
+        ``--sync-dir`` starts at once, as it always did)."""
+        start = time.monotonic()
+        missing = files.not_joined()
+        if missing:
+            names = ", ".join(files.name(i) for i in missing)
+            host.emit("sync_wait", generation=0, waiting_for="join", servers=missing, timeout=timeout)
+            log.info("waiting for %s to join (up to %.0f s)", names, timeout)
+        while missing:
+            if time.monotonic() - start >= timeout:
+                names = ", ".join(files.name(i) for i in missing)
+                raise LauncherError(f"--sync-timeout: {names} did not join within {timeout:.0f} s")
+            if not _idle(host.group, ETCD_POLL_INTERVAL):
+                raise LauncherError("stopped while waiting for the other nodes to join")
+            missing = files.not_joined()
+        host.emit("sync_start", waited=round(time.monotonic() - start, 3))
+
+    def _join_running(self, host: Host, generation: int) -> None:
+        """Elastic: this launcher joined a running job in ``generation``; wait for its barrier (the
+        others stop their ranks), then start with them at the next generation."""
+        log.warning("joining the running job: the other nodes stop generation %d and restart with this one",
+                    generation)
+        host.emit("sync_join_running", generation=generation)
+        agreed = self.coordinator.join_running(generation, lambda seconds: _idle(host.group, seconds))
+        if agreed.exit_code is not None:
+            raise LauncherError(f"could not join the running job in generation {generation}")
+        self.first_generation = generation + 1
+
+    def members(self) -> Optional[Sequence[int]]:
+        """The servers of the current generation (elastic membership), or None without coordination."""
+        return self.coordinator.members if self.coordinator is not None else None
+
+    @staticmethod
+    def _join_dir(sync_dir: str, run_id: str, index: int, names: Sequence[str]) -> Store:
+        try:
+            return SyncDir.join(sync_dir, run_id, index, names)
+        except (OSError, LauncherError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else exc.message
+            raise UsageError(f"cannot use --sync-dir {sync_dir}: {reason}",
+                             ["it must be a directory every node of the job can write"]) from None
+
+    @staticmethod
+    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str]) -> Store:
+        from launcher.cluster.etcdclient import EtcdClient, EtcdError
+        from launcher.cluster.etcdstore import EtcdStore
+
+        client = EtcdClient(parse_coordinator(opts.coordinator))
+        try:
+            return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
+                                  elastic=opts.min_nodes is not None)
+        except EtcdError as exc:
+            raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 
     def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
         """Track the supervisor's attempt number (also counted by restarts) and whether it left."""
@@ -56,6 +124,13 @@ class SyncCoordination(Integration):
             self._left = True
 
     def stop(self) -> None:
-        """The launcher failed before the supervisor left: tell the other nodes now."""
+        """Tell the other nodes now if the launcher failed before the supervisor left; release the store."""
         if self.coordinator is not None and not self._left:
             self.coordinator.leave(self._generation, RunResult(1, "launcher-error", 0), quiet=True)
+        if self.files is not None:
+            self.files.shutdown()
+
+
+def _idle(group: Any, seconds: float) -> bool:
+    """Run the event loop for up to ``seconds`` before the first attempt; False on a stop signal."""
+    return not isinstance(group.wait_event(seconds), SignalReceived)

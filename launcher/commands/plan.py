@@ -61,6 +61,9 @@ def _report_path(ctx: click.Context, name: str, option: str, path: str) -> str:
               help="Completion-marker file name, e.g. '{name}.done'.")
 @click.option("--settle-seconds", type=click.FloatRange(min=0), default=DEFAULT_SETTLE_SECONDS,
               show_default=True, help="Interval of the 'file still being written' check.")
+@click.option("--strategy-file", metavar="FILE",
+              help="MindSpore: this world's sharding-strategy file; a step another world wrote "
+                   "(manifests/) is planned to be converted to it.")
 @click.option("--rank", type=click.IntRange(min=0), help="Also print this rank's environment.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
@@ -68,10 +71,12 @@ def plan(ctx: click.Context, world_size: int, fault_npus: str, reset_json: str, 
          group_info_root: Optional[str], groups_file: Optional[str], dp: Optional[int],
          tp: Optional[int], pp: Optional[int], checkpoint_dir: Optional[str],
          checkpoint_pattern: Optional[str], checkpoint_marker: Optional[str],
-         settle_seconds: float, rank: Optional[int], as_json: bool) -> None:
+         settle_seconds: float, strategy_file: Optional[str], rank: Optional[int], as_json: bool) -> None:
     """Print the restore plan (sources, checkpoints, RESTORE_RANKS) for the given inputs."""
     if rank is not None and rank >= world_size:
         raise UsageError(f"--rank {rank} outside 0..{world_size - 1}")
+    if strategy_file is not None and not os.path.isfile(strategy_file):
+        raise UsageError(f"--strategy-file: {strategy_file} is not a file")
     inputs = PlanInputs(
         world_size=world_size,
         fault_npus_path=_report_path(ctx, "fault_npus", "--fault-npus", fault_npus),
@@ -79,7 +84,7 @@ def plan(ctx: click.Context, world_size: int, fault_npus: str, reset_json: str, 
         extra_fault_ranks=parse_rank_list(fault_ranks, "--fault-ranks"),
         group_info_root=group_info_root, groups_file=groups_file, dp=dp, tp=tp, pp=pp,
         checkpoint_dir=checkpoint_dir, checkpoint_pattern=checkpoint_pattern,
-        checkpoint_marker=checkpoint_marker, settle_seconds=settle_seconds)
+        checkpoint_marker=checkpoint_marker, settle_seconds=settle_seconds, strategy_file=strategy_file)
     result = compute_plan(inputs)
     env = result.env_for(rank) if rank is not None else None
     if as_json:

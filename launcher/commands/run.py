@@ -17,7 +17,7 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Where the ranks come from", ("--rank-table", "--rank-table-timeout", "--server-id", "--framework")),
     ("Local runs, torchrun style (no rank table)", ("--nproc-per-node", "--nnodes", "--node-rank",
                                                      "--master-addr", "--master-port")),
-    ("How COMMAND runs", ("--no-python", "--module")),
+    ("How COMMAND runs", ("--no-python", "--module", "--preload", "--preload-max-rss")),
     ("Supervision and restarts", ("--max-restarts", "--restart-backoff", "--restart-backoff-max", "--stop-timeout",
                                   "--recover-strategy",
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
@@ -27,9 +27,10 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id", "--metrics-port",
                         "--metrics-textfile")),
     ("Debugging a rank", ("--debug-rank", "--pdb")),
-    ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--dp", "--tp", "--pp",
+    ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--strategy-file", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
+                                                             "--coordinator", "--coordinator-ttl", "--elastic-wait",
                                                              "--sync-dir", "--sync-timeout", "--taskd",
                                                              "--taskd-port")),
     ("Other options", ("--config", "--dry-run", "--json", "--help")),
@@ -135,6 +136,13 @@ def _check_section_timeouts(_ctx: click.Context, _param: click.Parameter, value:
     return tuple(value)
 
 
+def _check_preload(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    from launcher.jobspec.preload import parse_modules
+
+    parse_modules(value)  # UsageError: one line, exit 2 (--dry-run too)
+    return value
+
+
 def _opt(*decls: str, **kwargs: Any) -> Callable:
     """A ``run`` option that can also be set as ``LAUNCHER_<NAME>`` in the environment."""
     name = decls[0].lstrip("-").replace("-", "_")
@@ -156,7 +164,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Seconds to wait for the cluster to finish writing the rank table.")
 @_opt("--nproc-per-node", type=torchrun.NprocType(),
       help="Start N ranks on this machine, no rank table needed; auto, cpu or npu count the devices.")
-@_opt("--nnodes", type=torchrun.NnodesType(), default=1, help="Number of machines (with --nproc-per-node).")
+@_opt("--nnodes", type=torchrun.NnodesType(), default=1,
+      help="Number of machines (with --nproc-per-node); MIN:MAX with --coordinator: elastic, the job goes on "
+           "with at least MIN when a machine is lost.")
 @_opt("--node-rank", type=click.IntRange(min=0), default=0, help="This machine's index, from 0 (with --nproc-per-node).")
 @_opt("--master-addr", help="Address of the machine running rank 0 (default: from the rank table, else 127.0.0.1).")
 @_opt("--master-port", type=click.IntRange(1, 65535),
@@ -228,6 +238,9 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
            "picks the newest complete one and tells each rank which file to load.")
 @_opt("--checkpoint-pattern", help="Regex of checkpoint file names, with (?P<step>...) and optionally "
                                   "(?P<epoch>...).")
+@_opt("--strategy-file", type=click.Path(dir_okay=False),
+      help="MindSpore: this world's sharding-strategy file; a checkpoint step another world size wrote "
+           "(DIR/manifests/) is converted to it before the ranks start.")
 @_opt("--fault-npus", default=DEFAULT_FAULT_NPUS, help="The cluster's list of faulty devices.")
 @_opt("--reset-json", default=DEFAULT_RESET_JSON, help="The cluster's reset.json (status of every rank), followed while the job runs.")
 @_opt("--fault-ranks", help="Ranks whose checkpoints must not be loaded, e.g. 3,5.")
@@ -239,11 +252,20 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="What to do when a rank fails, comma-separated: retry, recover, recover-in-place, dump, exit, "
            "elastic-training (default: "
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
+@_opt("--coordinator", metavar="etcd://HOST:PORT[,HOST:PORT]",
+      help="etcd that the launchers of the job restart together through, with leases: a machine whose "
+           "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere).")
+@_opt("--coordinator-ttl", type=click.IntRange(min=1), default=5,
+      help="With --coordinator: seconds of silence after which a machine's launcher counts as lost.")
+@_opt("--elastic-wait", type=click.FloatRange(min=0), default=30.0,
+      help="With --nnodes MIN:MAX: seconds to wait for a replacement of a lost machine before going on "
+           "without it.")
 @_opt("--sync-dir", type=click.Path(file_okay=False),
       help="Directory every machine of the job can write: their launchers restart together "
            "(needs the same --run-id everywhere).")
 @_opt("--sync-timeout", type=click.FloatRange(min=0), default=300.0,
-      help="With --sync-dir: seconds to wait for the other machines at a restart before exiting 1.")
+      help="With --sync-dir or --coordinator: seconds to wait for the other machines at a restart before "
+           "exiting 1.")
 @_opt("--taskd", type=click.Choice(["auto", "on", "off"]), default="auto",
       help="MindCluster TaskD (recovery of single processes): its manager runs next to rank 0 "
            "(auto: when the taskd package is installed and TASKD_PROCESS_ENABLE is not off).")
@@ -255,6 +277,14 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--pdb", is_flag=True,
       help="Post-mortem: the first rank that raises runs pdb on this terminal before the job is stopped "
            "(Python commands only).")
+@_opt("--preload", metavar="MODULES", callback=_check_preload,
+      help="Warm standby ranks: per rank, a Python interpreter that already imported these modules "
+           "(comma-separated, e.g. torch,numpy) becomes the rank on a restart, skipping start-up and imports. "
+           "Python scripts and -m modules only; never modules that start threads or open devices "
+           "(docs/warm-standby.md). Default: none.")
+@_opt("--preload-max-rss", type=click.FloatRange(min=0), default=4096.0, metavar="MIB",
+      help="Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
+           "(0: no cap).")
 @_opt("--dry-run", is_flag=True, help="Print every rank's command line and environment; start nothing.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -286,7 +316,10 @@ def run_options(ctx: click.Context) -> RunOptions:
     # Given by the user: on the command line, in the environment or in the --config file (default_map).
     explicit = [name for name in ctx.params
                 if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)]
-    kwargs = torchrun.translate(dict(ctx.params), explicit)
+    params = dict(ctx.params)
+    if isinstance(params["nnodes"], tuple):  # MIN:MAX: the table has MAX servers; MIN is elastic's floor
+        params["min_nodes"], params["nnodes"] = params["nnodes"]
+    kwargs = torchrun.translate(params, explicit)
     kwargs["command"] = torchrun.python_command(kwargs["command"], kwargs.pop("no_python"), kwargs.pop("module"),
                                                 os.environ)
     if kwargs.get("framework"):

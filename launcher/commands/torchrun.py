@@ -8,7 +8,7 @@ options, or refused with one line each saying what to do instead (exit 2).
 
 import os
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import click
 
@@ -104,24 +104,25 @@ class NprocType(click.ParamType):
 
 
 class NnodesType(click.ParamType):
-    """``--nnodes``: ``N``, or torchrun's ``MIN:MAX`` when both are the same (a fixed membership)."""
+    """``--nnodes``: ``N``, or torchrun's ``MIN:MAX``: an int when both are the same (a fixed
+    membership), else the pair ``(MIN, MAX)`` (elastic membership, with ``--coordinator``)."""
 
-    name = "N"
+    name = "N|MIN:MAX"
 
-    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> int:
-        if isinstance(value, int):
-            parts = [value]
+    def convert(self, value: Any, param: Optional[click.Parameter],
+                ctx: Optional[click.Context]) -> Union[int, Tuple[int, int]]:
+        if isinstance(value, (int, tuple)):
+            parts = list(value) if isinstance(value, tuple) else [value]
         else:
             try:
                 parts = [int(part) for part in str(value).split(":")]
             except ValueError:
                 self.fail(f"{value!r} is not a number of nodes", param, ctx)
-        if len(parts) > 2 or len(set(parts)) != 1:
-            self.fail(f"{value!r}: a range of nodes (elastic membership) is not supported; "
-                      "pass the fixed number of nodes", param, ctx)
-        if parts[0] < 1:
-            self.fail(f"{value!r} is not at least 1", param, ctx)
-        return parts[0]
+        if len(parts) > 2 or min(parts) < 1:
+            self.fail(f"{value!r}: expected N or MIN:MAX, each at least 1", param, ctx)
+        if parts[0] > parts[-1]:
+            self.fail(f"{value!r}: MIN is above MAX", param, ctx)
+        return parts[0] if len(set(parts)) == 1 else (parts[0], parts[1])
 
 
 def cpu_count() -> int:

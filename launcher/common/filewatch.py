@@ -12,6 +12,8 @@ inotify can overflow or miss a change behind a symlink that points elsewhere; wh
 available at all (not Linux, no libc symbol, out of inotify instances or watches) the watcher polls
 ``stat()`` of the path every ``poll_interval`` instead. ``on_change`` means "the content visible at
 the path *may* have changed": it can be called when nothing changed, and callers compare contents.
+
+:func:`shared_file_system` says where inotify cannot see every write (other machines write there).
 """
 
 import errno
@@ -272,3 +274,25 @@ class PathWatcher:
     def _fire(self) -> None:
         self._signature = signature(self.path)
         self._on_change()
+
+
+#: File system types on which inotify sees every write (all writers are on this machine).
+LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs"})
+
+
+def shared_file_system(path: str) -> bool:
+    """Whether ``path`` may be written by other machines: any file system type not known to be
+    local (NFS, CIFS, Lustre, GPFS, CephFS, FUSE mounts of object stores, ...), or unknown."""
+    real = os.path.realpath(path)
+    best, fstype = "", ""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            for line in fh:
+                fields = line.split()
+                mount = fields[4].replace("\\040", " ")
+                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
+                if inside and len(mount) >= len(best):
+                    best, fstype = mount, fields[fields.index("-") + 1]
+    except (OSError, ValueError, IndexError):
+        return True
+    return fstype not in LOCAL_FS_TYPES

@@ -60,6 +60,7 @@ class RunOptions:
     hccl_if_ip: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
+    strategy_file: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
     reset_json: Optional[str] = DEFAULT_RESET_JSON
     fault_ranks: Optional[str] = None
@@ -70,12 +71,18 @@ class RunOptions:
     recover_strategy: Optional[str] = None
     sync_dir: Optional[str] = None
     sync_timeout: float = 300.0
+    coordinator: Optional[str] = None
+    coordinator_ttl: int = 5
+    min_nodes: Optional[int] = None
+    elastic_wait: float = 30.0
     taskd: str = "auto"
     taskd_port: int = TASKD_DEFAULT_PORT
     debug_rank: Optional[int] = None
     pdb: bool = False
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
+    preload: Optional[str] = None
+    preload_max_rss: float = 4096.0
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)
@@ -185,13 +192,14 @@ def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple
     return ranks
 
 
-def check_sync_options(run_id: str, chosen: bool, server_count: int) -> None:
-    """``--sync-dir`` is scoped by the run id, so every node of the job must use the same one.
+def check_sync_options(run_id: str, chosen: bool, server_count: int, option: str = "--sync-dir") -> None:
+    """``--sync-dir`` / ``--coordinator`` are scoped by the run id, so every node must use the same one.
 
     Args:
         run_id: The job's run id.
         chosen: Whether it came from ``--run-id`` or ``MINDX_TASK_ID`` (rather than derived).
         server_count: Servers in the rank table.
+        option: The coordination option, for messages.
 
     Raises:
         UsageError: a derived run id with several servers, or a run id that is not a file name.
@@ -199,10 +207,28 @@ def check_sync_options(run_id: str, chosen: bool, server_count: int) -> None:
     # The derived id is the same on every node, but also for every rerun of the same command on the
     # same table: a rerun would meet the previous run's barriers under DIR/<run-id>/.
     if not chosen and server_count > 1:
-        raise UsageError("--sync-dir with several servers needs the same run id on every node, unique to this run",
+        raise UsageError(f"{option} with several servers needs the same run id on every node, unique to this run",
                          ["pass --run-id ID (or set MINDX_TASK_ID) identically to every launcher of the job"])
     if "/" in run_id or run_id in (".", ".."):
-        raise UsageError(f"--run-id {run_id!r} cannot name a directory under --sync-dir", ["use a run id without '/'"])
+        raise UsageError(f"--run-id {run_id!r} cannot name a directory under {option}", ["use a run id without '/'"])
+
+
+def parse_coordinator(url: str) -> List[Tuple[str, int]]:
+    """``--coordinator etcd://host:2379[,host2:2379]`` -> ``[(host, port), ...]`` (port 2379 when left out).
+
+    Raises:
+        UsageError: not an ``etcd://`` URL, or a bad host or port.
+    """
+    scheme = "etcd://"
+    if not url.startswith(scheme):
+        raise UsageError(f"--coordinator {url!r}: expected {scheme}HOST:PORT[,HOST:PORT]")
+    endpoints = []
+    for part in url[len(scheme):].rstrip("/").split(","):
+        host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "2379")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise UsageError(f"--coordinator {url!r}: bad endpoint {part!r}, expected HOST:PORT")
+        endpoints.append((host, int(port)))
+    return endpoints
 
 
 def env_var_for(option_name: str) -> str:

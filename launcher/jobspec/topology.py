@@ -208,3 +208,30 @@ def host_addresses() -> List[str]:
     except OSError:
         pass
     return list(dict.fromkeys(addresses))
+
+
+def regroup(topo: Topology, servers: Sequence[int]) -> Topology:
+    """The topology of a generation that only ``servers`` (indices into ``topo.table``) run: elastic
+    membership (``--nnodes MIN:MAX``) after a node was lost or joined.
+
+    The kept servers stay in table order with their devices; global ranks are renumbered
+    contiguously (server by server), so the world size is the kept servers' devices. A file table no
+    longer describes the job, so ``RANK_TABLE_FILE`` is not passed on (``table_file`` None).
+
+    Raises:
+        ValueError: this server is not among ``servers``, or an index is out of range.
+    """
+    table, own = topo.table, topo.server_index
+    if own not in servers or any(not 0 <= i < table.server_count for i in servers):
+        raise ValueError(f"server {own} not among {sorted(servers)} of {table.server_count}")
+    kept, next_rank, server = [], 0, topo.server
+    for index in sorted(set(servers)):
+        entry = table.servers[index]
+        devices = tuple(dataclasses.replace(d, rank_id=next_rank + i) for i, d in enumerate(entry.devices))
+        next_rank += len(devices)
+        kept.append(dataclasses.replace(entry, devices=devices))
+        if index == own:
+            server = kept[-1]
+    source = f"{topo.source}, {len(kept)} of {table.server_count} servers (elastic)"
+    return dataclasses.replace(topo, table=dataclasses.replace(table, servers=tuple(kept)), server=server,
+                               source=source, table_file=None)

@@ -88,7 +88,8 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
            "attempt": attempt, "restarts_left": seen.restarts_left,
            "ranks": _ranks(state, seen, attempt, now, os.path.join(run_dir, HEARTBEAT_DIR)),
            "stragglers": sorted(seen.stragglers), "restore_plan": _bare(seen.plan),
-           "cluster": {"hold": seen.hold, "update": _bare(seen.update)}, "now": now}
+           "cluster": {"hold": seen.hold, "update": _bare(seen.update)},
+           "standbys": _standbys(seen, state) if live else [], "now": now}
     good = goodput_mod.compute(events, now=now if live else None)
     doc["goodput"] = good.to_json()
     return doc
@@ -104,12 +105,14 @@ class _Seen:
         plan: The newest ``restore_plan``; update: the newest ``cluster_update``.
         hold: The reason of a ``cluster_hold`` not ended yet.
         restarts_left: From the newest ``restart``, else ``start``'s ``max_restarts``.
+        standbys: rank -> its newest ``standby_ready`` (``--preload``).
     """
 
     def __init__(self, events: List[dict], attempt: Optional[int]):
         self.exited: Dict[int, dict] = {}
         self.beats: Dict[int, dict] = {}
         self.stragglers: set = set()
+        self.standbys: Dict[int, dict] = {}
         self.plan = self.update = self.hold = self.restarts_left = None
         for ev in events:
             kind = ev.get("event")
@@ -122,6 +125,8 @@ class _Seen:
                 self.plan = ev
             elif kind == "cluster_update":
                 self.update = ev
+            elif kind == "standby_ready":
+                self.standbys[ev.get("rank")] = ev
             elif kind in ("cluster_hold", "cluster_hold_end"):
                 self.hold = ev.get("reason") if kind == "cluster_hold" else None
             elif kind == "start" or (kind == "restart" and "restarts_left" in ev):
@@ -172,6 +177,14 @@ def _slot_beat(path: str, pid: int) -> Tuple[Optional[float], Optional[int]]:
     return round(time.monotonic() - beat.at, 3), (beat.step if beat.step >= 0 else None)
 
 
+def _standbys(seen: _Seen, state: dict) -> List[dict]:
+    """``--preload``'s warm standbys waiting now: the newest ready one of each rank, alive, no rank yet."""
+    ranks = {row.get("pid") for row in state.get("ranks", [])}
+    return [{"rank": rank, "pid": ev.get("pid"), "rss_bytes": ev.get("rss_bytes")}
+            for rank, ev in sorted(seen.standbys.items())
+            if ev.get("pid") not in ranks and _proc_state(ev.get("pid")) not in (None, "Z")]
+
+
 def format_status(doc: dict) -> List[str]:
     """The text view of a status document."""
     good = doc["goodput"]
@@ -191,6 +204,9 @@ def format_status(doc: dict) -> List[str]:
         age = "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago"
         lines.append(f"{row['rank']:>5} {row['pid']:>8} {row['process'] or '-':>4} {row['state']:<10} "
                      f"{_dash(row['exit_code']):>5} {age:>10} {_dash(row['step']):>8}")
+    if doc.get("standbys"):
+        lines.append("warm standbys (--preload): " + ", ".join(f"rank {sb['rank']} pid {sb['pid']} "
+                                                             f"{sb['rss_bytes'] >> 20} MiB" for sb in doc["standbys"]))
     if doc.get("stragglers"):
         lines.append(f"stragglers (slower than their peers): ranks {', '.join(map(str, doc['stragglers']))}")
     ratio = "?" if good["ratio"] is None else f"{100 * good['ratio']:.1f}%"

@@ -43,6 +43,9 @@ from launcher.restore.ckptnames import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS
                                         CheckpointPattern, ScanResult, classify_name, compile_patterns,
                                         verify_digest)
 from launcher.restore.ckptreports import REPORTS_DIR
+from launcher.restore.dcpsteps import DCP_DIR
+from launcher.restore.mssteps import MANIFESTS_DIR
+from launcher.restore.mstransform import CONVERTED_DIR
 
 __all__ = ["DEFAULT_PATTERNS", "DEFAULT_SETTLE_SECONDS", "DIGEST_SUFFIX", "KIND_BREAKPOINT", "KIND_EXIT",
            "KIND_PERIODIC", "Candidate", "Checkpoint", "CheckpointPattern", "Notes", "ScanResult",
@@ -198,8 +201,8 @@ def list_rank_dirs(checkpoint_dir: str, world_size: int, notes: Notes) -> Dict[i
     dirs = {}
     for name, is_dir in entries:
         match = _RANK_DIR.fullmatch(name)
-        if name == REPORTS_DIR and is_dir:
-            continue  # the ranks' reports of their saves (ckptreports.py)
+        if name in (REPORTS_DIR, DCP_DIR, MANIFESTS_DIR, CONVERTED_DIR) and is_dir:
+            continue  # saves reported (ckptreports.py), DCP steps, step manifests, conversions (reshard.py)
         if not (match and is_dir):
             notes.add(UNEXPECTED, name)
         elif int(match.group(1)) >= world_size:

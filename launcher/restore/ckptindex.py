@@ -17,13 +17,12 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
   system raise no inotify events: for them the mtime check above applies, and the settle interval.
 * **As files appear.** With the event loop's timer (``call_later``), :meth:`CheckpointIndex.drain`
-  schedules :meth:`CheckpointIndex.update` after a burst of events, which lists the touched
-  directories then (local file systems only, never sleeping), so a save round is indexed while it
-  happens and the plan before the restart finds little left to read.
+  schedules :meth:`CheckpointIndex.update` after a burst of events (local file systems only, never
+  sleeping), and :meth:`CheckpointIndex.poll` reads new reports every ``POLL_SECONDS``, so a save
+  round is indexed while it happens and the plan before the restart finds little left to read.
 * **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
-  ``<root>/.saves/`` is not stat-ed at each scan; one ``stat`` and, when it changed, one listing of
-  that directory bring every reporting rank up to date without listing its directory, and a
-  reported file needs no settle sleep. This is what makes a shared file system cheap.
+  ``<root>/.saves/`` is not stat-ed at each scan, its new files need no listing and no settle sleep;
+  ``.saves/`` is followed by inotify on a local file system, else by one ``stat`` per look.
 * **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
   saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
@@ -33,13 +32,15 @@ fallback (``launcher plan`` is one-shot and uses it) and the cross-check in the 
 """
 
 import errno
+import functools
+import gc
 import logging
 import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_IGNORED, IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK,
-                                       parse_events)
+from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
+                                       IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events, shared_file_system)
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
@@ -52,9 +53,28 @@ logger = logging.getLogger(__name__)
 UPDATE_DELAY = 0.2
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
+#: Seconds between the event loop's looks at the reports directory where inotify does not see every
+#: save (a shared file system, or no inotify): one ``stat`` each when nothing changed.
+POLL_SECONDS = 1.0
+_ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _READ_SIZE = 64 * 1024
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
+
+
+def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
+    """Run ``method`` without cyclic garbage collection, as the planner does: reading a save round
+    allocates thousands of objects, and each full collection would traverse the whole index."""
+    @functools.wraps(method)
+    def paused(*args: Any) -> None:
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            method(*args)
+        finally:
+            if enabled:
+                gc.enable()
+    return paused
 
 
 class _RankEntry:
@@ -99,13 +119,15 @@ class CheckpointIndex:
         self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
-        self._call_later, self._update_pending = call_later, False
+        self._call_later, self._update_pending, self._closed = call_later, False, False
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
         # Rank-reported saves; a completion marker is proof only the directory listing can give.
         self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
             self._start_inotify()
+        if call_later is not None and self._reports is not None:
+            call_later(POLL_SECONDS, self.poll)
 
     # -- inotify ------------------------------------------------------------------------------
     def fileno(self) -> Optional[int]:
@@ -122,15 +144,20 @@ class CheckpointIndex:
             logger.info("inotify unavailable (%s); checkpoint index follows directory mtimes only", exc)
             self._inotify = self._fd = None
 
-    def _watch(self, path: str, rank: int) -> None:
+    def _watch(self, path: str, rank: int) -> bool:
+        """Watch ``path`` for ``rank`` (or ``_ROOT``, ``_REPORTS``); returns whether it is watched."""
         if self._fd is None:
-            return
+            return False
         try:
             self._wds[self._inotify.add_watch(self._fd, path, WATCH_MASK)] = rank
         except OSError as exc:
+            if rank == _REPORTS:
+                return False  # .saves/ not made yet (the root's event says when) or gone: listed instead
             if exc.errno == errno.ENOSPC and self._all_watched:  # fs.inotify.max_user_watches
                 logger.warning("checkpoint index: out of inotify watches at %s; following directory mtimes", path)
             self._all_watched = False  # unwatched directories: their mtimes tell
+            return False
+        return True
 
     def drain(self) -> None:
         """Read the queued inotify events: mark changed rank directories, note completed files."""
@@ -141,7 +168,8 @@ class CheckpointIndex:
                 return
             for wd, mask, name in parse_events(data):
                 self._event(wd, mask, name)
-            if self._call_later is not None and self._dirty and not self._update_pending:
+            pending = self._dirty or (self._reports is not None and self._reports.pending())
+            if self._call_later is not None and pending and not self._update_pending:
                 self._update_pending = True  # one listing per burst of events, not one per event
                 self._call_later(UPDATE_DELAY, self.update)
 
@@ -150,12 +178,20 @@ class CheckpointIndex:
             self._dirty.update(self._ranks)
             self._complete.clear()
             self._root_stamp = None
+            if self._reports is not None:
+                self._reports.lost()
             return
         rank = self._wds.get(wd)
         if rank is None:
             return
+        if rank == _REPORTS and not mask & LOST_MASK:
+            if name and mask & (IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM):
+                self._reports.event(name, bool(mask & (IN_CREATE | IN_MOVED_TO)))
+            return
         if rank < 0 or mask & LOST_MASK:
             self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
+            if rank == _REPORTS:
+                self._reports.follow(False)  # listed from now on, until the root's listing re-watches it
             if mask & IN_IGNORED:
                 del self._wds[wd]
             return
@@ -171,8 +207,10 @@ class CheckpointIndex:
         """Stop watching (idempotent); the index keeps working from directory mtimes."""
         if self._fd is not None:
             os.close(self._fd)
-        self._fd = None
+        self._fd, self._closed = None, True
         self._wds.clear()
+        if self._reports is not None:
+            self._reports.follow(False)
 
     # -- scanning -----------------------------------------------------------------------------
     def scan(self, world_size: int) -> ScanResult:
@@ -185,9 +223,7 @@ class CheckpointIndex:
             self._root_stamp, self._ranks = None, {}
             return unreadable_root(self.root, world_size, exc)
         ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
-        if self._reports is not None:
-            for rank in self._reports.refresh(self._trusted) & set(self._ranks):
-                self._apply_reports(rank)
+        self._absorb_reports()
         parallel = self._relist(self._stale(ranks))
         notes = Notes()
         notes.merge(self._root_notes)
@@ -206,6 +242,7 @@ class CheckpointIndex:
             self._ranks[rank].result = None  # a file was still being written: look again next time
         return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
 
+    @_collector_paused
     def update(self) -> None:
         """Read the queued events and list the changed rank directories now, from the event loop,
         so that the scan before a restart finds little left to do. Only on a local file system (a
@@ -215,10 +252,42 @@ class CheckpointIndex:
         self.drain()
         if self._shared is not False:
             return
+        try:
+            self._refresh_root()  # new rank directories and .saves/ get their watches now
+        except OSError:
+            return  # the scan reports it
+        reported = self._absorb_reports()
         ranks = sorted(self._dirty.intersection(self._ranks))
         self._dirty.difference_update(ranks)
         self._relist(ranks)
-        self._settle_pending(ranks, Notes(), False, sleep=False)
+        self._settle_changed(reported.union(ranks))
+
+    @_collector_paused
+    def poll(self) -> None:
+        """From the event loop's timer, every ``POLL_SECONDS``: absorb the saves reported since the
+        last look (one ``stat`` of ``.saves/`` when nothing changed; nothing at all while inotify
+        follows it), so that on a shared file system too the plan before a restart reads only what
+        changed since. Never lists a rank directory and never sleeps."""
+        if self._closed:
+            return
+        self._call_later(POLL_SECONDS, self.poll)
+        if self._ranks:  # before the first scan there is nothing to bring up to date
+            self._settle_changed(self._absorb_reports())
+
+    def _settle_changed(self, ranks: Set[int]) -> None:
+        """Recompute the result of those ``ranks`` that changed, without sleeping (see update)."""
+        self._settle_pending(sorted(rank for rank in ranks if self._ranks[rank].result is None), Notes(), False,
+                             sleep=False)
+
+    def _absorb_reports(self) -> Set[int]:
+        """Read the reports that changed and apply them to the known ranks; returns those ranks."""
+        if self._reports is None:
+            return set()
+        self._reports.refresh(self._trusted)
+        ranks = {rank for rank in self._reports.take_changed() if rank in self._ranks}
+        for rank in ranks:
+            self._apply_reports(rank)
+        return ranks
 
     def _settle_pending(self, ranks: List[int], notes: Notes, parallel: bool, sleep: bool = True) -> None:
         """Compute the result of every rank in ``ranks``: settle what is new (one sleep for all of
@@ -257,9 +326,12 @@ class CheckpointIndex:
         stamp = dir_stamp(self.root)
         if stamp is not None and stamp == self._root_stamp:
             return
-        self._watch(self.root, -1)  # the same descriptor again when already watched
+        self._watch(self.root, _ROOT)  # the same descriptor again when already watched
         if self._shared is None:
             self._shared = shared_file_system(self.root)
+        if self._reports is not None and self._shared is False and _REPORTS not in self._wds.values():
+            if self._watch(self._reports.path, _REPORTS):
+                self._reports.follow(True)  # from now on its events say what changed, not a listing
         notes = Notes()
         dirs = list_rank_dirs(self.root, _ANY_RANK, notes)
         self._root_stamp, self._root_notes = self._trusted(stamp), notes
@@ -292,8 +364,8 @@ class CheckpointIndex:
             return [(rank, dir_stamp(self._ranks[rank].path)) for rank in batch]
 
         stale = dirty & set(ranks)
-        reports = self._reports
-        looked = [rank for rank in ranks if rank not in stale and not (reports and reports.reporting(rank))]
+        skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
+        looked = [rank for rank in ranks if rank not in skip]
         for batch in probed_map(check, looked)[0]:
             stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
         return sorted(stale)
@@ -362,24 +434,3 @@ class CheckpointIndex:
                                       if entry.reported.get(os.path.basename(c.checkpoint.path)) == c.stamp[0])
         return parallel
 
-
-#: File system types on which inotify sees every write (all writers are on this machine).
-LOCAL_FS_TYPES = frozenset({"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "overlay", "zfs", "f2fs", "ramfs"})
-
-
-def shared_file_system(path: str) -> bool:
-    """Whether ``path`` may be written by other machines: any file system type not known to be
-    local (NFS, CIFS, Lustre, GPFS, CephFS, FUSE mounts of object stores, ...), or unknown."""
-    real = os.path.realpath(path)
-    best, fstype = "", ""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-            for line in fh:
-                fields = line.split()
-                mount = fields[4].replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best):
-                    best, fstype = mount, fields[fields.index("-") + 1]
-    except (OSError, ValueError, IndexError):
-        return True
-    return fstype not in LOCAL_FS_TYPES

@@ -4,9 +4,10 @@ import json
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.common import envnames
+from launcher.restore.mstransform import TransformJob
 
 KIND_BREAKPOINT = "breakpoint"
 KIND_PERIODIC = "periodic"
@@ -28,6 +29,47 @@ def fits_env(name: str, value: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Conversion:
+    """How a step written by one world is resumed by another (docs/resharding.md).
+
+    Attributes:
+        format: ``dcp`` or ``mindspore``.
+        source: what was written: the DCP step directory, or the MindSpore checkpoint directory.
+        source_world_size: ranks that wrote it.
+        target_world_size: ranks that resume.
+        source_layout: ``dp=4 tp=1 pp=1`` it was written with, or ``""`` when unknown.
+        target_layout: the current layout, or ``""`` when not given.
+        known_from: where ``source_world_size`` came from (manifest, shard names, strategy file).
+        method: one line: what is done.
+        output: the converted checkpoints' directory when the launcher converts (MindSpore), else None.
+    """
+
+    format: str
+    source: str
+    source_world_size: int
+    target_world_size: int
+    source_layout: str
+    target_layout: str
+    known_from: str
+    method: str
+    output: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        """The plan record's ``conversion`` object."""
+        return dict(self.__dict__)
+
+    def summary(self) -> str:
+        """``4 -> 2 ranks (dp=4 tp=1 pp=1 -> dp=2 tp=1 pp=1)``; the layouts that are known."""
+        text = f"{self.source_world_size} -> {self.target_world_size} ranks"
+        if self.source_layout and self.target_layout:
+            return text + f" ({self.source_layout} -> {self.target_layout})"
+        if self.source_layout or self.target_layout:
+            return text + (f" (written as {self.source_layout})" if self.source_layout
+                           else f" (now {self.target_layout})")
+        return text
+
+
+@dataclass(frozen=True)
 class RestorePlan:
     """The outcome of restore planning; identical on every node given the same inputs.
 
@@ -45,6 +87,13 @@ class RestorePlan:
         sources: per rank (index = rank), the rank whose checkpoint it loads; empty for ``none``.
         files: ``(source rank, checkpoint path)`` pairs, sorted.
         warnings: why inputs were ignored and plans fell back.
+        dcp_dir: the global ``torch.distributed.checkpoint`` step directory every rank loads (then
+            ``sources`` and ``files`` are empty), or None for per-rank checkpoints.
+        saved_world_size: the number of ranks that wrote the chosen step, when known.
+        conversion: how a step written by another world or layout is resumed; None when the world
+            is the one it was written with (or that is unknown).
+        transform: the MindSpore conversion the launcher runs before the ranks start (each rank
+            loads ``transform.file_for(rank)``), or None.
     """
 
     world_size: int
@@ -59,6 +108,10 @@ class RestorePlan:
     sources: Tuple[int, ...]
     files: Tuple[Tuple[int, str], ...]
     warnings: Tuple[str, ...] = ()
+    dcp_dir: Optional[str] = None
+    saved_world_size: Optional[int] = None
+    conversion: Optional[Conversion] = None
+    transform: Optional[TransformJob] = None
 
     @cached_property
     def restore_ranks(self) -> Tuple[int, ...]:
@@ -107,6 +160,8 @@ class RestorePlan:
             raise ValueError(f"rank {rank} outside 0..{self.world_size - 1}")
         if self.kind == KIND_NONE:
             return {}
+        if self.dcp_dir is not None or self.transform is not None:
+            return self._global_env(rank)
         source = self.sources[rank]
         restore_ranks, restore_map = self._env_values
         if not self.full_env_maps and self.kind == KIND_BREAKPOINT:
@@ -121,6 +176,19 @@ class RestorePlan:
             envnames.LAUNCHER_RESUME_STEP: str(self.step),
             envnames.LAUNCHER_RESUME_KIND: self.kind,
         }
+
+    def _global_env(self, rank: int) -> Dict[str, str]:
+        """A rank's variables for a step no single source rank holds: the one global DCP directory,
+        or the rank's file converted for this world."""
+        env = {envnames.RESTORE_RANKS: NO_RESTORE, envnames.RESTORE_RANKS_MAP: restore_map_json({}),
+               envnames.LAUNCHER_RESUME_STEP: str(self.step), envnames.LAUNCHER_RESUME_KIND: self.kind}
+        if self.transform is not None:
+            env[envnames.LAUNCHER_RESUME_CHECKPOINT] = self.transform.file_for(rank)
+        else:
+            env[envnames.LAUNCHER_RESUME_CHECKPOINT] = env[envnames.LAUNCHER_RESUME_DCP_DIR] = self.dcp_dir
+        if self.saved_world_size is not None:
+            env[envnames.LAUNCHER_RESUME_SAVED_WORLD_SIZE] = str(self.saved_world_size)
+        return env
 
     def to_json(self) -> Dict[str, Any]:
         """A JSON-ready dict for the run directory and ``events.jsonl``."""
@@ -141,6 +209,10 @@ class RestorePlan:
             "checkpoints": {str(rank): path for rank, path in self.files},
             "full_env_maps": self.full_env_maps,
             "warnings": list(self.warnings),
+            "dcp_dir": self.dcp_dir,
+            "saved_world_size": self.saved_world_size,
+            "conversion": None if self.conversion is None else self.conversion.to_json(),
+            "transform": None if self.transform is None else self.transform.to_json(),
         }
 
     def format_table(self) -> str:
@@ -149,7 +221,15 @@ class RestorePlan:
         if self.kind != KIND_NONE:
             lines.append(f"  {envnames.RESTORE_RANKS}={_shorten(self._env_values[0])}")
         lines.append(f"  fault ranks: {self._faults_text()}")
+        if self.dcp_dir is not None:
+            lines.append(f"  every rank loads the DCP checkpoint {self.dcp_dir}")
+        if self.conversion is not None:
+            lines.append(f"  resharding {self.conversion.summary()}: {self.conversion.method}")
+            if self.conversion.output:
+                lines.append(f"  converted checkpoints: {self.conversion.output}")
         lines.append(f"  replica groups: {len(self.groups)}, from {self.groups_source}")
+        if self.dcp_dir is not None or self.transform is not None:
+            return self._with_warnings(lines)
         rows = [("GROUP", "FAULTY", "SOURCE", "CHECKPOINT")]
         faults = set(self.fault_ranks)
         for group in self.groups:
@@ -160,6 +240,9 @@ class RestorePlan:
         for row in rows:
             cells = [cell.ljust(width) for cell, width in zip(row[:3], widths)] + [row[3]]
             lines.append("  ".join(cells).rstrip())
+        return self._with_warnings(lines)
+
+    def _with_warnings(self, lines: List[str]) -> str:
         if self.warnings:
             lines.append("")
             lines.append("warnings:")

@@ -12,6 +12,10 @@
 3. Breakpoint wins unless it is older than the periodic choice (stale dying-gasp files from an earlier
    failure must not roll training back).
 4. Otherwise nothing to resume from.
+5. A MindSpore step with a launcher manifest at least as new, written by another world, is converted
+   for this one (with ``strategy_file``; without it its files are left out of steps 1-3).
+6. A complete ``torch.distributed.checkpoint`` step under ``dcp/`` at least as new as that choice
+   wins: every rank loads the one global directory, whatever world wrote it (``reshard.py``).
 
 Every choice depends only on sorted data, never on listing order or modification times.
 """
@@ -30,9 +34,12 @@ from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX,
                                           scan_checkpoints, verify_digest)
 from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.ckptnames import by_kind
+from launcher.restore.dcpsteps import newest_dcp_step
 from launcher.restore.faults import FaultReport, collect_faults
 from launcher.restore.groups import ReplicaGroups, resolve_groups
 from launcher.restore.plan import KIND_NONE, RestorePlan
+from launcher.restore.mssteps import newest_ms_step
+from launcher.restore.reshard import target_layout, unconvertible, with_dcp, with_ms
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +68,8 @@ class PlanInputs:
         checkpoint_pattern: file-name regex with ``(?P<step>)``; None for the defaults.
         checkpoint_marker: completion-marker template, e.g. ``{name}.done``; None for none.
         settle_seconds: interval of the "still being written" check; 0 disables it.
+        strategy_file: MindSpore's sharding-strategy file of this world; with it a step another world
+            wrote (``manifests/``) is converted for this one.
     """
 
     world_size: int
@@ -77,6 +86,7 @@ class PlanInputs:
     checkpoint_pattern: Optional[str] = None
     checkpoint_marker: Optional[str] = None
     settle_seconds: float = DEFAULT_SETTLE_SECONDS
+    strategy_file: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -128,7 +138,7 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
                             inputs.dp, inputs.tp, inputs.pp)
     faults = collect_faults(inputs.world_size, inputs.fault_npus_path, inputs.reset_json_path,
                             inputs.extra_fault_ranks, inputs.previous_failed_ranks)
-    scan = None
+    scan, ms_step, ms_warnings = None, None, ()
     if inputs.checkpoint_dir is not None:
         if index is not None and (index.root, index.patterns, index.settle_seconds) == (
                 inputs.checkpoint_dir, patterns, inputs.settle_seconds):
@@ -136,6 +146,10 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
         else:
             scan = scan_checkpoints(inputs.checkpoint_dir, inputs.world_size, patterns,
                                     inputs.settle_seconds)
+        ms_step, ms_warnings = newest_ms_step(inputs.checkpoint_dir)
+        if unconvertible(ms_step, inputs.world_size, inputs.strategy_file):
+            # Its files hold another world's shards: never a per-rank source here.
+            scan = _without(scan, [path for _, path in ms_step.files])
     plan = build_plan(inputs.world_size, groups, faults, scan)
     # A file that fails its digest sidecar is left out and the plan recomputed; each round removes
     # at least one file, and only the files a plan picks are read (one per replica group for a
@@ -153,13 +167,18 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
                           for p in sorted(rejected))
         plan = replace(plan, warnings=plan.warnings + (
             f"checkpoints: {len(rejected)} whose {DIGEST_SUFFIX} digest does not match ignored: {names}",))
+    if inputs.checkpoint_dir is not None:
+        layout = target_layout(inputs.world_size, inputs.dp, inputs.tp, inputs.pp)
+        plan = with_ms(plan, ms_step, ms_warnings, inputs.checkpoint_dir, inputs.strategy_file, layout)
+        plan = with_dcp(plan, *newest_dcp_step(inputs.checkpoint_dir), layout)
     logger.debug("restore plan: %s (%s)", plan.kind, plan.reason)
     return plan
 
 
 def _without(scan: ScanResult, paths: Sequence[str]) -> ScanResult:
-    drop = set(paths)
-    return ScanResult(tuple(tuple(c for c in items if c.path not in drop) for items in scan.checkpoints),
+    drop = {os.path.normpath(path) for path in paths}
+    return ScanResult(tuple(tuple(c for c in items if os.path.normpath(c.path) not in drop)
+                            for items in scan.checkpoints),
                       scan.warnings, scan.absent)
 
 

@@ -6,6 +6,7 @@ whether a gasp save is allowed, the TaskD preload and torch's error file on top 
 run shows exactly what a start would give each rank.
 """
 
+import logging
 import os
 from typing import Callable, Dict, List, Sequence, Tuple
 
@@ -19,6 +20,8 @@ from launcher.common.rundir import CONTROL_SOCKET
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, worker_specs
 
 PLAN_FILE = "restore_plan.json"
+
+log = logging.getLogger(__name__)
 
 
 def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before: Sequence[int], *,
@@ -64,6 +67,23 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
             env.setdefault(envnames.PYTHONPATH, debugging.path_with_hooks(ctx.base_env))  # launcher_heartbeat
     command = debugging.postmortem_argv(opts.command) if opts.pdb else opts.command
     return worker_specs(ctx, command, attempt, per_rank), plan
+
+
+def standby_pool(opts: RunOptions, log_session: str, emit: Callable[..., None]):
+    """``--preload``'s warm standbys (:class:`launcher.supervision.standby.StandbyPool`), or None: without
+    ``--preload``, or (after one warning) when the command is not Python running a script or ``-m module``."""
+    from launcher.jobspec.preload import parse_modules, python_entry
+
+    modules = parse_modules(opts.preload)
+    if not modules:
+        return None
+    if python_entry(opts.command) is None:
+        log.warning("--preload %s ignored: the command is not a Python interpreter running a script or -m module "
+                    "(%s): the ranks start cold", ",".join(modules), " ".join(opts.command[:3]))
+        return None
+    from launcher.supervision.standby import StandbyPool
+
+    return StandbyPool(modules, int(opts.preload_max_rss * (1 << 20)), os.path.join(log_session, "standby"), emit)
 
 
 def hang_rules(opts: RunOptions) -> HangRules:
@@ -119,7 +139,8 @@ def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[in
                       reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
                       previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
                       groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
-                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern)
+                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern,
+                      strategy_file=opts.strategy_file)
 
 
 def _has_group_info(root: str) -> bool:

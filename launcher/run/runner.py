@@ -10,7 +10,7 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.jobspec import hostfacts, topology
 from launcher.common.errors import UsageError
-from launcher.jobspec.options import RunOptions, check_sync_options, parse_rank_filter
+from launcher.jobspec.options import RunOptions, check_sync_options, parse_coordinator, parse_rank_filter
 from launcher.common.rundir import base_dir
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
 from launcher.jobspec.recovery import resolve_strategy
@@ -36,9 +36,18 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
     debugging.check_options(opts.debug_rank, opts.pdb, opts.command, topo.server.ranks)
-    if opts.sync_dir:
+    if opts.sync_dir and opts.coordinator:
+        raise UsageError("--sync-dir and --coordinator: choose one")
+    if opts.sync_dir or opts.coordinator:
         check_sync_options(run_id, bool(opts.run_id or environ.get(envnames.MINDX_TASK_ID)),
-                           topo.table.server_count)
+                           topo.table.server_count, "--coordinator" if opts.coordinator else "--sync-dir")
+    if opts.coordinator:
+        parse_coordinator(opts.coordinator)
+    if opts.min_nodes is not None and not opts.coordinator:
+        raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes} (elastic) needs --coordinator etcd://...")
+    if opts.min_nodes is not None and opts.min_nodes > topo.table.server_count:
+        raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes}: MIN is above the job's "
+                         f"{topo.table.server_count} server(s)")
     if opts.dry_run:
         print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
         return 0

@@ -29,7 +29,8 @@ from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.metrics import Metrics
-from launcher.run.attempt import PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, taskd_rank_env
+from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, standby_pool,
+                                  taskd_rank_env)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
@@ -52,6 +53,7 @@ class Session:
     def __init__(self, opts: RunOptions, ctx: EnvContext):
         self.opts = opts
         self.ctx = ctx
+        self.base_topology = ctx.topology  # every server of the job (elastic membership runs a subset)
         self.console_ranks = parse_rank_filter(opts.console_ranks)
         self.run_dir = rundir_mod.RunDir(ctx.run_dir)
         self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
@@ -97,7 +99,8 @@ class Session:
 
             self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
-                                       lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank))
+                                       lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank),
+                                       standby_pool(self.opts, self.log_session, self.emit))
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
@@ -146,12 +149,13 @@ class Session:
                                 lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
                                 self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
                                 progress=self.hangs.max_step, status=self.hangs.status)
+        supervisor.attempt_no = self.sync.first_generation  # > 0 when it joined a running elastic job
         result = supervisor.run()
         self._report(result)
         return result.exit_code
 
     def _warn_uncoordinated(self) -> None:
-        """Several servers, neither --sync-dir nor reset.json: say that restarts stay node-local."""
+        """Several servers, no --sync-dir, --coordinator or reset.json: say that restarts stay node-local."""
         topo = self.ctx.topology
         if topo.table.server_count > 1 and self.sync.coordinator is None and self.reset.follower is None:
             self.emit("sync_disabled", server_count=topo.table.server_count)
@@ -199,13 +203,16 @@ class Session:
     def _in_place_supported(self) -> bool:
         """Whether a restarted rank can re-join the running job: MindSpore with its fault-tolerance
         switches on (MS_ENABLE_TFT), where the framework rebuilds the communicator. Not with
-        --sync-dir: an in-place respawn would move this node's attempt number off the job's generation."""
+        --sync-dir or --coordinator: an in-place respawn would move this node's attempt number off the
+        job's generation."""
         supported = self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
-        if supported and self.opts.sync_dir:
-            log.info("--sync-dir: a failed rank restarts the whole job, not only itself (recover-in-place)")
-        return supported and not self.opts.sync_dir
+        coordinated = bool(self.opts.sync_dir or self.opts.coordinator)
+        if supported and coordinated:
+            log.info("coordinated restarts: a failed rank restarts the whole job, not only itself (recover-in-place)")
+        return supported and not coordinated
 
     def _specs_for(self, attempt: int, failed_before: Sequence[int]) -> Sequence[WorkerSpec]:
+        failed_before = self._follow_membership(attempt, failed_before)
         if attempt:
             self._refresh_rank_table()
             removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
@@ -216,7 +223,39 @@ class Session:
                                     ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)
+            if plan.transform is not None:
+                self._convert_checkpoints(attempt, plan)
         return specs
+
+    def _follow_membership(self, attempt: int, failed_before: Sequence[int]) -> Sequence[int]:
+        """Elastic membership: run the generation on the servers the nodes agreed on (ranks renumbered,
+        world size changed); failed ranks of the old numbering name nobody in the new one."""
+        members = self.sync.members()
+        if members is None:
+            return failed_before
+        from launcher.jobspec import topology
+
+        new = topology.regroup(self.base_topology, members)
+        old = self.ctx.topology
+        if new.table.servers == old.table.servers:
+            return failed_before
+        self.emit("world_size_changed", attempt=attempt, old_world_size=old.table.world_size,
+                  new_world_size=new.table.world_size, servers=list(members), old_ranks=list(old.server.ranks),
+                  new_ranks=list(new.server.ranks))
+        log.warning("attempt %d: world size %d -> %d (%d server(s)); local ranks %s -> %s", attempt,
+                    old.table.world_size, new.table.world_size, len(members), list(old.server.ranks),
+                    list(new.server.ranks))
+        self.ctx = dataclasses.replace(self.ctx, topology=new)
+        return ()
+
+    def _convert_checkpoints(self, attempt: int, plan) -> None:
+        """A step written by another world, converted for this one before the ranks start (cached)."""
+        from launcher.restore.mstransform import convert, job_interpreter
+
+        started = time.monotonic()
+        ran = convert(plan.transform, job_interpreter(self.opts.command))
+        self.emit("checkpoint_conversion", attempt=attempt, cached=not ran, output=plan.transform.output,
+                  seconds=round(time.monotonic() - started, 3), conversion=plan.conversion.to_json())
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         import psutil  # after the ranks are running: not on the path to the first rank
@@ -236,7 +275,10 @@ class Session:
         self.run_dir.write_json(PLAN_FILE, plan.to_json())
         self.emit("restore_plan", attempt=attempt, kind=plan.kind, step=plan.step, reason=plan.reason,
                   restore_ranks=list(plan.restore_ranks), fault_ranks=list(plan.fault_ranks),
-                  warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE))
+                  warnings=list(plan.warnings), plan_file=self.run_dir.file(PLAN_FILE),
+                  world_size=self.ctx.topology.table.world_size,
+                  saved_world_size=plan.saved_world_size,
+                  conversion=plan.conversion.to_json() if plan.conversion is not None else None)
         self.plans[attempt] = plan
         if not attempt:  # a restart says it in its own line (Supervisor)
             log.info("restore plan: %s", resume_summary(plan))
@@ -312,6 +354,9 @@ def resume_summary(plan: "RestorePlan") -> str:
         ranks = plan.restore_ranks
         return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
                 f"{', '.join(str(r) for r in ranks)}")
+    reshard = f", resharding {plan.conversion.summary()}" if plan.conversion is not None else ""
+    if plan.dcp_dir is not None:
+        return f"resuming from the step-{plan.step} DCP checkpoint {plan.dcp_dir}{reshard}"
     if plan.kind == KIND_PERIODIC:
-        return f"resuming from the step-{plan.step} periodic checkpoints"
+        return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
     return f"starting from scratch ({plan.reason})"

@@ -27,6 +27,7 @@ from launcher.supervision.cgroup import Cgroup
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log
+from launcher.supervision.standby import StandbyPool
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.states import ExitInfo
 from launcher.common.warnonce import WarnOnce
@@ -87,11 +88,13 @@ class LocalProcessGroup(ProcessGroup):
             job that does not adopt this process's other children.
         on_terminal: ``spec -> bool``: whether the rank gets the launcher's own stdin, stdout and
             stderr (``--debug-rank``) instead of /dev/null and its log; optional.
+        standby: Warm standbys that become ranks where they can (``--preload``); optional.
     """
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
                  orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
-                 on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False):
+                 on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False,
+                 standby: Optional[StandbyPool] = None):
         self._log_path = log_path
         self._on_console = on_console
         self._on_terminal = on_terminal
@@ -117,6 +120,9 @@ class LocalProcessGroup(ProcessGroup):
         for console in console_mod.consoles():  # a console backlog is flushed by this loop
             console.attach(self.add_writer, self.remove_reader)
         guard_mod.prepare()
+        self._standby = standby
+        if standby is not None:
+            standby.attach(self, self._tree, orphan_guard)
 
     # -- spawning -------------------------------------------------------------------------------
     def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
@@ -131,6 +137,8 @@ class LocalProcessGroup(ProcessGroup):
                 for spec in specs:
                     self._spawn(spec, attempt, base, cgroup)
             self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
+            if self._standby is not None:
+                self._standby.after_start(specs, attempt)
         except OSError as exc:  # out of the cgroup again before killing what it holds
             self.kill_groups()
             self.ensure_gone(5.0)
@@ -141,11 +149,15 @@ class LocalProcessGroup(ProcessGroup):
         log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
         stdio, read_fd, target = self._stdio(spec, log_fd)
-        leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
+        warm = self._standby.activate(spec, {**base, **spec.env}, stdio) if self._standby is not None else None
         try:
-            proc = subprocess.Popen(
-                list(spec.argv), env={**base, **spec.env, **leaf.env}, **stdio,
-                start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
+            if warm is not None:  # the standby is the rank now: same session, its own cgroup and token
+                proc, self._leaves[spec.rank] = warm
+            else:
+                leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
+                proc = subprocess.Popen(
+                    list(spec.argv), env={**base, **spec.env, **leaf.env}, **stdio,
+                    start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
         except OSError:
             for fd in (log_fd, read_fd, target):
                 if fd >= 0:
@@ -271,6 +283,10 @@ class LocalProcessGroup(ProcessGroup):
         """Call ``callback`` when child ``pid`` (not a rank: e.g. a sidecar) is reaped."""
         self._watched[pid] = callback
 
+    def unwatch_pid(self, pid: int) -> None:
+        """Forget a ``watch_pid`` (the process became a rank, or is reaped by its owner)."""
+        self._watched.pop(pid, None)
+
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Watch ``fd`` in the event loop; ``callback`` runs when it is readable."""
         self._selector.register(fd, selectors.EVENT_READ, callback)
@@ -315,6 +331,8 @@ class LocalProcessGroup(ProcessGroup):
         ``final``: the job is over: scan /proc for the job's processes even where the cgroup holds them.
         """
         deadline = time.monotonic() + timeout
+        if final and self._standby is not None:
+            self._standby.close()
         self.kill_groups()
         leaves = [*self._leaves.values(), *self._retired]
         self._leaves.clear()
@@ -374,6 +392,8 @@ class LocalProcessGroup(ProcessGroup):
             with self._tree.inside(f"a{attempt}") as cgroup:
                 self._spawn(spec, attempt, dict(os.environ), cgroup)
             self.call_later(_TIDY_DELAY, self._tree.tidy)
+            if self._standby is not None:
+                self._standby.after_start([spec], attempt, every=False)
         except OSError as exc:
             raise LauncherError(f"cannot restart {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 

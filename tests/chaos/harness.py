@@ -8,17 +8,18 @@ rank logs. The rank logs carry no timestamps, so while a launch runs a watcher t
 logs (every 50 ms) and notes when each rank of each attempt first printed ``resumed from``.
 """
 
+import os
 import re
+import shutil
 import signal
 import socket
+import stat
 import statistics
-import struct
 import subprocess
 import sys
 import threading
 import time
 import weakref
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -28,9 +29,10 @@ from tests.helpers.procs import pid_alive
 REPO = Path(__file__).resolve().parents[2]
 
 # PyTorch: "step 70/200 loss ...", "resumed from <path> at step 70", "final sha256 <hex>";
+# PyTorch DCP (examples/pytorch/dcp_train.py, rank 0 only): "[dcp_train rank 0/4] step 7 loss ...";
 # MindSpore: "epoch 2 step 23/40 loss ...", "resumed from <path> [launcher plan: ...] at global step 15",
 # "final params sha256 <hex>".
-STEP_LINE = re.compile(r"^(?:epoch \d+ )?step (\d+)/\d+", re.M)
+STEP_LINE = re.compile(r"^(?:\[dcp_train rank \d+/\d+\] )?(?:epoch \d+ )?step (\d+)(?:/\d+| loss)", re.M)
 RESUMED = re.compile(r"resumed from (\S+) (?:\[[^]]*\] )?at (?:global )?step (\d+)")
 FINAL_HASH = re.compile(r"final (?:params )?sha256 ([0-9a-f]{64})")
 WATCH_INTERVAL = 0.05
@@ -57,6 +59,10 @@ def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
     return bool(predicate())
 
 
+def _not_a_socket(directory, names):
+    return [n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)]
+
+
 def read_events(path: Path) -> List[dict]:
     from launcher.monitoring.events import read_events as _read
 
@@ -68,6 +74,7 @@ class Launch:
     """One ``launcher run`` process of a job."""
 
     index: int
+    nproc: int                                 # its --nproc-per-node (a job may change world size)
     proc: subprocess.Popen
     argv: List[str]
     out_path: Path
@@ -136,12 +143,22 @@ class ChaosJob:
         tmp.mkdir(parents=True, exist_ok=True)
         LIVE_JOBS.add(self)
 
+    def adopt_dirs(self, snapshot: Path) -> None:
+        """Start from a copy of another job's run dir and checkpoint dir (``snapshot/run``,
+        ``snapshot/ckpt``); the control socket a SIGKILLed launcher leaves behind is not copied:
+        the next launcher replaces it anyway."""
+        shutil.copytree(snapshot / "run", self.run_dir, ignore=_not_a_socket)
+        shutil.copytree(snapshot / "ckpt", self.ckpt_dir)
+
     # -- launching ---------------------------------------------------------------------------
-    def start(self, extra_train_args: Sequence[str] = (), extra_opts: Sequence[str] = ()) -> Launch:
-        """Start ``launcher run`` in the background, output to a file (never a pipe that fills)."""
+    def start(self, extra_train_args: Sequence[str] = (), extra_opts: Sequence[str] = (),
+              nproc: Optional[int] = None) -> Launch:
+        """Start ``launcher run`` in the background, output to a file (never a pipe that fills);
+        ``nproc`` overrides the job's ranks per node for this launch (a resume on another world)."""
         index = len(self.launches)
+        nproc = nproc or self.nproc
         out_path = self.tmp / f"launcher.{index}.out"
-        argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(self.nproc),
+        argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc),
                 "--run-dir", str(self.run_dir), "--log-dir", str(self.log_dir),
                 "--checkpoint-dir", str(self.ckpt_dir), "--console-ranks", "none",
                 "--master-port", str(free_port()), *self.launcher_opts, *extra_opts,
@@ -150,7 +167,7 @@ class ChaosJob:
         with open(out_path, "wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
                                     stdin=subprocess.DEVNULL)
-        launch = Launch(index, proc, argv, out_path, time.time())
+        launch = Launch(index, nproc, proc, argv, out_path, time.time())
         self.launches.append(launch)
         launch.watcher = threading.Thread(target=self._watch, args=(launch,), daemon=True,
                                           name=f"chaos-watch-{index}")
@@ -167,7 +184,7 @@ class ChaosJob:
             if session is not None:
                 for attempt_dir in session.glob("attempt_*"):
                     attempt = int(attempt_dir.name.split("_")[1])
-                    for rank in range(self.nproc):
+                    for rank in range(launch.nproc):
                         if (attempt, rank) in done:
                             continue
                         try:
@@ -215,6 +232,19 @@ class ChaosJob:
         launch.watcher.join(10)
         return code
 
+    def sigkill_rank(self, launch: Launch, rank: int) -> int:
+        """SIGKILL one rank of the launch's newest attempt from outside (an OOM kill, a lost
+        process); returns its pid, the one the launcher recorded, checked to be its child."""
+        import psutil
+
+        spawned = [e for e in self.events(launch) if e["event"] == "rank_spawned"]
+        newest = max(e["attempt"] for e in spawned)
+        pid = next(e["pid"] for e in spawned if e["attempt"] == newest and e["rank"] == rank)
+        proc = psutil.Process(pid)  # psutil refuses to signal a pid reused after this point
+        assert proc.ppid() == launch.pid, f"pid {pid} is not a child of launcher {launch.pid}"
+        proc.send_signal(signal.SIGKILL)
+        return pid
+
     def prestop(self, timeout: float = 60) -> subprocess.CompletedProcess:
         """``launcher prestop`` on this job's run dir (the container's preStop hook)."""
         return subprocess.run([sys.executable, "-m", "launcher", "prestop", "--run-dir", str(self.run_dir)],
@@ -240,17 +270,21 @@ class ChaosJob:
         if not attempts:
             return {}
         logs = {}
-        for rank in range(self.nproc):
+        for rank in range(launch.nproc):
             path = attempts[-1] / f"rank_{rank}.log"
             logs[rank] = path.read_text(errors="replace") if path.exists() else ""
         return logs
 
-    def wait_for_step(self, launch: Launch, step: int, timeout: float = 60) -> None:
-        """Wait until every rank of the launch's current attempt logged ``step`` (or beyond)."""
+    def wait_for_step(self, launch: Launch, step: int, timeout: float = 60,
+                      ranks: Optional[Sequence[int]] = None) -> None:
+        """Wait until every rank of the launch's current attempt (or each of ``ranks``: the ones
+        that log their steps) logged ``step`` (or beyond)."""
+        ranks = range(launch.nproc) if ranks is None else ranks
+
         def reached() -> bool:
             logs = self.current_logs(launch)
-            return len(logs) == self.nproc and all(
-                max((int(s) for s in STEP_LINE.findall(text)), default=-1) >= step for text in logs.values())
+            return len(logs) == launch.nproc and all(
+                max((int(s) for s in STEP_LINE.findall(logs[r])), default=-1) >= step for r in ranks)
 
         if not wait_until(lambda: reached() or launch.proc.poll() is not None, timeout, 0.01) or not reached():
             self.kill_all()
@@ -270,7 +304,7 @@ class ChaosJob:
         out = []
         for number in sorted(spawned):
             logs = {}
-            for rank in range(self.nproc):
+            for rank in range(launch.nproc):
                 path = session / f"attempt_{number}" / f"rank_{rank}.log" if session else None
                 logs[rank] = path.read_text(errors="replace") if path and path.exists() else ""
             seen = {rank: t for (a, rank), t in launch.resumed_seen.items() if a == number}
@@ -305,42 +339,8 @@ class ChaosJob:
         return [p for p in pids if pid_alive(p)]
 
 
-# -- damaging checkpoints ----------------------------------------------------------------------
-def truncate(path: Path) -> Tuple[int, int]:
-    """Cut ``path`` to half its size (a torn copy, a full disk). Returns (old size, new size)."""
-    size = path.stat().st_size
-    with open(path, "r+b") as fh:
-        fh.truncate(size // 2)
-    return size, size // 2
-
-
-def flip_bit_in_tensor_data(path: Path) -> Tuple[int, int]:
-    """Flip the lowest bit of one float in the largest tensor of a torch zip checkpoint: the size,
-    the zip structure and the pickle stay valid, so nothing short of a checksum notices.
-    Returns (offset, size)."""
-    with zipfile.ZipFile(path) as zf:
-        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
-    with open(path, "r+b") as fh:
-        fh.seek(info.header_offset + 26)
-        name_len, extra_len = struct.unpack("<HH", fh.read(4))
-        offset = info.header_offset + 30 + name_len + extra_len + 4 * (info.file_size // 8)
-        fh.seek(offset)
-        byte = fh.read(1)[0]
-        fh.seek(offset)
-        fh.write(bytes([byte ^ 0x01]))
-    return offset, path.stat().st_size
-
-
-def planned_files(ckpt_dir: Path, world_size: int, dp: int) -> Tuple[str, Optional[int], Dict[int, str]]:
-    """What the launcher's restore plan would pick now: (kind, step, {source rank: file})."""
-    from launcher.restore import PlanInputs, compute_plan
-
-    plan = compute_plan(PlanInputs(world_size=world_size, dp=dp, checkpoint_dir=str(ckpt_dir)))
-    return plan.kind, plan.step, dict(plan.files)
-
-
 # -- measurements and checks shared by the frameworks -------------------------------------------
-def measure(record, progress: int, after: Attempt, fault_time: float, reference: str, code: int,
+def measure(record, progress: int, after: Attempt, fault_time: float, reference: Optional[str], code: int,
             gap: float = 0.0):
     """Fill the record: ``progress`` is the highest step completed before the fault, ``after`` the
     attempt that resumed (and finished), ``gap`` the time between a stopped launcher's exit and the
@@ -353,7 +353,8 @@ def measure(record, progress: int, after: Attempt, fault_time: float, reference:
     record.respawn_s = after.spawned_at - fault_time - gap
     if len(after.resumed_seen) == len(after.logs):
         record.recover_s = max(after.resumed_seen.values()) - fault_time - gap
-    record.recovered = code == 0 and after.final_hash() == reference
+    # Without a reference hash (the DCP example prints none) the caller decides after its checks.
+    record.recovered = code == 0 and reference is not None and after.final_hash() == reference
 
 
 def check_launch_events(job: ChaosJob, launch, exit_code=None, after_unclean=False):

@@ -10,16 +10,16 @@ CI run injects the same faults whatever subset of tests is selected. See docs/ch
 import os
 import random
 import re
-import shutil
-import stat
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from tests.chaos.damage import flip_bit_in_tensor_data, planned_files, truncate
 from tests.chaos.harness import (REPO, Attempt, ChaosJob, check_gasp_events, check_launch_events,
-                                 check_no_survivors, flip_bit_in_tensor_data, measure, planned_files,
-                                 truncate)
+                                 check_no_survivors, measure, wait_until)
 
 pytest.importorskip("torch")
 
@@ -201,16 +201,10 @@ def launcher_killed(tmp_path_factory) -> Stopped:
     return stop_job(tmp_path_factory.mktemp("chaos-killed"), "sigkill", SCHEDULE[("launcher-sigkill", 0)][0])
 
 
-def _not_a_socket(directory, names):
-    return [n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)]
-
-
 def adopt(stopped: Stopped, tmp: Path) -> ChaosJob:
-    """A job on a copy of the stopped job's run dir and checkpoint dir (the control socket a
-    SIGKILLed launcher leaves behind is not copied: the next launcher replaces it anyway)."""
+    """A job on a copy of the stopped job's run dir and checkpoint dir."""
     job = new_job(tmp)
-    shutil.copytree(stopped.snapshot / "run", job.run_dir, ignore=_not_a_socket)
-    shutil.copytree(stopped.snapshot / "ckpt", job.ckpt_dir)
+    job.adopt_dirs(stopped.snapshot)
     return job
 
 
@@ -305,4 +299,40 @@ def test_damaged_checkpoint_then_fresh_launch(kind, request, tmp_path, reference
     assert 0 <= record.steps_lost <= CKPT_EVERY
     assert attempts[0].final_hash() == reference_hash
     check_launch_events(job, launch, 0, after_unclean=kind == "truncated-periodic")  # SIGKILLed before
+    check_no_survivors(job)
+
+
+# -- the same fault with warm standby ranks (--preload torch) -------------------------------------
+def test_rank_sigkill_with_preload(tmp_path, reference_hash, chaos_record):
+    """``--preload torch,torch._dynamo`` (the example's optimizer imports torch._dynamo lazily, in the
+    resume's path): once every rank's standby imported them, SIGKILL one rank; the four ranks of the
+    restart are the standbys (no interpreter start, no imports), resume from the breakpoint the
+    survivors saved, and end bit-identical to the fault-free reference."""
+    record = chaos_record("pytorch", "rank-sigkill-preload", 0)
+    step, rank = SCHEDULE[("rank-sigkill", 0)]
+    job = new_job(tmp_path)
+    # A 50 ms step leaves the standbys time to import torch before the job would end by itself.
+    launch = job.start(["--step-time", "0.05"], ["--preload", "torch,torch._dynamo"])
+    ready = lambda: len([e for e in job.events(launch) if e["event"] == "standby_ready"]) >= NPROC
+    assert wait_until(lambda: ready() or launch.proc.poll() is not None, 120), job.output(launch)[-3000:]
+    assert ready(), job.output(launch)[-3000:]
+    job.wait_for_step(launch, step)
+    victim = job.attempts(launch)[0].pids[rank]
+    fault_time = time.time()
+    os.kill(victim, signal.SIGKILL)
+    record.fault = f"rank {rank} SIGKILL (by the test) once the standbys were ready, at step >= {step}"
+    code = job.wait(launch)
+    record.exit_codes = [code]
+    attempts = job.attempts(launch)
+    assert len(attempts) == 2, (code, job.output(launch)[-3000:])
+    before, after = attempts
+    record.fault_step = before.max_step()
+    measure(record, before.max_step(), after, fault_time, reference_hash, code)
+    assert code == 0, job.output(launch)[-3000:]
+    started = [e for e in job.events(launch) if e["event"] == "standby_start"]
+    assert [e["ranks"] for e in started] == [list(range(NPROC))], started  # every rank from a standby
+    assert after.final_hash() == reference_hash
+    resumed_at = check_resumed(job, launch, after, "breakpoint")
+    assert record.steps_lost == 0 and resumed_at == record.progress
+    check_launch_events(job, launch, 0)
     check_no_survivors(job)

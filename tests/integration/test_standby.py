@@ -1,0 +1,198 @@
+"""Warm standby ranks (``--preload``) with real processes: a rank born from a standby cannot tell.
+
+Each test runs the same two-rank job cold and with ``--preload``; rank 1 fails on attempt 0 once the
+standbys are ready (the test's trigger file), and attempt 1 is compared: the probe's dumps field by
+field (tests/workers/start_probe.py), the exit status, the rank's log. Then what must fall back to a
+cold start does, and the dying gasp reaches a standby-born rank.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.monitoring.events import read_events
+from tests.helpers.procs import free_port, wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = str(REPO / "tests" / "workers" / "start_probe.py")
+
+
+class Job:
+    """One ``launcher run`` of the probe in ``root``; ``preload`` None runs it cold; ``module``: as
+    ``python -m tests.workers.start_probe``; ``options``: more launcher options."""
+
+    def __init__(self, root: Path, preload, port: int, *probe_args: str, env=None, nproc: int = 2,
+                 module: bool = False, options=()):
+        self.root = root
+        root.mkdir()
+        self.out = root / "out"
+        self.out.mkdir()
+        self.trigger = root / "go"
+        argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc), "--max-restarts", "1",
+                "--run-dir", str(root / "run"), "--log-dir", str(root / "logs"), "--run-id", "probe-job",
+                "--master-port", str(port), *(["--preload", preload] if preload else []), *options,
+                "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [PROBE]),
+                "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
+        self.stderr = open(root / "stderr.txt", "wb")
+        self.proc = subprocess.Popen(argv, stdout=open(root / "stdout.txt", "wb"), stderr=self.stderr,
+                                     cwd=str(REPO), env=env)
+
+    def events(self, name=None):
+        path = self.root / "run" / "events.jsonl"
+        found = read_events(str(path)) if path.exists() else []
+        return [e for e in found if name is None or e["event"] == name]
+
+    def go_when_ready(self, standbys: int) -> None:
+        """Trigger the failure once ``standbys`` standbys answered ready (or at once for a cold job)."""
+        assert wait_until(lambda: len(self.events("standby_ready")) >= standbys or self.proc.poll() is not None, 60)
+        self.trigger.touch()
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.stderr.close()
+
+    def dump(self, attempt: int, rank: int) -> dict:
+        return json.loads((self.out / f"{attempt}-{rank}.json").read_text())
+
+    def log(self, attempt: int, rank: int) -> str:
+        return next((self.root / "logs").glob(f"*/attempt_{attempt}/rank_{rank}.log")).read_text()
+
+
+def _normalise(value, root: Path):
+    """Strip what differs between any two runs: the job's directory, token leaf, pipe inodes, addresses."""
+    text = json.dumps(value, sort_keys=True).replace(str(root), "<job>")
+    text = re.sub(r"\d{8}-\d{6}-\d+", "<session>", text)
+    text = re.sub(r"(LAUNCHER_JOB_TOKEN[=\"': ]+)[0-9a-f]+\.[\w-]+", r"\1<token>", text)
+    text = re.sub(r"pipe:\[\d+\]", "pipe", text)
+    text = re.sub(r" at 0x[0-9a-f]+", "", text)
+    return json.loads(text)
+
+
+#: Fields that legitimately differ: /proc/self/environ is the kernel's copy of the environment the
+#: process was exec'd with (the standby's start; docs/warm-standby.md), the token's presence is checked.
+KNOWN = {"proc_environ"}
+
+
+def _run_pair(tmp_path: Path, mode: str, preload: str = "json", module: bool = False, env=None):
+    port = free_port()
+    jobs = {}
+    for name, modules in (("cold", None), ("warm", preload)):
+        job = Job(tmp_path / name, modules, port, "--fail-rank", "1", "--mode", mode, "--fail-attempt", "1",
+                  module=module, env=env)
+        job.go_when_ready(2 if modules else 0)
+        jobs[name] = (job, job.finish())
+    return jobs
+
+
+@pytest.mark.parametrize("module, cgroup", [(False, "auto"), (True, "auto"), (False, "off")],
+                         ids=["script", "module", "no-cgroup"])
+def test_standby_born_rank_sees_exactly_what_a_cold_one_sees(tmp_path, module, cgroup):
+    """Without a cgroup the attempt ends sweep /proc for the job's token: the standbys must survive it."""
+    jobs = _run_pair(tmp_path, "ok", module=module, env={**os.environ, "LAUNCHER_CGROUP": cgroup})
+    (cold, cold_code), (warm, warm_code) = jobs["cold"], jobs["warm"]
+    assert cold_code == warm_code == 0, warm.root.joinpath("stderr.txt").read_text()
+    started = warm.events("standby_start")
+    assert [e["ranks"] for e in started] == [[0, 1]]  # attempt 1 came from the standbys
+    assert not cold.events("standby_start") and not cold.events("standby_ready")
+    for rank in (0, 1):
+        a, b = (_normalise(job.dump(1, rank), job.root) for job in (cold, warm))
+        for field in sorted((set(a) | set(b)) - KNOWN):
+            assert a.get(field) == b.get(field), f"rank {rank}: {field} differs"
+        assert b["token_in_proc_environ"] and b["session_leader"] and b["group_leader"]
+        assert b["pdeathsig"] == signal.SIGKILL and b["threads"] == 1
+    ready = warm.events("standby_ready")
+    assert all(e["rss_bytes"] > 0 and e["modules"] == ["json"] for e in ready)
+
+
+@pytest.mark.parametrize("mode", ["exit3", "exitmsg", "raise", "interrupt", "kill"])
+def test_exit_status_and_output_as_a_cold_rank(tmp_path, mode):
+    jobs = _run_pair(tmp_path, mode)
+    (cold, cold_code), (warm, warm_code) = jobs["cold"], jobs["warm"]
+    assert [e["ranks"] for e in warm.events("standby_start")] == [[0, 1]]
+    assert cold_code == warm_code != 0
+    exits = [[e["exit_code"] for e in job.events("rank_exited") if e["attempt"] == 1 and e["rank"] == 1]
+             for job in (cold, warm)]  # rank 0 ends on its own or by the stop, whichever comes first
+    assert exits[0] == exits[1]
+    assert cold.log(1, 1) == warm.log(1, 1)  # the same traceback / message, line for line
+
+
+def _write_module(tmp_path: Path, name: str, body: str) -> dict:
+    lib = tmp_path / "lib"
+    lib.mkdir(exist_ok=True)
+    (lib / f"{name}.py").write_text(body)
+    return {**os.environ, "PYTHONPATH": str(lib)}
+
+
+@pytest.mark.parametrize("module, body, reason", [
+    ("threader", "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n",
+     "started 1 thread"),
+    ("broken", "raise ImportError('no device here')\n", "importing failed: ImportError: no device here"),
+])
+def test_refused_standby_falls_back_to_cold_starts(tmp_path, module, body, reason):
+    env = _write_module(tmp_path, module, body)
+    job = Job(tmp_path / "job", module, free_port(), "--fail-rank", "1", "--mode", "exit3", env=env)
+    assert wait_until(lambda: job.events("standby_refused") or job.proc.poll() is not None, 60)
+    job.trigger.touch()
+    assert job.finish() == 0
+    refused = job.events("standby_refused")
+    assert len(refused) == 1 and reason in refused[0]["reason"]
+    assert "warm standby refused" in (job.root / "stderr.txt").read_text()
+    assert not job.events("standby_ready")
+    assert [sorted(e["cold"]) for e in job.events("standby_start")] == [["0", "1"]]
+    assert (job.out / "1-0.json").exists() and (job.out / "1-1.json").exists()  # both restarted cold
+
+
+def test_dead_standby_means_a_cold_start_of_that_rank_only(tmp_path):
+    job = Job(tmp_path / "job", "json", free_port(), "--fail-rank", "1", "--mode", "exit3")
+    assert wait_until(lambda: len(job.events("standby_ready")) >= 2 or job.proc.poll() is not None, 60)
+    victim = next(e for e in job.events("standby_ready") if e["rank"] == 0)
+    os.kill(victim["pid"], signal.SIGKILL)
+    assert wait_until(lambda: job.events("standby_died") or job.proc.poll() is not None, 30)
+    job.trigger.touch()
+    assert job.finish() == 0
+    [started] = job.events("standby_start")
+    assert started["ranks"] == [1] and list(started["cold"]) == ["0"]
+    assert "the warm standby of rank 0 died" in (job.root / "stderr.txt").read_text()
+
+
+def test_dying_gasp_reaches_a_standby_born_rank(tmp_path):
+    job = Job(tmp_path / "job", "json", free_port(), "--fail-rank", "1", "--mode", "exit3",
+              "--wait-term")
+    job.go_when_ready(2)
+    assert wait_until(lambda: all((job.out / f"1-{r}.term.ready").exists() for r in (0, 1))
+                      or job.proc.poll() is not None, 60)
+    assert [e["ranks"] for e in job.events("standby_start")] == [[0, 1]]
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.finish() == 143
+    assert all((job.out / f"1-{r}.term").read_text() == "term\n" for r in (0, 1))
+    assert sorted(e["exit_code"] for e in job.events("rank_exited") if e["attempt"] == 1) == [143, 143]
+
+
+def test_standby_above_the_memory_cap_is_refused(tmp_path):
+    job = Job(tmp_path / "job", "json", free_port(), "--fail-rank", "1", "--mode", "exit3",
+              options=["--preload-max-rss", "1"])  # 1 MiB: no interpreter fits
+    assert wait_until(lambda: job.events("standby_refused") or job.proc.poll() is not None, 60)
+    job.trigger.touch()
+    assert job.finish() == 0
+    [refused] = job.events("standby_refused")
+    assert "above --preload-max-rss 1 MiB" in refused["reason"]
+    assert [sorted(e["cold"]) for e in job.events("standby_start")] == [["0", "1"]]
+
+
+def test_preload_ignored_for_a_command_that_is_not_python(tmp_path):
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    result = subprocess.run([sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir",
+                             str(job_dir / "run"), "--preload", "json", "--", "true"],
+                            capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("--preload json ignored: the command is not a Python interpreter") == 1
+    assert not [e for e in read_events(str(job_dir / "run" / "events.jsonl")) if e["event"].startswith("standby")]

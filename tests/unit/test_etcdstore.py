@@ -1,0 +1,173 @@
+"""The coordination records in etcd (``launcher.cluster.etcdstore``) against a fake client in memory:
+joining an incarnation, membership (who is lost), this node's queued records, shutting down.
+The real server is in tests/integration/test_multinode_etcd.py."""
+
+import json
+import threading
+from typing import Dict, List, Sequence, Tuple
+
+import pytest
+
+from launcher.cluster.etcdclient import EtcdError
+from launcher.cluster.etcdstore import EtcdStore
+
+NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
+
+
+class FakeEtcd:
+    """The calls ``EtcdStore`` makes, on a dict; leases are ids whose keys ``expire`` deletes."""
+
+    def __init__(self):
+        self.endpoints = [("127.0.0.1", 2379)]
+        self.kv: Dict[str, bytes] = {}
+        self.leases: Dict[str, int] = {}
+        self.next_lease = 100
+        self.revoked: List[int] = []
+        self.down = False
+        self.closing = threading.Event()
+        self.stores: List[EtcdStore] = []
+        self.ranges = 0
+
+    def _check(self):
+        if self.down:
+            raise EtcdError("127.0.0.1:2379: Connection refused")
+
+    def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
+        self._check()
+        self.ranges += 1
+        return 1, {k: v for k, v in self.kv.items() if k.startswith(prefix)}
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> None:
+        self._check()
+        self.kv[key] = value
+        if lease:
+            self.leases[key] = lease
+
+    def create(self, key: str, value: bytes, lease: int = 0, also: Sequence = ()) -> bool:
+        self._check()
+        if key in self.kv:
+            return False
+        for put in [(key, value, lease), *also]:
+            self.put(*put)
+        return True
+
+    def grant(self, ttl: int) -> int:
+        self._check()
+        self.next_lease += 1
+        return self.next_lease
+
+    def keepalive(self, lease: int) -> int:
+        self._check()
+        return 5
+
+    def revoke(self, lease: int) -> None:
+        self._check()
+        self.revoked.append(lease)
+        self.expire(lease)
+
+    def expire(self, lease: int) -> None:
+        for key in [k for k, held in self.leases.items() if held == lease]:
+            del self.kv[key], self.leases[key]
+
+    def watch(self, prefix: str, start_revision: int, idle: float):
+        self.closing.wait(idle)
+        return iter(())
+
+
+@pytest.fixture
+def etcd():
+    """The fake; every store joined to it is shut down at the end, so no thread outlives its test."""
+    fake = FakeEtcd()
+    yield fake
+    fake.down = False
+    for store in fake.stores:
+        store.shutdown(timeout=1.0)
+    fake.closing.set()
+    for store in fake.stores:
+        for thread in store._threads:
+            thread.join(5)
+            assert not thread.is_alive(), f"{thread.name} outlived its test"
+
+
+def join(etcd: FakeEtcd, index: int, run_id: str = "job", count: int = 3) -> EtcdStore:
+    store = EtcdStore.join(etcd, run_id, index, NAMES[:count], ttl=5)
+    etcd.stores.append(store)
+    return store
+
+
+def test_nodes_join_one_incarnation_and_a_closed_one_is_not_joined(etcd):
+    a, b = join(etcd, 0), join(etcd, 1)
+    assert a.prefix == b.prefix == "/launcher/job/inc_0/"
+    assert a.path == "etcd://127.0.0.1:2379/launcher/job/inc_0/"
+    assert json.loads(etcd.kv["/launcher/job/inc_0/join.1"])["name"] == "server 1 (10.0.0.2)"
+    assert etcd.leases["/launcher/job/inc_0/member.1"] == b.lease
+    again = join(etcd, 0)  # this server's previous start is in inc_0
+    assert again.prefix == "/launcher/job/inc_1/"
+    etcd.kv["/launcher/job/inc_1/closed"] = b"{}"
+    assert join(etcd, 2).prefix == "/launcher/job/inc_2/"
+    assert join(etcd, 0, run_id="other").prefix == "/launcher/other/inc_0/"
+
+
+def test_servers_not_joined_yet(etcd):
+    a = join(etcd, 0)
+    assert a.not_joined() == [1, 2]
+    join(etcd, 2)
+    a._snapshot = etcd.range(a.prefix)[1]
+    assert a.not_joined() == [1]
+
+
+def test_a_joined_server_without_its_lease_is_lost_unless_it_finished(etcd):
+    a, b, c = join(etcd, 0), join(etcd, 1), join(etcd, 2)
+    a._snapshot = etcd.range(a.prefix)[1]
+    assert a.read(0).lost == frozenset()
+    etcd.expire(b.lease)
+    etcd.expire(c.lease)
+    c.write(0, "done.2", {})
+    c.shutdown()  # writes what it queued, then revokes
+    a._snapshot = etcd.range(a.prefix)[1]
+    state = a.read(0)
+    assert state.lost == {1} and state.done == {2}
+    etcd.expire(a.lease)
+    assert 0 not in a.read(0).lost  # never itself (a lease being granted again)
+
+
+def test_records_of_a_generation_and_this_nodes_queued_writes(etcd):
+    a, b = join(etcd, 0), join(etcd, 1)
+    b.write(0, "failed.1.json", {"ranks": [3], "rank": 3, "returncode": -9, "exit_code": 137, "exited_at": 5.0})
+    b.shutdown()
+    etcd.down = True  # a's own records are visible to it before etcd has them
+    a.write(0, "stopped.0", {})
+    a._snapshot = {k: v for k, v in etcd.kv.items() if k.startswith(a.prefix)}
+    state = a.read(0)
+    assert state.failed_ranks() == (3,) and state.stopped == {0}
+    assert state.failures()[0].label == "rank 3 on server 1 (10.0.0.2)"
+    assert a.read(1).failed == {} and a.gen_path(1) == f"{a.path}gen_1/"
+
+
+def test_an_existing_abort_wins_and_garbage_is_ignored(etcd):
+    a, b = join(etcd, 0), join(etcd, 1)
+    b.write(0, "abort", {"exit_code": 4, "reason": "budget"}, exclusive=True)
+    b.shutdown()
+    a.write(0, "abort", {"exit_code": 1, "reason": "mine"}, exclusive=True)
+    a.shutdown()
+    etcd.kv[a.prefix + "gen_0/failed.2.json"] = b"not json"
+    etcd.kv[a.prefix + "gen_0/unrelated"] = b"{}"
+    a._snapshot = etcd.range(a.prefix)[1]
+    state = a.read(0)
+    assert state.abort["reason"] == "budget" and state.failed == {}
+
+
+def test_join_fails_when_etcd_never_answers(etcd):
+    etcd.down = True
+    with pytest.raises(EtcdError, match="Connection refused"):
+        EtcdStore.join(etcd, "job", 0, NAMES, ttl=5, wait=0.3)
+
+
+def test_a_watch_closed_at_once_is_not_a_busy_loop(etcd):
+    """A server that ends every watch stream at once (compaction, a proxy): the follower paces its
+    re-reads instead of spinning on range requests."""
+    etcd.closing.set()  # the fake's watch now returns at once
+    join(etcd, 0)
+    done = threading.Event()
+    done.wait(0.5)
+    assert etcd.ranges < 20, f"{etcd.ranges} range requests in 0.5 s"
