@@ -31,7 +31,8 @@ venv: $(VENV)/.base
 example: $(VENV)/.base
 	rm -rf $(RUNS)
 	$(BIN)/launcher run --nproc-per-node 4 --max-restarts 3 --console-ranks 0,2 \
-		--run-dir $(RUNS)/run --log-dir $(RUNS)/logs --checkpoint-dir $(RUNS)/ckpt --dp 4 -- \
+		--run-dir $(RUNS)/run --log-dir $(RUNS)/logs --checkpoint-dir $(RUNS)/ckpt --dp 4 \
+		--heartbeat-timeout 120 -- \
 		examples/pytorch/train.py --ckpt-dir $(RUNS)/ckpt \
 		--steps 200 --ckpt-every 20 --fail-at-step 70 --fail-rank 2 --fail-mode kill
 

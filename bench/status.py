@@ -3,10 +3,11 @@
 A synthetic run dir as a live 64-rank job leaves it: ``launcher.json``, ``state.json`` with 64 ranks
 whose pids are real (sleeping) processes, the run dir's lock held (the job is "running"), and an
 ``events.jsonl`` of three failed attempts and a fourth running one, with 20 ``heartbeat`` events per
-rank (about 2,000 lines, what a heartbeat source could add). Measured: ``launcher status --json`` end
-to end (``time.perf_counter`` around the subprocess: interpreter start, imports, reads, output), a bare
-``python -c pass`` right after it (the interpreter's share, which no command can avoid), and
-``job_status`` alone in this process (the reads and the goodput sweep).
+rank (about 2,000 lines, what a heartbeat source could add). Measured: ``launcher status --json`` and
+``launcher status`` (the text view) end to end (``time.perf_counter`` around the subprocess:
+interpreter start, imports, reads, output), a bare ``python -c pass`` right after them (the
+interpreter's share, which no command can avoid), and ``job_status`` alone in this process (the reads
+and the goodput sweep).
 """
 
 import fcntl
@@ -68,6 +69,10 @@ def one_run() -> dict:
                                       env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
                 cli_s = time.perf_counter() - started
                 started = time.perf_counter()
+                text = subprocess.run([PYTHON, "-m", "launcher", "status", "--run-dir", run_dir],
+                                      env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=60)
+                text_s = time.perf_counter() - started
+                started = time.perf_counter()
                 subprocess.run([PYTHON, "-c", "pass"], env=job_env(), cwd=REPO, timeout=60)
                 bare_s = time.perf_counter() - started
                 started = time.perf_counter()
@@ -81,17 +86,22 @@ def one_run() -> dict:
             proc.wait()
     shown = json.loads(done.stdout) if done.returncode == 0 else {}
     ok = len(shown.get("ranks", ())) == RANKS and shown.get("status") == "running" and len(doc["ranks"]) == RANKS
-    return {"cli_s": cli_s if ok else None, "bare_python_s": bare_s, "own_s": cli_s - bare_s if ok else None,
-            "inproc_s": inproc_s, "ok": ok, "exit": done.returncode}
+    text_ok = text.returncode == 0 and text.stdout.count("\n") > RANKS
+    return {"cli_s": cli_s if ok else None, "text_s": text_s if text_ok else None, "bare_python_s": bare_s,
+            "own_s": cli_s - bare_s if ok else None, "inproc_s": inproc_s, "ok": ok and text_ok,
+            "exit": done.returncode}
 
 
 def run(settings: Settings) -> Result:
     """``launcher status --json`` on a 64-rank run dir, end to end and in process."""
     runs = alternate({"ours": one_run}, settings, "status")["ours"]
     cli, inproc = ms(median(column(runs, "cli_s"))), ms(median(column(runs, "inproc_s")))
+    text = ms(median(column(runs, "text_s")))
     bare, own = ms(median(column(runs, "bare_python_s"))), ms(median(column(runs, "own_s")))
     rows = [Row(NAME, f"`launcher status --json`, {RANKS} ranks, end to end", "ms", cli, {"python -c pass": bare},
                 "-", "< 100 ms", cli is not None and cli < TARGET_MS, len(runs)),
+            Row(NAME, f"`launcher status` (text view), {RANKS} ranks, end to end", "ms", text, {"python -c pass": bare},
+                "-", "< 100 ms", text is not None and text < TARGET_MS, len(runs)),
             Row(NAME, "`launcher status --json` minus a bare interpreter start (same run)", "ms", own, {}, "-",
                 "< 100 ms", own is not None and own < TARGET_MS, len(runs)),
             Row(NAME, f"`job_status` in process, {RANKS} ranks", "ms", inproc, {}, "-", "-", None, len(runs))]

@@ -16,6 +16,8 @@ Resilience features, all driven by plain environment variables so that this file
 * a dying-gasp breakpoint ``ckpt-<epoch>_<step>_breakpoint.pt`` on SIGTERM/SIGINT, with all ranks
   agreeing on the step through an all-reduce;
 * graceful exit on request through the JSON file named by ``LAUNCHER_GRACEFUL_EXIT_FILE``;
+* heartbeats with the step (``launcher_heartbeat``, when the launcher provides it) for its hang
+  detector and its count of recomputed steps;
 * fault injection (``--fail-at-step``) for tests and demos.
 
 Exit codes: 0 finished or graceful exit on request; 128+signal after a signal (143 for SIGTERM);
@@ -42,6 +44,10 @@ try:  # the launcher's stdlib helper to report saves (launcher/rankhooks, on the
     import launcher_saves
 except ImportError:  # under torchrun, or a copy of this script elsewhere: the launcher scans instead
     launcher_saves = None
+try:  # heartbeats with the step (launcher run --heartbeat-timeout): hang detection and recomputed steps
+    import launcher_heartbeat
+except ImportError:
+    launcher_heartbeat = None
 
 # Variable names of the launcher contract, spelled out because user code must not import it.
 ENV_RESUME_CHECKPOINT = "LAUNCHER_RESUME_CHECKPOINT"
@@ -459,9 +465,17 @@ def dying_gasp(job, code, why):
     exit_now(code)
 
 
+def beat(job):
+    """Tell the launcher this rank's step (a no-op without its heartbeat slot): its hang detector
+    watches the beats, and its goodput counts the steps a restart made the ranks recompute."""
+    if launcher_heartbeat is not None:
+        launcher_heartbeat.heartbeat(step=job.step)
+
+
 def run(job, stops):
     """The training loop, from job.step to --steps."""
     args = job.args
+    beat(job)  # the step this attempt starts (resumes) from
     while job.step < args.steps:
         graceful, signum = agree_on_stop(job, stops)
         if graceful:
@@ -470,6 +484,7 @@ def run(job, stops):
             dying_gasp(job, 128 + signum, f"signal {signum} received")
         maybe_inject_fault(job)
         loss = job.train_step()
+        beat(job)
         if args.log_every > 0 and job.step % args.log_every == 0:
             log(f"step {job.step}/{args.steps} loss {loss:.4f}")
         if args.ckpt_every > 0 and job.step % args.ckpt_every == 0:

@@ -13,7 +13,6 @@ it are opened, renamed and removed relative to that directory fd with ``O_NOFOLL
 import errno
 import fcntl
 import json
-import logging
 import os
 import stat
 from typing import Any, Dict, Optional
@@ -22,8 +21,8 @@ from launcher.common import envnames
 from launcher.common.errors import LauncherError, UsageError
 from launcher.common.warnonce import WarnOnce
 
-log = logging.getLogger(__name__)
-_write_failed = WarnOnce(log)  # one report per run-dir file that cannot be written
+# By name: importing logging is left to the first failure (launcher status / prestop start fast).
+_write_failed = WarnOnce(__name__)  # one report per run-dir file that cannot be written
 
 EVENTS = "events.jsonl"
 STATE = "state.json"

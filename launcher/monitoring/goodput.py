@@ -20,23 +20,29 @@ event that enters it:
   rank is spawned again).
 * ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
   restart.
-* ``recomputed`` - carved from the start of the productive time after a restart: the time spent
-  re-running steps the failed attempt had already done. Known only when events carry step numbers
-  (``heartbeat`` events with ``rank`` and ``step``, or ``step`` on ``rank_exited``, from a future
-  heartbeat source): steps recomputed = the failed attempt's last step - the next restore plan's
-  step; its time = those steps at the failed attempt's mean step time, at most the productive time
-  that follows. Without step numbers it stays ``None`` and the time stays in ``productive``.
+* ``recomputed`` - carved from the productive time after a restart: the time spent re-running steps
+  the failed attempt had already done. The steps come from the ranks' heartbeat slots, which the hang
+  detector records (``launcher.run.hangwatch``): ``step_last`` (an attempt's highest step, at its
+  end), ``step_first`` (its first beat with a step) and ``step_regained`` (a restarted attempt reached
+  the step before the failure again), each with the beat's time ``at``; ``heartbeat`` events with a
+  ``step`` count the same way. Per failure, steps recomputed = the failed attempt's last step - the
+  step the next attempt's ``restore_plan`` resumes from; their time = the next attempt's productive
+  time from its first step until it regained that step (or until its productive time ended, when it
+  never did). Without those events both stay ``None`` (unknown, never 0) and the time stays in
+  ``productive``.
 """
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+import json
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 PARTS = ("productive", "startup", "detection", "stopping", "restarting", "recomputed", "waiting")
 
 
-@dataclass
-class Failure:
+class Failure(NamedTuple):
     """One failed attempt and what it cost.
+
+    NamedTuples, not dataclasses, here: ``launcher status`` imports this module and must answer in
+    under 100 ms; the ``dataclasses`` module alone costs about 10 ms to import.
 
     Attributes:
         attempt: The attempt that failed.
@@ -44,7 +50,8 @@ class Failure:
         cause: ``exit code N`` / ``signal SIGX``.
         at: Wall-clock time of the failure.
         time_lost: Seconds of detection, stopping, restarting, waiting and recomputation it caused.
-        steps_recomputed: Steps re-run after it, when step numbers are known.
+        steps_recomputed: Steps re-run after it (None: unknown, no step numbers).
+        recompute_seconds: The time spent re-running them (None: unknown).
     """
 
     attempt: int
@@ -53,10 +60,10 @@ class Failure:
     at: float
     time_lost: float = 0.0
     steps_recomputed: Optional[int] = None
+    recompute_seconds: Optional[float] = None
 
 
-@dataclass
-class Goodput:
+class Goodput(NamedTuple):
     """A run's wall time by part (seconds) and its failures.
 
     Attributes:
@@ -71,8 +78,8 @@ class Goodput:
     start: float
     end: float
     parts: Dict[str, float]
-    failures: List[Failure] = field(default_factory=list)
-    spans: List[Tuple[str, float, float, int]] = field(default_factory=list)
+    failures: Tuple[Failure, ...] = ()
+    spans: Tuple[Tuple[str, float, float, int], ...] = ()
     ended: bool = True
 
     @property
@@ -85,19 +92,40 @@ class Goodput:
         """Productive share of the wall time (None for an empty run)."""
         return self.parts["productive"] / self.wall if self.wall > 0 else None
 
+    @property
+    def steps_recomputed(self) -> Optional[int]:
+        """Steps recomputed after all failures (0 without failures; None when any is unknown)."""
+        steps = [f.steps_recomputed for f in self.failures]
+        return None if None in steps else sum(steps)
+
     def to_json(self) -> dict:
         """The ``goodput`` object of ``launcher status --json``."""
         return {"wall": round(self.wall, 3), "ratio": None if self.ratio is None else round(self.ratio, 4),
                 "ended": self.ended, "parts": {k: round(v, 3) for k, v in self.parts.items()},
+                "steps_recomputed": self.steps_recomputed,
                 "failures": [{"attempt": f.attempt, "rank": f.rank, "cause": f.cause, "at": f.at,
-                              "time_lost": round(f.time_lost, 3), "steps_recomputed": f.steps_recomputed}
-                             for f in self.failures]}
+                              "time_lost": round(f.time_lost, 3), "steps_recomputed": f.steps_recomputed,
+                              "recompute_seconds": _rounded(f.recompute_seconds)} for f in self.failures]}
 
     def summary(self) -> str:
-        """One line: ``goodput 93.1% of 120.4 s: productive 112.1 s, startup 2.0 s, ...``."""
+        """One line: ``goodput 93.1% of 120.4 s: productive 112.1 s, startup 2.0 s, ...; 1 failure(s),
+        30 steps recomputed`` (``steps recomputed unknown`` without step numbers)."""
         ratio = "?" if self.ratio is None else f"{100 * self.ratio:.1f}%"
         parts = ", ".join(f"{name} {self.parts[name]:.1f} s" for name in PARTS if self.parts[name] or name == "productive")
-        return f"goodput {ratio} of {self.wall:.1f} s: {parts}; {len(self.failures)} failure(s)"
+        return f"goodput {ratio} of {self.wall:.1f} s: {parts}; {len(self.failures)} failure(s){self._steps_note()}"
+
+    def _steps_note(self) -> str:
+        if not self.failures:
+            return ""
+        known = [f.steps_recomputed for f in self.failures if f.steps_recomputed is not None]
+        if not known:
+            return ", steps recomputed unknown"
+        unknown = len(self.failures) - len(known)
+        return f", {sum(known)} steps recomputed" + (f" (unknown for {unknown})" if unknown else "")
+
+
+def _rounded(value: Optional[float]) -> Optional[float]:
+    return None if value is None else round(value, 3)
 
 
 def last_run(events: Sequence[dict]) -> List[dict]:
@@ -108,6 +136,45 @@ def last_run(events: Sequence[dict]) -> List[dict]:
     first = starts[-1]
     run_id = events[first].get("run_id")
     return [ev for ev in events[first:] if ev.get("run_id") == run_id]
+
+
+#: How ``EventLog`` writes a ``start`` event (``json.dumps``' default separators): a hint where the
+#: newest run begins, checked after parsing.
+_START = b'"event": "start"'
+
+
+def read_last_run(path: str) -> List[dict]:
+    """The newest run's events in the events file ``path`` ([] without one), read fast.
+
+    An events file collects every run on its run dir and may be long; ``launcher status`` must answer
+    in under 100 ms. So only the lines from the newest ``start`` on are parsed, all in one
+    ``json.loads`` (a per-line ``json.loads`` cost more than everything else ``status`` does). A torn or
+    foreign line makes it fall back to parsing line by line, skipping what is not a JSON object.
+    """
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return []
+    begin = data.rfind(b"\n", 0, max(data.rfind(_START), 0)) + 1
+    events = _parse_lines(data[begin:])
+    if begin and (not events or events[0].get("event") != "start"):
+        events = _parse_lines(data)  # the hint missed (a value held the text): read it all
+    return last_run(events)
+
+
+def _parse_lines(data: bytes) -> List[dict]:
+    lines = [line for line in data.split(b"\n") if line.strip()]
+    try:
+        parsed = json.loads(b"[" + b",".join(lines) + b"]")
+    except ValueError:
+        parsed = []
+        for line in lines:
+            try:
+                parsed.append(json.loads(line))
+            except ValueError:
+                continue
+    return [ev for ev in parsed if isinstance(ev, dict)]
 
 
 class _Sweep:
@@ -141,9 +208,11 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     sweep, failures, steps = _Sweep(start), [], _StepLog()
     end, ended = None, False
     for ev in run:
-        ts = max(float(ev.get("ts", sweep.since)), sweep.since)
         kind = ev.get("event")
-        steps.see(ev)
+        if kind not in _KINDS:
+            continue  # notes that neither move the sweep nor carry steps: skipped before any work
+        ts = max(float(ev.get("ts", sweep.since)), sweep.since)
+        steps.see(ev, kind)
         if kind in ("job_end", "stop"):
             end, ended = ts, True
             break
@@ -151,12 +220,17 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     if end is None:
         end = max(now if now is not None else 0.0, float(run[-1].get("ts", start)), sweep.since)
     sweep.to("end", end)
-    spans = _carve_recomputed(sweep.spans, failures, steps, run)
+    spans, failures = _carve_recomputed(sweep.spans, failures, steps)
     parts = dict.fromkeys(PARTS, 0.0)
     for part, begin, stop, _ in spans:
         parts[part] += stop - begin
-    _charge(failures, spans)
-    return Goodput(start, end, parts, failures, spans, ended)
+    return Goodput(start, end, parts, tuple(_charge(f, spans) for f in failures), tuple(spans), ended)
+
+
+#: The events that move the sweep or carry steps.
+_STEP_EVENTS = frozenset(("heartbeat", "rank_exited", "step_first", "step_regained", "step_last"))
+_KINDS = _STEP_EVENTS | {"job_end", "stop", "attempt_start", "rank_spawned", "stop_group", "gasp", "attempt_end",
+                         "restart", "cluster_hold", "cluster_hold_end", "restore_plan"}
 
 
 def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
@@ -192,56 +266,97 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
 
 
 class _StepLog:
-    """The newest step number each attempt reported, from events that carry ``step``."""
+    """Per attempt: its highest step, the step its restore plan resumes from, when it first beat with a
+    step, and when it regained the attempt before it's highest step (wall-clock)."""
 
     def __init__(self) -> None:
         self.last: Dict[int, int] = {}
         self.plan: Dict[int, int] = {}
+        self.first: Dict[int, Tuple[float, int]] = {}     # (when, step) of the first beat with a step
+        self.regained: Dict[int, Tuple[float, int]] = {}  # (when, step) it was back at the last step
         self.attempt = 0
 
-    def see(self, ev: dict) -> None:
-        kind = ev.get("event")
+    def see(self, ev: dict, kind: str) -> None:
         if kind == "attempt_start":
             self.attempt = int(ev.get("attempt", self.attempt))
         step = ev.get("step")
         if not isinstance(step, int) or isinstance(step, bool):
             return
+        attempt = ev.get("attempt")
+        attempt = attempt if isinstance(attempt, int) else self.attempt
         if kind == "restore_plan":
-            self.plan[int(ev.get("attempt", self.attempt))] = step
-        elif kind in ("heartbeat", "rank_exited"):
-            self.last[self.attempt] = max(step, self.last.get(self.attempt, step))
+            self.plan[attempt] = step
+        elif kind in _STEP_EVENTS:
+            self.last[attempt] = max(step, self.last.get(attempt, step))
+            at = ev.get("at") or ev.get("ts")
+            if kind != "step_last" and isinstance(at, (int, float)):  # step_last: when it got there is unknown
+                self._timed(attempt, step, float(at))
+
+    def _timed(self, attempt: int, step: int, at: float) -> None:
+        self.first[attempt] = min((at, step), self.first.get(attempt, (at, step)))
+        before = self.last.get(attempt - 1)
+        if before is not None and step >= before and attempt not in self.regained:
+            self.regained[attempt] = (at, step)
 
 
-def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure], steps: _StepLog,
-                      run: List[dict]) -> List[Tuple[str, float, float, int]]:
-    """Split the first productive span after each failure into recomputed + productive, where known."""
-    out = list(spans)
+def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure],
+                      steps: _StepLog) -> Tuple[List[Tuple[str, float, float, int]], List[Failure]]:
+    """Each failure's steps recomputed, and the next attempt's productive time spent on them relabelled
+    ``recomputed`` (from its first step until it regained the failed attempt's last step)."""
+    out, known = list(spans), []
     for failure in failures:
-        last, resumed = steps.last.get(failure.attempt), steps.plan.get(failure.attempt + 1)
+        after = failure.attempt + 1
+        last, resumed = steps.last.get(failure.attempt), steps.plan.get(after)
         if last is None or resumed is None:
+            known.append(failure)
             continue
-        failure.steps_recomputed = max(0, last - resumed)
-        done = [s for s in out if s[3] == failure.attempt and s[0] == "productive"]
-        first = steps.plan.get(failure.attempt, 0)
-        ran = sum(s[2] - s[1] for s in done)
-        if not failure.steps_recomputed or last <= first or ran <= 0:
-            continue
-        cost = failure.steps_recomputed * ran / (last - first)
-        for i, (part, begin, stop, attempt) in enumerate(out):
-            if part == "productive" and attempt == failure.attempt + 1:
-                cut = min(stop, begin + cost)
-                out[i:i + 1] = [s for s in (("recomputed", begin, cut, attempt), (part, cut, stop, attempt))
-                                if s[2] > s[1]]
-                break
-    return out
+        count, seconds = max(0, last - resumed), None
+        if not count:
+            seconds = 0.0
+        elif after in steps.first or after in steps.regained:
+            out, seconds = _relabel(out, after, _recompute_start(steps, after, resumed),
+                                    steps.regained.get(after, (float("inf"), 0))[0])
+        known.append(failure._replace(steps_recomputed=count, recompute_seconds=seconds))
+    return out, known
 
 
-def _charge(failures: List[Failure], spans: List[Tuple[str, float, float, int]]) -> None:
-    """Time lost per failure: the non-productive spans from it until productive time resumes."""
-    for failure in failures:
-        for part, begin, stop, _ in spans:
-            if stop <= failure.at:
-                continue
-            if part == "productive" or part == "end":
-                break
-            failure.time_lost += stop - max(begin, failure.at)
+def _recompute_start(steps: _StepLog, attempt: int, resumed: int) -> float:
+    """When ``attempt`` started re-running steps: its first step beat; when that beat was already past
+    the resume step (the launcher polls the slots every 0.2 s, so it may first see a later step), moved
+    back by the steps it had made, at the rate it went on to regain the failed step. Without such a
+    rate: -inf, i.e. from the attempt's productive start (its framework start-up counted too)."""
+    at, step = steps.first.get(attempt, (float("-inf"), resumed))
+    if step <= resumed:
+        return at
+    end_at, end_step = steps.regained.get(attempt, (at, step))
+    if end_step > step and end_at > at:
+        return at - (step - resumed) * (end_at - at) / (end_step - step)
+    return float("-inf")
+
+
+def _relabel(spans: List[Tuple[str, float, float, int]], attempt: int, lo: float,
+             hi: float) -> Tuple[List[Tuple[str, float, float, int]], float]:
+    """``attempt``'s productive time between ``lo`` and ``hi`` made ``recomputed``; and how much it was."""
+    out, moved = [], 0.0
+    for part, begin, end, at in spans:
+        if part != "productive" or at != attempt or end <= lo or begin >= hi:
+            out.append((part, begin, end, at))
+            continue
+        cut, stop = max(begin, lo), min(end, hi)
+        out += [s for s in ((part, begin, cut, at), ("recomputed", cut, stop, at), (part, stop, end, at))
+                if s[2] > s[1]]
+        moved += stop - cut
+    return out, moved
+
+
+def _charge(failure: Failure, spans: List[Tuple[str, float, float, int]]) -> Failure:
+    """``failure`` with its time lost: the non-productive spans from it until productive time resumes,
+    and the time spent recomputing its steps."""
+    lost = failure.recompute_seconds or 0.0
+    for part, begin, stop, _ in spans:
+        if stop <= failure.at or part == "recomputed":
+            continue  # recomputation is charged to the failure whose steps it re-ran, above
+        if part == "productive" or part == "end":
+            break
+        lost += stop - max(begin, failure.at)
+    return failure._replace(time_lost=lost)

@@ -3,13 +3,16 @@
 A rank writes its slot with ``launcher/rankhooks/launcher_heartbeat.py`` (stdlib only, the layout is
 documented there and ``SLOT_FORMAT`` must match it; a unit test checks that). Ranks that never call
 it are judged by their output instead: a rank log that grew is progress too.
+
+``launcher status`` reads the slots through this module and must answer in under 100 ms, so it
+imports no more than it needs: its records are NamedTuples (the ``dataclasses`` module alone costs
+about 10 ms to import) and ``statistics`` is imported where a median is taken.
 """
 
 import os
 import struct
-from dataclasses import dataclass, field
-from statistics import median
-from typing import Deque, Dict, List, Optional, Tuple
+from types import MappingProxyType
+from typing import Deque, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
 SLOT_FORMAT = "<IIdqd32s"
 SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
@@ -20,8 +23,7 @@ STACKS_SUFFIX = ".stacks"
 HEARTBEAT_DIR = "heartbeats"
 
 
-@dataclass(frozen=True)
-class Beat:
+class Beat(NamedTuple):
     """One read of a rank's slot.
 
     Attributes:
@@ -57,8 +59,7 @@ def read_slot(path: str) -> Optional[Beat]:
                 bool(flags & FLAG_FAULTHANDLER), bool(flags & FLAG_EXITING))
 
 
-@dataclass(frozen=True)
-class HangRules:
+class HangRules(NamedTuple):
     """When a rank counts as hung (seconds; 0 or None: that check is off).
 
     Attributes:
@@ -74,7 +75,7 @@ class HangRules:
 
     steady: float = 0.0
     initial: Optional[float] = None
-    sections: Dict[str, float] = field(default_factory=dict)
+    sections: Mapping[str, float] = MappingProxyType({})  # read-only: the default is shared
     no_progress: int = 0
     straggler: float = 0.0
 
@@ -137,6 +138,8 @@ def stragglers(rates: Dict[int, Optional[float]], threshold: float) -> List[int]
 
     Ranks without a rate yet are neither judged nor compared with.
     """
+    from statistics import median
+
     known = {r: v for r, v in rates.items() if v is not None}
     slow = []
     for rank, rate in known.items():

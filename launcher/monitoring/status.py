@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.common import jobs as jobs_mod
 from launcher.common import rundir as rundir_mod
+from launcher.common.errors import LauncherError
 from launcher.monitoring import goodput as goodput_mod
-from launcher.monitoring.events import read_events
 from launcher.monitoring.heartbeats import HEARTBEAT_DIR, read_slot, slot_path
 
 EVENTS = "events.jsonl"
@@ -44,6 +44,30 @@ def _proc_state(pid: int) -> Optional[str]:
     return stat[stat.rfind(")") + 2:][:1] or None
 
 
+def find_run_dir(run_dir: Optional[str], job: Optional[str]) -> str:
+    """The run dir to show: as prestop finds it, else the newest job under the base dir.
+
+    Raises:
+        UsageError: several running jobs (listed), a bad ``--job``.
+        LauncherError: no job at all, or no such run dir.
+    """
+    found = jobs_mod.resolve(run_dir, job)
+    if found is None:
+        known = jobs_mod.scan(rundir_mod.base_dir())
+        if not known:
+            raise LauncherError(f"no jobs under {rundir_mod.base_dir()}", ["pass --run-dir DIR of a `launcher run`"])
+        found = known[-1].run_dir
+    if not os.path.isdir(found):
+        raise LauncherError(f"no run dir {found}", ["see `launcher jobs`"])
+    return found
+
+
+def render(run_dir: str, as_json: bool) -> str:
+    """What ``launcher status`` prints for ``run_dir``: the JSON document or the text view."""
+    doc = job_status(run_dir)
+    return json.dumps(doc, indent=2) if as_json else "\n".join(format_status(doc))
+
+
 def job_status(run_dir: str, now: Optional[float] = None) -> dict:
     """The status document of the job in ``run_dir`` (``launcher status --json``).
 
@@ -55,61 +79,85 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
     record = _read_json(os.path.join(run_dir, rundir_mod.LAUNCHER))
     state = _read_json(os.path.join(run_dir, rundir_mod.STATE))
     live = jobs_mod.is_live(run_dir)
-    events = goodput_mod.last_run(read_events(os.path.join(run_dir, EVENTS)))
+    events = goodput_mod.read_last_run(os.path.join(run_dir, EVENTS))
     attempt = state.get("attempt")
+    seen = _Seen(events, attempt)
     doc = {"job": os.path.basename(os.path.normpath(run_dir)), "run_dir": run_dir,
            "status": "running" if live else "ended" if record.get("ended") else "died",
            "launcher_pid": record.get("pid"), "started": record.get("started"), "ended": record.get("ended"),
-           "attempt": attempt, "restarts_left": _restarts_left(events),
-           "ranks": _ranks(state, events, attempt, now, os.path.join(run_dir, HEARTBEAT_DIR)),
-           "stragglers": sorted({ev.get("rank") for ev in events
-                                 if ev.get("event") == "straggler" and ev.get("attempt") == attempt}),
-           "restore_plan": _last(events, "restore_plan"),
-           "cluster": _cluster(events), "standbys": _standbys(events, state) if live else [], "now": now}
+           "attempt": attempt, "restarts_left": seen.restarts_left,
+           "ranks": _ranks(state, seen, attempt, now, os.path.join(run_dir, HEARTBEAT_DIR)),
+           "stragglers": sorted(seen.stragglers), "restore_plan": _bare(seen.plan),
+           "cluster": {"hold": seen.hold, "update": _bare(seen.update)},
+           "standbys": _standbys(seen, state) if live else [], "now": now}
     good = goodput_mod.compute(events, now=now if live else None)
     doc["goodput"] = good.to_json()
     return doc
 
 
-def _last(events: List[dict], kind: str) -> Optional[dict]:
-    """The newest event of ``kind`` without its bookkeeping fields."""
-    for ev in reversed(events):
-        if ev.get("event") == kind:
-            return {k: v for k, v in ev.items() if k not in ("run_id", "launcher_pid", "event")}
-    return None
+class _Seen:
+    """What the status shows from the events, in one pass over them (they may be many).
+
+    Attributes:
+        exited: rank -> its ``rank_exited`` in ``attempt`` (not restarted in place since).
+        beats: rank -> its newest ``heartbeat`` event.
+        stragglers: Ranks named in ``attempt``'s ``straggler`` events.
+        plan: The newest ``restore_plan``; update: the newest ``cluster_update``.
+        hold: The reason of a ``cluster_hold`` not ended yet.
+        restarts_left: From the newest ``restart``, else ``start``'s ``max_restarts``.
+        standbys: rank -> its newest ``standby_ready`` (``--preload``).
+    """
+
+    def __init__(self, events: List[dict], attempt: Optional[int]):
+        self.exited: Dict[int, dict] = {}
+        self.beats: Dict[int, dict] = {}
+        self.stragglers: set = set()
+        self.standbys: Dict[int, dict] = {}
+        self.plan = self.update = self.hold = self.restarts_left = None
+        for ev in events:
+            kind = ev.get("event")
+            if kind == "heartbeat":
+                self.beats[ev.get("rank")] = ev
+            elif kind in ("rank_exited", "rank_spawned", "straggler"):
+                if ev.get("attempt") == attempt:
+                    self._rank_event(kind, ev)
+            elif kind == "restore_plan":
+                self.plan = ev
+            elif kind == "cluster_update":
+                self.update = ev
+            elif kind == "standby_ready":
+                self.standbys[ev.get("rank")] = ev
+            elif kind in ("cluster_hold", "cluster_hold_end"):
+                self.hold = ev.get("reason") if kind == "cluster_hold" else None
+            elif kind == "start" or (kind == "restart" and "restarts_left" in ev):
+                self.restarts_left = ev.get("max_restarts" if kind == "start" else "restarts_left")
+
+    def _rank_event(self, kind: str, ev: dict) -> None:
+        if kind == "rank_exited":
+            self.exited[ev.get("rank")] = ev
+        elif kind == "rank_spawned":
+            self.exited.pop(ev.get("rank"), None)  # restarted in place
+        else:
+            self.stragglers.add(ev.get("rank"))
 
 
-def _restarts_left(events: List[dict]) -> Optional[int]:
-    for ev in reversed(events):
-        if ev.get("event") == "restart" and "restarts_left" in ev:
-            return ev["restarts_left"]
-        if ev.get("event") == "start":
-            return ev.get("max_restarts")
-    return None
+def _bare(ev: Optional[dict]) -> Optional[dict]:
+    """An event without its bookkeeping fields."""
+    return None if ev is None else {k: v for k, v in ev.items() if k not in ("run_id", "launcher_pid", "event")}
 
 
-def _ranks(state: dict, events: List[dict], attempt: Optional[int], now: float, slots: str) -> List[dict]:
+def _ranks(state: dict, seen: _Seen, attempt: Optional[int], now: float, slots: str) -> List[dict]:
     """One row per rank of the current attempt: pid, process state, recorded state, heartbeat (from the
     rank's heartbeat slot under ``slots`` when it has one, else a ``heartbeat`` event)."""
-    exited: Dict[int, dict] = {}
-    beats: Dict[int, dict] = {}
-    for ev in events:
-        kind = ev.get("event")
-        if kind == "rank_exited" and ev.get("attempt") == attempt:
-            exited[ev.get("rank")] = ev
-        elif kind == "rank_spawned" and ev.get("attempt") == attempt:
-            exited.pop(ev.get("rank"), None)  # restarted in place
-        elif kind == "heartbeat":
-            beats[ev.get("rank")] = ev
     rows = []
     for entry in state.get("ranks") or ():
         if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
             continue
         rank, pid = entry.get("rank"), entry["pid"]
         proc = _proc_state(pid) if pid > 0 else None
-        done = exited.get(rank)
+        done = seen.exited.get(rank)
         age, step = _slot_beat(slot_path(slots, rank), pid)
-        beat = beats.get(rank)
+        beat = seen.beats.get(rank)
         if age is None and beat:
             age, step = round(now - beat["ts"], 3), beat.get("step")
         rows.append({"rank": rank, "pid": pid, "attempt": attempt, "process": proc,
@@ -129,23 +177,12 @@ def _slot_beat(path: str, pid: int) -> Tuple[Optional[float], Optional[int]]:
     return round(time.monotonic() - beat.at, 3), (beat.step if beat.step >= 0 else None)
 
 
-def _standbys(events: List[dict], state: dict) -> List[dict]:
+def _standbys(seen: _Seen, state: dict) -> List[dict]:
     """``--preload``'s warm standbys waiting now: the newest ready one of each rank, alive, no rank yet."""
     ranks = {row.get("pid") for row in state.get("ranks", [])}
-    ready = {ev.get("rank"): ev for ev in events if ev.get("event") == "standby_ready"}
-    return [{"rank": rank, "pid": ev.get("pid"), "rss_bytes": ev.get("rss_bytes")} for rank, ev in sorted(ready.items())
+    return [{"rank": rank, "pid": ev.get("pid"), "rss_bytes": ev.get("rss_bytes")}
+            for rank, ev in sorted(seen.standbys.items())
             if ev.get("pid") not in ranks and _proc_state(ev.get("pid")) not in (None, "Z")]
-
-
-def _cluster(events: List[dict]) -> dict:
-    """Cluster holds: a ``cluster_hold`` not yet ended, and the newest reset.json update."""
-    hold = None
-    for ev in events:
-        if ev.get("event") == "cluster_hold":
-            hold = ev.get("reason")
-        elif ev.get("event") == "cluster_hold_end":
-            hold = None
-    return {"hold": hold, "update": _last(events, "cluster_update")}
 
 
 def format_status(doc: dict) -> List[str]:
@@ -176,10 +213,17 @@ def format_status(doc: dict) -> List[str]:
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in good["parts"].items() if v or k == "productive")
     lines.append(f"goodput {ratio} of {good['wall']:.1f}s: {parts}")
     for failure in good["failures"]:
-        steps = "" if failure["steps_recomputed"] is None else f", {failure['steps_recomputed']} steps recomputed"
         lines.append(f"  failure in attempt {failure['attempt']}: rank {_dash(failure['rank'])} {failure['cause']}; "
-                     f"lost {failure['time_lost']:.1f}s{steps}")
+                     f"lost {failure['time_lost']:.1f}s, {_recomputed(failure)}")
     return lines
+
+
+def _recomputed(failure: dict) -> str:
+    """``30 steps recomputed in 12.0s``, ``steps recomputed unknown`` without step numbers."""
+    steps, seconds = failure["steps_recomputed"], failure["recompute_seconds"]
+    if steps is None:
+        return "steps recomputed unknown"
+    return f"{steps} steps recomputed" + ("" if seconds is None or not steps else f" in {seconds:.1f}s")
 
 
 def _dash(value: object) -> str:

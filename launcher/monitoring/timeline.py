@@ -68,8 +68,11 @@ def _markers(run: List[dict], good: "goodput_mod.Goodput", x, row_y: Dict[int, i
     out = []
     for failure in good.failures:
         y = row_y.get(failure.rank, TOP) + ROW / 2 - 2
-        tip = f"attempt {failure.attempt} failed: rank {failure.rank} {failure.cause}; lost {failure.time_lost:.2f} s"
-        out.append(f'<g data-kind="failure" data-rank="{failure.rank}" data-attempt="{failure.attempt}">'
+        count = "unknown" if failure.steps_recomputed is None else failure.steps_recomputed
+        tip = (f"attempt {failure.attempt} failed: rank {failure.rank} {failure.cause}; lost {failure.time_lost:.2f} s, "
+               f"steps recomputed {count}")
+        out.append(f'<g data-kind="failure" data-rank="{failure.rank}" data-attempt="{failure.attempt}" '
+                   f'data-steps-recomputed="{count}">'
                    f'<title>{html.escape(tip)}</title><circle cx="{x(failure.at):.2f}" cy="{y}" r="6" '
                    f'fill="white" stroke="#c62828" stroke-width="2"/></g>')
     for ev in run:

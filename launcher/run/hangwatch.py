@@ -8,6 +8,11 @@ attempt is reported (``hang_detected``), every local rank's stacks are dumped (`
 :class:`launcher.run.stackdump.StackDump`), and only then is a ``RankHung`` posted to the loop: the
 supervisor kills that rank, and its failure is handled like a crash (restart within the budget, the
 rank planned as faulty). Policy stays in the supervisor; this module only observes and reports.
+
+It also records the steps the slots show, for the goodput's recomputed steps
+(``launcher.monitoring.goodput``): ``step_first`` (an attempt's first beat with a step), ``step_regained``
+(a restarted attempt reached again the highest step of the attempt before it) and ``step_last`` (an
+attempt's highest step, at its end); ``at`` is the beat's own wall-clock time.
 """
 
 import glob
@@ -51,6 +56,8 @@ class HangWatch(Integration):
         self.steps: Dict[int, int] = {}          # attempt -> highest step a rank reported
         self.history: Dict[int, Deque[Tuple[float, int]]] = {}  # rank -> recent (time, step)
         self.named: Set[int] = set()             # ranks already named stragglers this attempt
+        self.first_step = False                  # this attempt's step_first is recorded
+        self.regain: Optional[int] = None        # the step whose step_regained this attempt awaits
         self._timer: Optional[int] = None
 
     def start(self, host: Host) -> None:
@@ -68,6 +75,7 @@ class HangWatch(Integration):
         if event == "attempt_start":
             self.attempt, self.spawned, self.output, self.reported = fields["attempt"], {}, {}, False
             self.history, self.named = {}, set()
+            self.first_step, self.regain = False, self.steps.get(self.attempt - 1)
             for path in glob.glob(os.path.join(self.directory, "rank_*")):  # the last attempt's slots
                 os.unlink(path)
         elif event == "rank_spawned":
@@ -75,7 +83,11 @@ class HangWatch(Integration):
             self.spawned[rank] = self.clock()
             self.output[rank] = (self._log_size(rank), 0.0)  # what the log held before is not progress
         elif event == "attempt_end":
-            self._read_steps()
+            beats = self._read_steps()
+            self._record_steps(beats)
+            steps = {str(r): b.step for r, b in sorted(beats.items()) if b is not None and b.step >= 0}
+            if steps:
+                self.host.emit("step_last", attempt=self.attempt, step=max(steps.values()), ranks=steps)
             self.attempt, self.spawned = None, {}
 
     def status(self) -> dict:
@@ -104,6 +116,7 @@ class HangWatch(Integration):
             return
         now = self.clock()
         beats = self._read_steps()
+        self._record_steps(beats)
         hung = {}
         for rank, spawned in self.spawned.items():
             why = judge(self.rules, spawned, beats[rank], self._output_at(rank, now), now)
@@ -113,6 +126,23 @@ class HangWatch(Integration):
             self._report(hung, beats)
         elif self.rules.straggler:
             self._stragglers(beats, now)
+
+    def _record_steps(self, beats: Dict[int, Optional[Beat]]) -> None:
+        """``step_first`` once a rank beat with a step; ``step_regained`` once one reached ``regain``."""
+        stepped = [b for b in beats.values() if b is not None and b.step >= 0]
+        if stepped and not self.first_step:
+            self.first_step = True
+            first = min(stepped, key=lambda b: b.at)
+            self.host.emit("step_first", attempt=self.attempt, step=first.step, at=self._wall(first.at))
+        reached = [b for b in stepped if self.regain is not None and b.step >= self.regain]
+        if reached:
+            self.host.emit("step_regained", attempt=self.attempt, step=self.regain,
+                           at=self._wall(min(b.at for b in reached)))
+            self.regain = None
+
+    def _wall(self, at: float) -> float:
+        """The wall-clock time of a beat stamped ``at`` on the slots' monotonic clock."""
+        return round(time.time() - max(0.0, self.clock() - at), 3)
 
     def _stragglers(self, beats: Dict[int, Optional[Beat]], now: float) -> None:
         """Per-rank step rates over the last ``RATE_WINDOW`` s; name each new straggler once."""

@@ -9,7 +9,6 @@ rewritten atomically after every attempt and at the end (node_exporter's textfil
 """
 
 import logging
-import os
 import time
 from typing import Any, Mapping, Optional
 
@@ -36,7 +35,9 @@ class Metrics(Integration):
     ``launcher_gasps_total``, ``launcher_gasp_duration_seconds`` (gasp to gasp_done),
     ``launcher_time_lost_seconds_total`` (rank failure to the next attempt's ranks all spawned),
     ``launcher_heartbeat_age_seconds{rank}`` (from ``heartbeat`` events, when a source writes them),
-    ``launcher_up``.
+    ``launcher_steps_recomputed_total`` (per failure: the failed attempt's ``step_last`` minus the
+    next ``restore_plan``'s step; it counts only the failures where both are known, the goodput in
+    status and the end-of-run line say "unknown" for the others), ``launcher_up``.
     """
 
     def __init__(self, port: Optional[int] = None, textfile: Optional[str] = None):
@@ -53,8 +54,12 @@ class Metrics(Integration):
                                  "attempt's ranks are all spawned", registry=self.registry)
         self.beat = prom.Gauge("launcher_heartbeat_age_seconds", "Seconds since each rank's last heartbeat",
                                ["rank"], registry=self.registry)
+        self.recomputed = prom.Counter("launcher_steps_recomputed", "Steps re-run after failures (the failed "
+                                       "attempt's last heartbeat step minus the step the next one resumed from)",
+                                       registry=self.registry)
         self.up = prom.Gauge("launcher_up", "1 while the launcher runs", registry=self.registry)
         self._beats, self._failed_at, self._gasp_at, self._pending = {}, None, None, set()
+        self._failed_attempts, self._last_steps = set(), {}
         self._server = None
 
     def start(self, host: Host) -> None:
@@ -81,6 +86,11 @@ class Metrics(Integration):
             self.failures.labels(f"signal {fields['signal']}" if fields.get("signal")
                                  else f"exit code {fields.get('exit_code')}").inc()
             self._failed_at = self._failed_at or float(fields.get("exited_at") or now)
+            self._failed_attempts.add(fields.get("attempt"))
+        elif event == "step_last":
+            self._last_steps[fields.get("attempt")] = fields.get("step")
+        elif event == "restore_plan":
+            self._count_recomputed(fields)
         elif event == "restart":
             self.restarts.inc()
         elif event == "gasp":
@@ -94,6 +104,13 @@ class Metrics(Integration):
             if rank not in self._beats:  # the age is computed at each scrape, not at the last event
                 self.beat.labels(str(rank)).set_function(lambda r=rank: time.time() - self._beats[r])
             self._beats[rank] = now
+
+    def _count_recomputed(self, plan: Mapping[str, Any]) -> None:
+        """The steps the attempt this plan starts re-runs, after a failure of the one before."""
+        before = plan.get("attempt", 0) - 1
+        last, resumed = self._last_steps.get(before), plan.get("step")
+        if before in self._failed_attempts and isinstance(last, int) and isinstance(resumed, int):
+            self.recomputed.inc(max(0, last - resumed))
 
     def attempt_ended(self, attempt: int, failed: bool) -> None:
         self._write()

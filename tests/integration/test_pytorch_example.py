@@ -99,7 +99,7 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
     """Rank 2 SIGKILLed after step 20: the others save a breakpoint of step 20, the launcher
     restarts all four from it, and the result is bit-identical to the reference."""
     proc = run_launcher(tmp_path, ["--max-restarts", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
-                                   "--dp", str(NPROC)],
+                                   "--dp", str(NPROC), "--heartbeat-timeout", "120"],
                         ["--fail-at-step", "20", "--fail-rank", "2", "--fail-mode", "kill"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert final_hash(proc) == reference_hash
@@ -118,6 +118,10 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
     events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
     planned = [e for e in events if e["event"] == "restore_plan" and e["attempt"] == 1]
     assert planned and planned[0]["step"] == 20 and planned[0]["fault_ranks"] == [2]
+    # The ranks beat their steps (launcher_heartbeat): attempt 0 got to step 20 and attempt 1 resumed
+    # there, so the goodput knows that the breakpoint left no step to recompute (not "unknown").
+    assert [(e["attempt"], e["step"]) for e in events if e["event"] == "step_last"][0] == (0, 20)
+    assert "1 failure(s), 0 steps recomputed" in proc.stderr
     chosen = {RESUMED.findall(text)[0][0] for text in attempts[1].values()}
     assert chosen == set(plan["checkpoints"].values()) and len(chosen) == 1  # one replica's file
     # Every checkpoint was reported to the launcher's index (rankhooks/launcher_saves.py), with its size.

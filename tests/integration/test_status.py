@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from tests.integration.conftest import Launcher
+from tests.integration.conftest import REPO, Launcher
 from tests.unit.test_timeline import drawn as timeline_elements
 
 
@@ -107,3 +107,45 @@ def test_metrics_scraped_over_loopback_during_a_run(tmp_path):
     final = samples(textfile.read_text())
     assert final[("launcher_up", ())] == 0.0 and final[("launcher_gasps_total", ())] == 1.0
     assert final[("launcher_gasp_duration_seconds_count", ())] == 1.0
+
+
+STEP_RANK = str(REPO / "tests" / "workers" / "step_rank.py")
+
+
+def test_steps_recomputed_after_a_rank_fails_with_heartbeats(tmp_path):
+    """Two ranks beat their steps (--heartbeat-timeout gives them slots) and checkpoint every 10 steps;
+    rank 1 fails at step 15 and the restart resumes from 10: 5 steps recomputed, in status while the
+    job runs, in the end-of-run line, the metrics and the timeline."""
+    job = Launcher(tmp_path)
+    ckpt, finish, textfile = tmp_path / "ckpt", tmp_path / "finish", tmp_path / "launcher.prom"
+    job.start(["--nproc-per-node", "2", "--max-restarts", "1", "--heartbeat-timeout", "60", "--checkpoint-dir",
+               str(ckpt), "--dp", "2", "--metrics-textfile", str(textfile)],
+              ["--ckpt-dir", str(ckpt), "--finish-when", str(finish), "--steps", "30", "--ckpt-every", "10",
+               "--fail-at", "15", "--fail-rank", "1"], worker=STEP_RANK)
+    try:
+        job.wait_ready(4, timeout=60)
+        deadline = time.monotonic() + 60
+        while not [e for e in job.events() if e["event"] == "step_regained"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        doc = status(job.run_dir)
+        assert doc["status"] == "running" and doc["attempt"] == 1
+        [failure] = doc["goodput"]["failures"]
+        assert (failure["attempt"], failure["rank"], failure["steps_recomputed"]) == (0, 1, 5)
+        assert 0 < failure["recompute_seconds"] == doc["goodput"]["parts"]["recomputed"]
+        assert math.isclose(sum(doc["goodput"]["parts"].values()), doc["goodput"]["wall"], abs_tol=0.01)
+        events = job.events()
+        assert [(e["attempt"], e["step"]) for e in events if e["event"] == "step_last"] == [(0, 15)]
+        assert [(e["attempt"], e["step"]) for e in events if e["event"] == "restore_plan"][-1] == (1, 10)
+        assert [(e["attempt"], e["step"]) for e in events if e["event"] == "step_regained"] == [(1, 15)]
+    finally:
+        finish.touch()
+        code = job.wait(60)
+    assert code == 0, job.stderr
+    assert "1 failure(s), 5 steps recomputed" in job.stderr  # the end-of-run goodput line
+    assert "launcher_steps_recomputed_total 5.0" in textfile.read_text()
+    drawn = subprocess.run([sys.executable, "-m", "launcher", "report", str(job.run_dir)], capture_output=True,
+                           text=True, timeout=60)
+    assert drawn.returncode == 0, drawn.stderr
+    elements = timeline_elements((job.run_dir / "timeline.html").read_text())
+    assert [e["data-steps-recomputed"] for e in elements if e["data-kind"] == "failure"] == ["5"]
+    assert [e["data-attempt"] for e in elements if e.get("data-part") == "recomputed"] == ["1"]

@@ -53,6 +53,9 @@ def copy_of_the_package(tmp_path: Path) -> Path:
     ("launcher/supervision/policy.py", "from launcher.supervision import procgroup", "policy"),
     # The preStop client growing a heavy dependency.
     ("launcher/control/client.py", "import click", "control client"),
+    # launcher status's click-free path growing a heavy dependency.
+    ("launcher/monitoring/goodput.py", "import click", "launcher status"),
+    ("launcher/monitoring/heartbeats.py", "import dataclasses", "launcher status"),
 ])
 def test_a_violation_breaks_the_contract(tmp_path, module, line, broken):
     root = copy_of_the_package(tmp_path)

@@ -2,6 +2,7 @@
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -49,12 +50,82 @@ def test_parts_of_a_run_with_one_failure():
 
 
 def test_recomputed_steps_from_step_events_and_the_restore_plan():
-    g = goodput.compute(one_failure_run(steps=True))
+    """Attempt 0 reached step 40 (heartbeat); attempt 1 resumes at step 20, beats its first step at
+    t=72 and is back at step 40 at t=80: 20 steps recomputed in 8 s, charged to the failure."""
+    log = one_failure_run(steps=True)
+    at = next(i for i, e in enumerate(log) if e["event"] == "attempt_end" and e["attempt"] == 1)
+    log[at:at] = [ev(72.0, "heartbeat", rank=0, step=20), ev(80.0, "heartbeat", rank=1, step=40)]
+    g = goodput.compute(log)
     [failure] = g.failures
-    # Attempt 0 reached step 40 (heartbeat) in 47 s of productive time; attempt 1 resumes at step 20.
-    assert failure.steps_recomputed == 20
-    assert math.isclose(g.parts["recomputed"], 20 * 47.0 / 40)
+    assert (failure.steps_recomputed, failure.recompute_seconds) == (20, 8.0)
+    assert g.parts["recomputed"] == 8.0 and g.parts["productive"] == 47.0 + 28.0 - 8.0
+    assert failure.time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 3.0 + 8.0
     assert math.isclose(sum(g.parts.values()), g.wall)
+    ran = [s[:3] for s in g.spans if s[3] == 1 and s[0] in ("productive", "recomputed")]
+    assert ran == [("productive", 71.0, 72.0), ("recomputed", 72.0, 80.0), ("productive", 80.0, 99.0)]
+    assert g.summary().endswith("; 1 failure(s), 20 steps recomputed")
+    assert g.to_json()["steps_recomputed"] == 20 and g.to_json()["failures"][0]["recompute_seconds"] == 8.0
+
+
+def hangwatch_run():
+    """Two failures, steps as the hang detector records them (step_first / step_regained at the beat's
+    time ``at``, step_last at each attempt's end): attempt 0 reaches 70 and fails; attempt 1 resumes
+    at 60, regains 70 at t=130 and fails at step 85; attempt 2 resumes at 80 and never gets to 85."""
+    return [ev(0.0, "start"), ev(1.0, "attempt_start", attempt=0, ranks=[0]),
+            ev(2.0, "rank_spawned", attempt=0, rank=0), ev(2.5, "restore_plan", attempt=0, step=None),
+            ev(6.0, "step_first", attempt=0, step=1, at=5.0),
+            ev(100.0, "rank_exited", attempt=0, rank=0, state="failed", exit_code=1, exited_at=100.0),
+            ev(101.0, "attempt_end", attempt=0, failed=True), ev(101.0, "step_last", attempt=0, step=70,
+                                                                 ranks={"0": 70}),
+            ev(102.0, "restart", attempt=1, scope="group"), ev(103.0, "restore_plan", attempt=1, step=60),
+            ev(104.0, "attempt_start", attempt=1, ranks=[0]), ev(110.0, "rank_spawned", attempt=1, rank=0),
+            ev(121.0, "step_first", attempt=1, step=60, at=120.0),
+            ev(131.0, "step_regained", attempt=1, step=70, at=130.0),
+            ev(200.0, "rank_exited", attempt=1, rank=0, state="failed", signal="SIGKILL", exited_at=200.0),
+            ev(201.0, "attempt_end", attempt=1, failed=True), ev(201.0, "step_last", attempt=1, step=85),
+            ev(202.0, "restore_plan", attempt=2, step=80), ev(203.0, "attempt_start", attempt=2, ranks=[0]),
+            ev(204.0, "rank_spawned", attempt=2, rank=0), ev(211.0, "step_first", attempt=2, step=80, at=210.0),
+            ev(230.0, "stop_group", reason="SIGTERM"), ev(231.0, "attempt_end", attempt=2, failed=False),
+            ev(232.0, "step_last", attempt=2, step=84), ev(233.0, "job_end"), ev(233.0, "stop")]
+
+
+def test_steps_recomputed_per_failure_from_the_hang_detectors_events():
+    g = goodput.compute(hangwatch_run())
+    first, second = g.failures
+    assert (first.steps_recomputed, first.recompute_seconds) == (10, 10.0)    # 120 -> 130
+    assert (second.steps_recomputed, second.recompute_seconds) == (5, 20.0)   # 210 -> 230, never regained
+    assert g.parts["recomputed"] == 30.0
+    assert math.isclose(sum(g.parts.values()), g.wall)
+    assert second.time_lost == (201.0 - 200.0) + (204.0 - 201.0) + 20.0  # stopping, restarting, recomputed
+    assert "15 steps recomputed" in g.summary()
+
+
+def with_first_beat(attempt, step, at):
+    log = hangwatch_run()
+    [first] = [e for e in log if e["event"] == "step_first" and e["attempt"] == attempt]
+    first.update(step=step, at=at)
+    return log
+
+
+def test_a_first_beat_seen_past_the_resume_step_is_moved_back_at_the_rate_that_followed():
+    """The slots are polled: attempt 1 (resumed at 60) is first seen at step 63 at t=123 and at 70 at
+    t=130, 1 s a step, so it started re-running at t=120; seen first already at 70, no rate: from its
+    productive start (t=110)."""
+    assert goodput.compute(with_first_beat(1, 63, 123.0)).failures[0].recompute_seconds == 10.0
+    assert goodput.compute(with_first_beat(1, 70, 130.0)).failures[0].recompute_seconds == 20.0
+
+
+def test_without_steps_it_says_unknown_never_zero():
+    g = goodput.compute(one_failure_run())
+    assert g.summary().endswith("; 1 failure(s), steps recomputed unknown")
+    assert g.to_json()["steps_recomputed"] is None and g.failures[0].recompute_seconds is None
+    # Steps known but no beat in the next attempt (it died before its first step): the count, not the time.
+    log = [e for e in hangwatch_run() if not (e["event"] in ("step_first", "step_regained") and e["attempt"] == 1)]
+    first = goodput.compute(log).failures[0]
+    assert (first.steps_recomputed, first.recompute_seconds) == (10, None)
+    # No restore plan (no --checkpoint-dir): where the next attempt resumed is unknown.
+    log = [e for e in hangwatch_run() if e["event"] != "restore_plan"]
+    assert [f.steps_recomputed for f in goodput.compute(log).failures] == [None, None]
 
 
 def test_a_live_run_ends_now_and_only_the_newest_run_counts():
@@ -72,7 +143,8 @@ def test_an_empty_log():
 
 
 KINDS = ["attempt_start", "rank_spawned", "rank_exited", "stop_group", "gasp", "attempt_end", "restart",
-         "cluster_hold", "cluster_hold_end", "heartbeat", "restore_plan", "job_end", "other"]
+         "cluster_hold", "cluster_hold_end", "heartbeat", "restore_plan", "job_end", "other",
+         "step_first", "step_regained", "step_last"]
 
 
 @st.composite
@@ -86,7 +158,8 @@ def event_logs(draw):
                   "ranks": draw(st.lists(st.integers(0, 3), max_size=4)), "failed": draw(st.booleans()),
                   "state": draw(st.sampled_from(["failed", "stopped", "succeeded"])),
                   "exited_at": draw(st.floats(0, 1e6)), "step": draw(st.integers(0, 1000)),
-                  "scope": draw(st.sampled_from(["group", "rank"])), "after_rank": draw(st.integers(0, 3))}
+                  "scope": draw(st.sampled_from(["group", "rank"])), "after_rank": draw(st.integers(0, 3)),
+                  "at": draw(st.floats(0, 1e6))}
         log.append(ev(draw(st.floats(0, 1e6)), kind, **fields))
     return log
 
@@ -99,5 +172,26 @@ def test_parts_always_add_up_to_the_wall_time(log, now):
     assert all(v >= 0 for v in g.parts.values())
     assert math.isclose(sum(g.parts.values()), g.wall, rel_tol=1e-9, abs_tol=1e-6)
     assert all(0 <= f.time_lost <= g.wall + 1e-6 for f in g.failures)
+    assert math.isclose(sum(f.recompute_seconds or 0.0 for f in g.failures), g.parts["recomputed"], abs_tol=1e-6)
     spans = g.spans
     assert all(a[2] <= b[1] + 1e-9 for a, b in zip(spans, spans[1:]))  # in order, no overlap
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("missing", None, []),
+    ("empty", "", []),
+    ("two runs: the newest only", '{"ts": 1, "event": "start", "run_id": "a"}\n{"ts": 2, "event": "x", "run_id": "a"}\n'
+     '{"ts": 3, "event": "start", "run_id": "b"}\n{"ts": 4, "event": "y", "run_id": "b"}\n', ["start", "y"]),
+    ("a torn line and a foreign one", '{"ts": 1, "event": "start", "run_id": "a"}\n{"ts": 2, "ev\n[1, 2]\n7\n'
+     '{"ts": 3, "event": "y", "run_id": "a"}\n', ["start", "y"]),
+    ("the start text inside a value", '{"ts": 1, "event": "start", "run_id": "a"}\n'
+     '{"ts": 2, "event": "note", "run_id": "a", "text": "\\"event\\": \\"start\\""}\n', ["start", "note"]),
+    ("a value that holds it unescaped is not JSON", '{"ts": 1, "event": "start", "run_id": "a"}\n'
+     '{"ts": 2, "event": "z", "run_id": "a"}\nnot json "event": "start" here\n', ["start", "z"]),
+    ("no start at all", '{"ts": 2, "event": "x"}\n', ["x"]),
+])
+def test_read_last_run_on_damaged_files(tmp_path, name, text, expected):
+    path = tmp_path / "events.jsonl"
+    if text is not None:
+        path.write_text(text)
+    assert [e["event"] for e in goodput.read_last_run(str(path))] == expected

@@ -1,6 +1,7 @@
 """The hang detector's wiring, with a fake host and clock (no processes): slots written by hand."""
 
 import struct
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -79,9 +80,9 @@ def test_silent_rank_is_reported_then_handed_to_the_supervisor(watch):
     write_slot(tmp, 0, 106.0, 9)
     write_slot(tmp, 2, 106.0, 9)
     tick(hw, host)
-    names = [e for e, _ in host.events]
-    assert names == ["hang_detected", "stacks_dumped"]
-    assert host.events[0][1]["rank"] == 1 and host.events[0][1]["step"] == 4
+    events = [(e, f) for e, f in host.events if not e.startswith("step_")]  # steps: their own test
+    assert [e for e, _ in events] == ["hang_detected", "stacks_dumped"]
+    assert events[0][1]["rank"] == 1 and events[0][1]["step"] == 4
     [hung] = host.group.posted
     assert isinstance(hung, RankHung) and hung.rank == 1 and "no stacks could be read" in hung.diagnosis[0]
     tick(hw, host)  # one report per attempt
@@ -113,3 +114,41 @@ def test_status_names_stragglers_only_when_watched(tmp_path):
     hw.named.add(2)
     assert hw.status() == {"stragglers": [2]}
     assert HangWatch().status() == {}
+
+
+def test_steps_are_recorded_for_the_goodput(watch):
+    """step_first once per attempt, step_last at its end (the highest slot step), step_regained once the
+    next attempt is back at that step; ``at`` is the beat's own time on the wall clock."""
+    hw, host, clock, tmp = watch
+    clock.now = 101.0
+    write_slot(tmp, 0, 100.5, 3)
+    tick(hw, host)
+    write_slot(tmp, 1, 101.0, 4)
+    tick(hw, host)
+    first = [f for e, f in host.events if e == "step_first"]
+    assert [(f["attempt"], f["step"]) for f in first] == [(0, 3)]
+    assert abs(first[0]["at"] - (time.time() - 0.5)) < 5
+    write_slot(tmp, 2, 101.0, 7)
+    hw.on_event("attempt_end", {"attempt": 0, "failed": True})
+    assert [f for e, f in host.events if e == "step_last"] == [{"attempt": 0, "step": 7,
+                                                                 "ranks": {"0": 3, "1": 4, "2": 7}}]
+    hw.on_event("attempt_start", {"attempt": 1})  # removes attempt 0's slots
+    for rank in range(3):
+        hw.on_event("rank_spawned", {"rank": rank})
+    write_slot(tmp, 0, 101.0, 5)
+    tick(hw, host)
+    assert not [e for e, _ in host.events if e == "step_regained"]
+    write_slot(tmp, 0, 101.0, 7)
+    tick(hw, host)
+    tick(hw, host)
+    regained = [f for e, f in host.events if e == "step_regained"]
+    assert [(f["attempt"], f["step"]) for f in regained] == [(1, 7)]
+    assert [f["attempt"] for e, f in host.events if e == "step_first"] == [0, 1]
+
+
+def test_no_steps_no_step_events(watch):
+    hw, host, clock, tmp = watch
+    write_slot(tmp, 0, 100.5, -1)  # beats without a step
+    tick(hw, host)
+    hw.on_event("attempt_end", {"attempt": 0, "failed": True})
+    assert not [e for e, _ in host.events if e.startswith("step_")]

@@ -55,3 +55,21 @@ def test_without_prometheus_client_it_is_a_usage_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
     with pytest.raises(UsageError, match=r"ascend-launcher\[metrics\]"):
         Metrics(port=0)
+
+
+def test_steps_recomputed_after_failures_whose_steps_are_known():
+    metrics = Metrics()
+    metrics.start(Host())
+    failed = {"state": "failed", "exit_code": 1, "signal": None, "exited_at": 1.0}
+    script = [("restore_plan", {"attempt": 0, "step": None}),
+              ("rank_exited", {"attempt": 0, "rank": 1, **failed}),
+              ("step_last", {"attempt": 0, "step": 70, "ranks": {"0": 70, "1": 69}}),
+              ("restore_plan", {"attempt": 1, "step": 60}),     # 10 steps to recompute
+              ("rank_exited", {"attempt": 1, "rank": 0, **failed}),
+              ("restore_plan", {"attempt": 2, "step": 60}),     # no step_last for attempt 1: not counted
+              ("step_last", {"attempt": 2, "step": 90}),
+              ("restore_plan", {"attempt": 3, "step": 80})]     # attempt 2 did not fail: nothing re-run
+    for event, fields in script:
+        metrics.on_event(event, fields)
+    assert values(metrics)[("launcher_steps_recomputed_total", ())] == 10.0
+    metrics.stop()

@@ -69,6 +69,18 @@ def test_status_of_a_live_job_in_its_second_attempt(live_job):
     assert [f["rank"] for f in good["failures"]] == [2, 1]
     text = "\n".join(format_status(doc))
     assert "HOLD: FaultFlushing" in text and "restarts left 2" in text and "periodic step 70" in text
+    assert "rank 2 exit code 3; lost 3.0s, steps recomputed unknown" in text  # no step numbers: not 0
+
+
+def test_steps_recomputed_per_failure_are_shown(tmp_path):
+    from tests.unit.test_goodput import hangwatch_run
+
+    doc = job_status(write_run_dir(tmp_path / "job", 1, 2 ** 22 + 1, hangwatch_run(), ended=233.0))
+    assert doc["goodput"]["steps_recomputed"] == 15
+    assert [(f["steps_recomputed"], f["recompute_seconds"]) for f in doc["goodput"]["failures"]] == [(10, 10.0),
+                                                                                                    (5, 20.0)]
+    text = "\n".join(format_status(doc))
+    assert "10 steps recomputed in 10.0s" in text and "recomputed 30.0s" in text
 
 
 def test_an_ended_job_and_a_dead_launcher(tmp_path):

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 from launcher.commands.cli import main
 from launcher.monitoring.timeline import render
-from tests.unit.test_goodput import ev, one_failure_run
+from tests.unit.test_goodput import ev, one_failure_run, hangwatch_run
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -51,3 +51,14 @@ def test_cli_writes_the_page(tmp_path, capsys):
     assert len(of(drawn((run_dir / "timeline.html").read_text()), "attempt")) == 4
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 1
+
+
+def test_recomputed_time_and_steps_are_drawn():
+    """A failure whose steps the next attempt re-ran: a recomputed part in the job row, the count on the
+    failure marker; without step numbers the marker says unknown."""
+    elements = drawn(render(hangwatch_run(), "job y"))
+    recomputed = [e for e in of(elements, "part") if e["data-part"] == "recomputed"]
+    assert [e["data-attempt"] for e in recomputed] == ["1", "2"]
+    assert [e["data-steps-recomputed"] for e in of(elements, "failure")] == ["10", "5"]
+    assert "steps recomputed 10" in render(hangwatch_run(), "job y")
+    assert [e["data-steps-recomputed"] for e in of(drawn(render(one_failure_run(), "z")), "failure")] == ["unknown"]
