@@ -25,7 +25,7 @@ import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
@@ -139,10 +139,11 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
     faults = collect_faults(inputs.world_size, inputs.fault_npus_path, inputs.reset_json_path,
                             inputs.extra_fault_ranks, inputs.previous_failed_ranks)
     scan, ms_step, ms_warnings = None, None, ()
+    verify: Callable[[int, str], Optional[bool]] = lambda _rank, path: verify_digest(path)
     if inputs.checkpoint_dir is not None:
         if index is not None and (index.root, index.patterns, index.settle_seconds) == (
                 inputs.checkpoint_dir, patterns, inputs.settle_seconds):
-            scan = index.scan(inputs.world_size)
+            scan, verify = index.scan(inputs.world_size), index.verify_digest  # digests cached
         else:
             scan = scan_checkpoints(inputs.checkpoint_dir, inputs.world_size, patterns,
                                     inputs.settle_seconds)
@@ -156,7 +157,7 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
     # breakpoint plan).
     rejected: List[str] = []
     while scan is not None:
-        bad = [path for _, path in plan.files if verify_digest(path) is False]
+        bad = [path for rank, path in plan.files if verify(rank, path) is False]
         if not bad:
             break
         rejected.extend(bad)
