@@ -21,7 +21,8 @@
 
 import os
 import time
-from typing import Callable, Dict, List, Optional
+from contextlib import contextmanager
+from typing import Callable, Dict, Iterator, List, Optional
 
 from bench.common import (GATE, RETRIES, RETRY_SHARE, LoadMeter, Result, Row, Settings, TempDir, fmt, median, ms,
                           progress)
@@ -133,14 +134,17 @@ def _index_times(root: str, inputs, settings: Settings) -> Dict[str, List[float]
     try:
         compute_plan(inputs, index=index)  # the launcher's first plan: a full listing
         out = {"plan_index": timed(lambda: compute_plan(inputs, index=index), settings),
-               "plan_index_saved": [], "index_update": []}
+               "plan_index_saved": [], "index_update": [], "plan_index_saved_cpu": []}
         for run in range(settings.warmup + settings.runs):
             _save_round(root, 200 + run, index.drain)
             start = time.perf_counter()
             index.update()  # what the event loop's timer runs after the burst
             update = time.perf_counter() - start
+            cpu = time.thread_time()  # the planning thread's CPU: less noisy than wall time under load
             [plan_time] = timed(lambda: compute_plan(inputs, index=index), Settings(1, 0, settings.quick))
+            cpu = time.thread_time() - cpu
             if run >= settings.warmup:
+                out["plan_index_saved_cpu"].append(cpu)
                 out["index_update"].append(update)
                 out["plan_index_saved"].append(plan_time)
         return out
@@ -237,15 +241,11 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
 SLOW_FS_RANKS, SLOW_FS_LATENCY = 2048, 0.001
 
 
-def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
-    """The checkpoint scan of ``SLOW_FS_RANKS`` rank directories on a simulated shared file system
-    (``os.scandir`` and ``os.stat`` sleep ``SLOW_FS_LATENCY`` first), once as the launcher does it
-    (threads after the probe) and once forced into one thread. One run each: the serial one takes
-    seconds, and sleeps are not noisy."""
-    from launcher.restore import CheckpointIndex, checkpoints
-
-    real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS, checkpoints.os.listdir,
-            checkpoints.os.open)
+@contextmanager
+def _slow_fs() -> Iterator[None]:
+    """A simulated shared file system: ``os.scandir``, ``os.stat``, ``os.listdir`` (of ``.saves/``)
+    and ``os.open`` (digest sidecars, checkpoints) sleep ``SLOW_FS_LATENCY`` first, process-wide."""
+    real = (os.scandir, os.stat, os.listdir, os.open)
 
     def slow(call):
         def wrapped(*args, **kwargs):
@@ -253,32 +253,84 @@ def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
             return call(*args, **kwargs)
         return wrapped
 
+    os.scandir, os.stat, os.listdir, os.open = (slow(call) for call in real)
+    try:
+        yield
+    finally:
+        os.scandir, os.stat, os.listdir, os.open = real
+
+
+def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
+    """The checkpoint scan of ``SLOW_FS_RANKS`` rank directories on a simulated shared file system
+    (:func:`_slow_fs`), once as the launcher does it (threads after the probe) and once forced into
+    one thread. One run each: the serial one takes seconds, and sleeps are not noisy."""
+    from launcher.restore import CheckpointIndex, checkpoints
+
+    threshold_before = checkpoints.SLOW_RANK_SECONDS
     out = {}
     # As on NFS: no events from the other nodes' writes; the poll's timer is driven by hand.
     index = CheckpointIndex(root, watch=False, call_later=lambda _delay, _callback: None)
     index.scan(WORLD)
     try:
-        checkpoints.os.scandir, checkpoints.os.stat = slow(real[0]), slow(real[1])
-        # The listing of .saves/; the planner's opens (digest sidecars) while the plans are timed.
-        checkpoints.os.listdir, checkpoints.os.open = slow(real[3]), slow(real[4])
-        for key, threshold in (("slow_fs_scan", real[2]), ("slow_fs_scan_one_thread", float("inf"))):
-            checkpoints.SLOW_RANK_SECONDS = threshold
-            start = time.perf_counter()
-            checkpoints.scan_checkpoints(root, SLOW_FS_RANKS)
-            out[key] = [time.perf_counter() - start]
-        checkpoints.SLOW_RANK_SECONDS = real[2]
-        start = time.perf_counter()
-        index.scan(WORLD)
-        out["slow_fs_index"] = [time.perf_counter() - start]
-        out.update(_slow_fs_rounds(root, inputs, index))
+        with _slow_fs():
+            out.update(_slow_fs_measured(root, inputs, index, threshold_before))
+        out.update(_slow_fs_sidecars(inputs, index))
     finally:
-        (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS, checkpoints.os.listdir,
-         checkpoints.os.open) = real
+        checkpoints.SLOW_RANK_SECONDS = threshold_before
         index.close()
     progress(f"scale: slow file system scan: {out['slow_fs_scan'][0]:.2f} s, one thread "
              f"{out['slow_fs_scan_one_thread'][0]:.2f} s, index of {WORLD} ranks {out['slow_fs_index'][0]:.2f} s, "
              f"plan after a reported save round {median(out['slow_fs_plan_saved']):.2f} s, "
-             f"after the poll {median(out['slow_fs_plan_polled']):.2f} s")
+             f"after the poll {median(out['slow_fs_plan_polled']):.2f} s, with sidecars "
+             f"{median(out['slow_fs_plan_sidecars']):.2f} s")
+    return out
+
+
+def _slow_fs_measured(root: str, inputs, index, threshold_before: float) -> Dict[str, List[float]]:
+    """The full scans, the index's check and the save rounds, on the simulated file system."""
+    from launcher.restore import checkpoints
+
+    out = {}
+    for key, threshold in (("slow_fs_scan", threshold_before), ("slow_fs_scan_one_thread", float("inf"))):
+        checkpoints.SLOW_RANK_SECONDS = threshold
+        start = time.perf_counter()
+        checkpoints.scan_checkpoints(root, SLOW_FS_RANKS)
+        out[key] = [time.perf_counter() - start]
+    checkpoints.SLOW_RANK_SECONDS = threshold_before
+    start = time.perf_counter()
+    index.scan(WORLD)
+    out["slow_fs_index"] = [time.perf_counter() - start]
+    out.update(_slow_fs_rounds(root, inputs, index))
+    return out
+
+
+def _slow_fs_sidecars(inputs, index) -> Dict[str, List[float]]:
+    """A ``.sha256`` sidecar beside each file the plan picks (as the PyTorch example writes them),
+    written on the real file system and verified once (the index's worker, the first plan); then the
+    plan on the simulated one (3 runs): a ``stat`` of each picked file and its sidecar, no hash."""
+    import hashlib
+
+    from launcher.restore import compute_plan
+    from launcher.restore.ckptnames import DIGEST_SUFFIX
+
+    old = time.time() - 3600
+    for _, path in compute_plan(inputs, index=index).files:
+        with open(path, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()
+        with open(path + DIGEST_SUFFIX, "w", encoding="utf-8") as fh:
+            fh.write(f"{digest}  {os.path.basename(path)}\n")
+        for touched in (path + DIGEST_SUFFIX, os.path.dirname(path)):
+            os.utime(touched, (old, old))  # saved long before the failure, as the tree
+    compute_plan(inputs, index=index)  # lists the changed directories (their mtimes), hashes the files
+    index.digests.join()
+    out: Dict[str, List[float]] = {"slow_fs_plan_sidecars": [], "slow_fs_plan_sidecars_cpu": []}
+    with _slow_fs():
+        for _ in range(3):
+            start, cpu = time.perf_counter(), time.thread_time()
+            plan = compute_plan(inputs, index=index)
+            out["slow_fs_plan_sidecars_cpu"].append(time.thread_time() - cpu)
+            out["slow_fs_plan_sidecars"].append(time.perf_counter() - start)
+    assert not [w for w in plan.warnings if DIGEST_SUFFIX in w], plan.warnings
     return out
 
 
@@ -289,7 +341,7 @@ def _slow_fs_rounds(root: str, inputs, index) -> Dict[str, List[float]]:
     from launcher.restore.ckptindex import RACY_SECONDS
 
     out: Dict[str, List[float]] = {"slow_fs_plan_saved": [], "slow_fs_poll": [], "slow_fs_plan_polled": [],
-                                   "slow_fs_scan_polled": []}
+                                   "slow_fs_scan_polled": [], "slow_fs_plan_polled_cpu": []}
     for run in range(3):
         _save_round(root, 300 + 2 * run)
         start = time.perf_counter()
@@ -303,8 +355,9 @@ def _slow_fs_rounds(root: str, inputs, index) -> Dict[str, List[float]]:
         start = time.perf_counter()
         index.scan(WORLD)  # the index's share of the plan below (which finds the same: nothing new)
         out["slow_fs_scan_polled"].append(time.perf_counter() - start)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         compute_plan(inputs, index=index)
+        out["slow_fs_plan_polled_cpu"].append(time.thread_time() - cpu)
         out["slow_fs_plan_polled"].append(time.perf_counter() - start)
     return out
 
@@ -366,7 +419,17 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"reports (one listing of `.saves/`, the reports applied) takes "
                      f"{fmt(ms(median(times['slow_fs_poll'])))} ms, outside the plan's time; after it the index's "
                      f"scan takes {fmt(ms(median(times['slow_fs_scan_polled'])))} ms of the plan (the rest is the "
-                     "planner's, including one `open` per chosen file for its digest sidecar).")
+                     "planner's; it opens no digest sidecar the index's listing did not see).")
+    if "slow_fs_plan_sidecars" in times:
+        lines.append(f"- Simulated shared file system, a `.sha256` sidecar beside each of the {SAVERS:,} files the "
+                     f"plan picks, verified once before (the index's worker thread): the plan "
+                     f"{fmt(ms(median(times['slow_fs_plan_sidecars'])))} ms (a `stat` of each file and sidecar, "
+                     f"no hash; 3 runs), of which CPU {fmt(ms(median(times['slow_fs_plan_sidecars_cpu'])))} ms.")
+    if "plan_index_saved_cpu" in times:
+        lines.append("- CPU time of the planning thread (`time.thread_time`, medians; less noisy than wall time on "
+                     f"a loaded machine): after {SAVERS:,} ranks saved, local disk "
+                     f"{fmt(ms(median(times['plan_index_saved_cpu'])))} ms; simulated shared file system after "
+                     f"the poll {fmt(ms(median(times['slow_fs_plan_polled_cpu'])))} ms.")
     if "index_update" in times:
         lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
                      f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "

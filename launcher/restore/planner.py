@@ -31,7 +31,7 @@ from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX, KIND_BREAKPOINT,
                                           KIND_PERIODIC, Checkpoint, ScanResult, compile_patterns,
-                                          scan_checkpoints, verify_digest)
+                                          probed_map, scan_checkpoints, verify_digest)
 from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.ckptnames import by_kind
 from launcher.restore.dcpsteps import newest_dcp_step
@@ -157,7 +157,7 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
     # breakpoint plan).
     rejected: List[str] = []
     while scan is not None:
-        bad = [path for rank, path in plan.files if verify(rank, path) is False]
+        bad = _mismatched(plan.files, verify)
         if not bad:
             break
         rejected.extend(bad)
@@ -174,6 +174,14 @@ def _compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex]) -> Resto
         plan = with_dcp(plan, *newest_dcp_step(inputs.checkpoint_dir), layout)
     logger.debug("restore plan: %s (%s)", plan.kind, plan.reason)
     return plan
+
+
+def _mismatched(files: Sequence[Tuple[int, str]], verify: Callable[[int, str], Optional[bool]]) -> List[str]:
+    """The paths of ``files`` whose digest check fails: in this thread, or from the scan's thread pool
+    when the first checks show a slow file system (a ``stat`` of each file and sidecar, 1 ms each there)."""
+    batches, _ = probed_map(lambda part: [verify(rank, path) is False for rank, path in part], list(files))
+    failed = [flag for batch in batches for flag in batch]
+    return [path for (_, path), flag in zip(files, failed) if flag]
 
 
 def _without(scan: ScanResult, paths: Sequence[str]) -> ScanResult:
