@@ -79,6 +79,13 @@ def _env_builder(table) -> Callable[[Optional[int]], int]:
     return build
 
 
+def _cpu_timed(func: Callable[[], object], cpu: List[float]) -> None:
+    """Call ``func``, appending the calling thread's CPU seconds to ``cpu``."""
+    start = time.thread_time()
+    func()
+    cpu.append(time.thread_time() - start)
+
+
 def _saves():
     """The ranks' helper reporting their saves (``launcher/rankhooks/launcher_saves.py``)."""
     import sys
@@ -140,11 +147,11 @@ def _index_times(root: str, inputs, settings: Settings) -> Dict[str, List[float]
             start = time.perf_counter()
             index.update()  # what the event loop's timer runs after the burst
             update = time.perf_counter() - start
-            cpu = time.thread_time()  # the planning thread's CPU: less noisy than wall time under load
-            [plan_time] = timed(lambda: compute_plan(inputs, index=index), Settings(1, 0, settings.quick))
-            cpu = time.thread_time() - cpu
+            cpu: List[float] = []  # the planning thread's CPU: less noisy than wall time under load
+            [plan_time] = timed(lambda: _cpu_timed(lambda: compute_plan(inputs, index=index), cpu),
+                                Settings(1, 0, settings.quick))
             if run >= settings.warmup:
-                out["plan_index_saved_cpu"].append(cpu)
+                out["plan_index_saved_cpu"].append(cpu[-1])
                 out["index_update"].append(update)
                 out["plan_index_saved"].append(plan_time)
         return out
