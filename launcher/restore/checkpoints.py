@@ -136,7 +136,8 @@ def scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
         if stamp[0] == 0:
             notes.add("empty files ignored", f"rank_{rank}/{name}")
             continue
-        found.append(Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp, name + DIGEST_SUFFIX in names))
+        found.append(Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp,
+                               name + DIGEST_SUFFIX in names))
     for name in unexpected:
         if name not in claimed_markers:
             notes.add(UNEXPECTED, f"rank_{rank}/{name}")
