@@ -120,6 +120,7 @@ class CheckpointIndex(IndexWatches):
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
         self.digests = DigestWorker(DigestCache())  # checks completed files' sidecars off the event loop
+        self._digest_new = False  # after the first listing (that tree is left to the planner, not hashed whole)
         # Rank-reported saves; a completion marker is proof only the directory listing can give.
         self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
@@ -253,9 +254,10 @@ class CheckpointIndex(IndexWatches):
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
             entry.kinds = by_kind(entry.result)
-            for candidate in entry.candidates:  # hashed now, in the worker, not before the restart
+            for candidate in entry.candidates if self._digest_new else ():  # hashed now, not before the restart
                 if candidate.sidecar is not False:
                     self.digests.submit(candidate.checkpoint.path)
+        self._digest_new = True
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""

@@ -133,3 +133,25 @@ def test_submit_never_blocks_and_the_worker_stops(tmp_path, monkeypatch):
     worker.stop()
     worker.join(timeout=10)
     assert not worker._thread.is_alive()  # pylint: disable=protected-access
+
+
+def test_the_worker_hashes_files_saved_after_the_first_listing(tmp_path, monkeypatch):
+    """Not the tree found at start (the plan checks what it picks), but each file saved since: by the
+    time of the plan it is verified, and the planner reads nothing."""
+    root = str(tmp_path)
+    _tree(root, {(0, "ckpt-1_10.pt"): "good", (1, "ckpt-1_10.pt"): "good"})
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    try:
+        index.scan(2)
+        index.digests.join()
+        assert index.digests._thread is None  # pylint: disable=protected-access  # the first tree: nothing queued
+        _tree(root, {(0, "ckpt-1_20.pt"): "good", (1, "ckpt-1_20.pt"): "bad"})
+        os.utime(os.path.join(root, "rank_0"))  # as a new file does, within the racy window: listed again
+        os.utime(os.path.join(root, "rank_1"))
+        index.scan(2)
+        index.digests.join()
+        monkeypatch.setattr(digests, "verify_digest", lambda _path: 1 / 0)  # the planner must not hash
+        assert index.verify_digest(0, os.path.join(root, "rank_0", "ckpt-1_20.pt")) is True
+        assert index.verify_digest(1, os.path.join(root, "rank_1", "ckpt-1_20.pt")) is False
+    finally:
+        index.close()
