@@ -309,7 +309,7 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      "planner's; it opens no digest sidecar the index's listing did not see).")
     if "slow_fs_plan_sidecars" in times:
         lines.append(f"- Simulated shared file system, a `.sha256` sidecar beside each of the {SAVERS:,} files the "
-                     f"plan picks, verified once before (the index's worker thread): the plan "
+                     f"plan picks, verified once before (by the first plan): the plan "
                      f"{fmt(ms(median(times['slow_fs_plan_sidecars'])))} ms (a `stat` of each file and sidecar, "
                      f"no hash; 3 runs), of which CPU {fmt(ms(median(times['slow_fs_plan_sidecars_cpu'])))} ms.")
     if "plan_index_saved_cpu" in times:
