@@ -78,6 +78,13 @@ def _env_builder(table) -> Callable[[Optional[int]], int]:
     return build
 
 
+def _cpu_timed(func: Callable[[], object], cpu: List[float]) -> None:
+    """Call ``func``, appending the calling thread's CPU seconds to ``cpu``."""
+    start = time.thread_time()
+    func()
+    cpu.append(time.thread_time() - start)
+
+
 def _saves():
     """The ranks' helper reporting their saves (``launcher/rankhooks/launcher_saves.py``)."""
     import sys
@@ -133,14 +140,17 @@ def _index_times(root: str, inputs, settings: Settings) -> Dict[str, List[float]
     try:
         compute_plan(inputs, index=index)  # the launcher's first plan: a full listing
         out = {"plan_index": timed(lambda: compute_plan(inputs, index=index), settings),
-               "plan_index_saved": [], "index_update": []}
+               "plan_index_saved": [], "index_update": [], "plan_index_saved_cpu": []}
         for run in range(settings.warmup + settings.runs):
             _save_round(root, 200 + run, index.drain)
             start = time.perf_counter()
             index.update()  # what the event loop's timer runs after the burst
             update = time.perf_counter() - start
-            [plan_time] = timed(lambda: compute_plan(inputs, index=index), Settings(1, 0, settings.quick))
+            cpu: List[float] = []  # the planning thread's CPU: less noisy than wall time under load
+            [plan_time] = timed(lambda: _cpu_timed(lambda: compute_plan(inputs, index=index), cpu),
+                                Settings(1, 0, settings.quick))
             if run >= settings.warmup:
+                out["plan_index_saved_cpu"].append(cpu[-1])
                 out["index_update"].append(update)
                 out["plan_index_saved"].append(plan_time)
         return out
@@ -230,83 +240,13 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
         out["plan_env_all_ranks"] = timed(lambda: [plan.env_for(r) for r in range(WORLD)], settings)
         progress(f"scale: plan with checkpoints: {plan.kind} at step {plan.step}, {len(plan.warnings)} warning(s)")
         out.update(_index_times(root, with_ckpt, settings))
-        out.update(_slow_fs_scan(root, with_ckpt))
+        from bench.scalefs import slow_fs_scan  # pylint: disable=import-outside-toplevel  # it imports this module
+
+        out.update(slow_fs_scan(root, with_ckpt))
     return out
 
 
 SLOW_FS_RANKS, SLOW_FS_LATENCY = 2048, 0.001
-
-
-def _slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
-    """The checkpoint scan of ``SLOW_FS_RANKS`` rank directories on a simulated shared file system
-    (``os.scandir`` and ``os.stat`` sleep ``SLOW_FS_LATENCY`` first), once as the launcher does it
-    (threads after the probe) and once forced into one thread. One run each: the serial one takes
-    seconds, and sleeps are not noisy."""
-    from launcher.restore import CheckpointIndex, checkpoints
-
-    real = (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS, checkpoints.os.listdir,
-            checkpoints.os.open)
-
-    def slow(call):
-        def wrapped(*args, **kwargs):
-            time.sleep(SLOW_FS_LATENCY)
-            return call(*args, **kwargs)
-        return wrapped
-
-    out = {}
-    # As on NFS: no events from the other nodes' writes; the poll's timer is driven by hand.
-    index = CheckpointIndex(root, watch=False, call_later=lambda _delay, _callback: None)
-    index.scan(WORLD)
-    try:
-        checkpoints.os.scandir, checkpoints.os.stat = slow(real[0]), slow(real[1])
-        # The listing of .saves/; the planner's opens (digest sidecars) while the plans are timed.
-        checkpoints.os.listdir, checkpoints.os.open = slow(real[3]), slow(real[4])
-        for key, threshold in (("slow_fs_scan", real[2]), ("slow_fs_scan_one_thread", float("inf"))):
-            checkpoints.SLOW_RANK_SECONDS = threshold
-            start = time.perf_counter()
-            checkpoints.scan_checkpoints(root, SLOW_FS_RANKS)
-            out[key] = [time.perf_counter() - start]
-        checkpoints.SLOW_RANK_SECONDS = real[2]
-        start = time.perf_counter()
-        index.scan(WORLD)
-        out["slow_fs_index"] = [time.perf_counter() - start]
-        out.update(_slow_fs_rounds(root, inputs, index))
-    finally:
-        (checkpoints.os.scandir, checkpoints.os.stat, checkpoints.SLOW_RANK_SECONDS, checkpoints.os.listdir,
-         checkpoints.os.open) = real
-        index.close()
-    progress(f"scale: slow file system scan: {out['slow_fs_scan'][0]:.2f} s, one thread "
-             f"{out['slow_fs_scan_one_thread'][0]:.2f} s, index of {WORLD} ranks {out['slow_fs_index'][0]:.2f} s, "
-             f"plan after a reported save round {median(out['slow_fs_plan_saved']):.2f} s, "
-             f"after the poll {median(out['slow_fs_plan_polled']):.2f} s")
-    return out
-
-
-def _slow_fs_rounds(root: str, inputs, index) -> Dict[str, List[float]]:
-    """Save rounds of another node's ranks (no inotify event, only their reports): the plan right
-    after one, and the plan after the event loop's poll absorbed another (3 runs each)."""
-    from launcher.restore import compute_plan
-    from launcher.restore.ckptindex import RACY_SECONDS
-
-    out: Dict[str, List[float]] = {"slow_fs_plan_saved": [], "slow_fs_poll": [], "slow_fs_plan_polled": [],
-                                   "slow_fs_scan_polled": []}
-    for run in range(3):
-        _save_round(root, 300 + 2 * run)
-        start = time.perf_counter()
-        compute_plan(inputs, index=index)
-        out["slow_fs_plan_saved"].append(time.perf_counter() - start)
-        _save_round(root, 301 + 2 * run)
-        time.sleep(RACY_SECONDS)  # the polls before this one listed .saves/ while its mtime was too recent
-        start = time.perf_counter()
-        index.poll()
-        out["slow_fs_poll"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        index.scan(WORLD)  # the index's share of the plan below (which finds the same: nothing new)
-        out["slow_fs_scan_polled"].append(time.perf_counter() - start)
-        start = time.perf_counter()
-        compute_plan(inputs, index=index)
-        out["slow_fs_plan_polled"].append(time.perf_counter() - start)
-    return out
 
 
 _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devices"),
@@ -366,7 +306,17 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"reports (one listing of `.saves/`, the reports applied) takes "
                      f"{fmt(ms(median(times['slow_fs_poll'])))} ms, outside the plan's time; after it the index's "
                      f"scan takes {fmt(ms(median(times['slow_fs_scan_polled'])))} ms of the plan (the rest is the "
-                     "planner's, including one `open` per chosen file for its digest sidecar).")
+                     "planner's; it opens no digest sidecar the index's listing did not see).")
+    if "slow_fs_plan_sidecars" in times:
+        lines.append(f"- Simulated shared file system, a `.sha256` sidecar beside each of the {SAVERS:,} files the "
+                     f"plan picks, verified once before (by the first plan): the plan "
+                     f"{fmt(ms(median(times['slow_fs_plan_sidecars'])))} ms (a `stat` of each file and sidecar, "
+                     f"no hash; 3 runs), of which CPU {fmt(ms(median(times['slow_fs_plan_sidecars_cpu'])))} ms.")
+    if "plan_index_saved_cpu" in times:
+        lines.append("- CPU time of the planning thread (`time.thread_time`, medians; less noisy than wall time on "
+                     f"a loaded machine): after {SAVERS:,} ranks saved, local disk "
+                     f"{fmt(ms(median(times['plan_index_saved_cpu'])))} ms; simulated shared file system after "
+                     f"the poll {fmt(ms(median(times['slow_fs_plan_polled_cpu'])))} ms.")
     if "index_update" in times:
         lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
                      f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "

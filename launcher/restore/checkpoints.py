@@ -93,6 +93,8 @@ class Notes:
 class Candidate:
     checkpoint: Checkpoint
     stamp: Tuple[int, int]  # (size, mtime_ns) at the first look
+    #: Whether the listing had its ``<name>.sha256`` (written before the file); None: not listed.
+    sidecar: Optional[bool] = None
 
 
 def _stamp(path: str) -> Optional[Tuple[int, int]]:
@@ -134,7 +136,8 @@ def scan_rank(rank: int, rank_dir: str, patterns: Sequence[CheckpointPattern],
         if stamp[0] == 0:
             notes.add("empty files ignored", f"rank_{rank}/{name}")
             continue
-        found.append(Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp))
+        found.append(Candidate(Checkpoint(rank, path, kind, epoch, step, stamp[0]), stamp,
+                               name + DIGEST_SUFFIX in names))
     for name in unexpected:
         if name not in claimed_markers:
             notes.add(UNEXPECTED, f"rank_{rank}/{name}")

@@ -28,10 +28,10 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
 
 Everything the index concludes comes from the same functions the full scan uses, which stays the
-fallback (``launcher plan`` is one-shot and uses it) and the cross-check in the tests.
+fallback (``launcher plan`` is one-shot and uses it) and the cross-check in the tests. The inotify
+half lives in :mod:`launcher.restore.ckptwatch`; digest checks in :mod:`launcher.restore.digests`.
 """
 
-import errno
 import functools
 import gc
 import logging
@@ -39,26 +39,23 @@ import os
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
-from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
-                                       IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events, shared_file_system)
+from launcher.common.filewatch import shared_file_system
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
 from launcher.restore.ckptnames import KindIndex, by_kind, classify_name
 from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
+from launcher.restore.ckptwatch import _REPORTS, _ROOT, IndexWatches
+from launcher.restore.digests import DigestCache, DigestWorker
 
 logger = logging.getLogger(__name__)
 
-#: Seconds from a burst of inotify events to the listing of the directories they changed.
-UPDATE_DELAY = 0.2
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
 #: Seconds between the event loop's looks at the reports directory where inotify does not see every
 #: save (a shared file system, or no inotify): one ``stat`` each when nothing changed.
 POLL_SECONDS = 1.0
-_ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
-_READ_SIZE = 64 * 1024
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
 
@@ -92,7 +89,7 @@ class _RankEntry:
         self.kinds: KindIndex = _NO_KINDS  # by_kind(result), kept for the planner
 
 
-class CheckpointIndex:
+class CheckpointIndex(IndexWatches):
     """The checkpoints under ``<root>/rank_<r>/``, re-read incrementally (see the module docstring).
 
     Args:
@@ -122,86 +119,14 @@ class CheckpointIndex:
         self._call_later, self._update_pending, self._closed = call_later, False, False
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
+        self.digests = DigestWorker(DigestCache())  # checks completed files' sidecars off the event loop
+        self._digest_new = False  # after the first listing (that tree is left to the planner, not hashed whole)
         # Rank-reported saves; a completion marker is proof only the directory listing can give.
         self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
             self._start_inotify()
         if call_later is not None and self._reports is not None:
             call_later(POLL_SECONDS, self.poll)
-
-    # -- inotify ------------------------------------------------------------------------------
-    def fileno(self) -> Optional[int]:
-        """The inotify descriptor to drain from an event loop (:meth:`drain`), None without inotify."""
-        return self._fd
-
-    def _start_inotify(self) -> None:
-        from launcher.common.filewatch import _load_inotify  # pylint: disable=import-outside-toplevel
-
-        try:
-            self._inotify = _load_inotify()
-            self._fd = self._inotify.init()
-        except (ImportError, AttributeError, OSError) as exc:
-            logger.info("inotify unavailable (%s); checkpoint index follows directory mtimes only", exc)
-            self._inotify = self._fd = None
-
-    def _watch(self, path: str, rank: int) -> bool:
-        """Watch ``path`` for ``rank`` (or ``_ROOT``, ``_REPORTS``); returns whether it is watched."""
-        if self._fd is None:
-            return False
-        try:
-            self._wds[self._inotify.add_watch(self._fd, path, WATCH_MASK)] = rank
-        except OSError as exc:
-            if rank == _REPORTS:
-                return False  # .saves/ not made yet (the root's event says when) or gone: listed instead
-            if exc.errno == errno.ENOSPC and self._all_watched:  # fs.inotify.max_user_watches
-                logger.warning("checkpoint index: out of inotify watches at %s; following directory mtimes", path)
-            self._all_watched = False  # unwatched directories: their mtimes tell
-            return False
-        return True
-
-    def drain(self) -> None:
-        """Read the queued inotify events: mark changed rank directories, note completed files."""
-        while self._fd is not None:
-            try:
-                data = os.read(self._fd, _READ_SIZE)
-            except (BlockingIOError, InterruptedError):
-                return
-            for wd, mask, name in parse_events(data):
-                self._event(wd, mask, name)
-            pending = self._dirty or (self._reports is not None and self._reports.pending())
-            if self._call_later is not None and pending and not self._update_pending:
-                self._update_pending = True  # one listing per burst of events, not one per event
-                self._call_later(UPDATE_DELAY, self.update)
-
-    def _event(self, wd: int, mask: int, name: str) -> None:
-        if mask & IN_Q_OVERFLOW:  # events lost: trust nothing that came from them
-            self._dirty.update(self._ranks)
-            self._complete.clear()
-            self._root_stamp = None
-            if self._reports is not None:
-                self._reports.lost()
-            return
-        rank = self._wds.get(wd)
-        if rank is None:
-            return
-        if rank == _REPORTS and not mask & LOST_MASK:
-            if name and mask & (IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM):
-                self._reports.event(name, bool(mask & (IN_CREATE | IN_MOVED_TO)))
-            return
-        if rank < 0 or mask & LOST_MASK:
-            self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
-            if rank == _REPORTS:
-                self._reports.follow(False)  # listed from now on, until the root's listing re-watches it
-            if mask & IN_IGNORED:
-                del self._wds[wd]
-            return
-        self._dirty.add(rank)
-        if name:
-            path = os.path.join(self._ranks[rank].path, name) if rank in self._ranks else None
-            if path is not None and mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
-                self._complete.add(path)
-            elif path is not None:
-                self._complete.discard(path)
 
     def close(self) -> None:
         """Stop watching (idempotent); the index keeps working from directory mtimes."""
@@ -211,6 +136,15 @@ class CheckpointIndex:
         self._wds.clear()
         if self._reports is not None:
             self._reports.follow(False)
+        self.digests.stop()
+
+    def verify_digest(self, rank: int, path: str) -> Optional[bool]:
+        """:func:`launcher.restore.ckptnames.verify_digest` of one file of the last scan: None without
+        opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss)."""
+        entry = self._ranks.get(rank)
+        if entry is not None and any(c.sidecar is False for c in entry.candidates if c.checkpoint.path == path):
+            return None
+        return self.digests.cache.check(path)
 
     # -- scanning -----------------------------------------------------------------------------
     def scan(self, world_size: int) -> ScanResult:
@@ -320,6 +254,10 @@ class CheckpointIndex:
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
             entry.kinds = by_kind(entry.result)
+            for candidate in entry.candidates if self._digest_new else ():  # hashed now, not before the restart
+                if candidate.sidecar is not False:
+                    self.digests.submit(candidate.checkpoint.path)
+        self._digest_new = True
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""
@@ -403,6 +341,7 @@ class CheckpointIndex:
             return
         for path in gone:
             self._settled.pop(path, None)
+            self.digests.cache.forget(path)
             self._complete.discard(path)
         self._complete.update(candidate.checkpoint.path for candidate in fresh)
         entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
@@ -427,6 +366,7 @@ class CheckpointIndex:
                 for old in entry.candidates:  # forget deleted files (rotation): the index stays bounded
                     if old.checkpoint.path not in present:
                         self._settled.pop(old.checkpoint.path, None)
+                        self.digests.cache.forget(old.checkpoint.path)
                         self._complete.discard(old.checkpoint.path)
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
                 entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
