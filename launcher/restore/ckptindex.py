@@ -37,7 +37,7 @@ import gc
 import logging
 import os
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import shared_file_system
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
@@ -99,13 +99,17 @@ class CheckpointIndex(IndexWatches):
         watch: use inotify (False: directory mtimes only, as on a shared file system).
         racy_seconds: see ``RACY_SECONDS``.
         call_later: the event loop's timer; with it, :meth:`drain` schedules :meth:`update`.
+        hash_ranks: the ranks whose new files the digest worker reads ahead (this node's: every
+            node hashing every rank's saves would read each save round once per node); None: all.
     """
 
     def __init__(self, root: str, patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
                  settle_seconds: float = DEFAULT_SETTLE_SECONDS, watch: bool = True,
                  racy_seconds: float = RACY_SECONDS,
-                 call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None):
+                 call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None,
+                 hash_ranks: Optional[AbstractSet[int]] = None):
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
+        self._hash_ranks = hash_ranks
         self._racy_ns = int(racy_seconds * 1e9)
         self._root_stamp: DirStamp = None
         self._root_notes = Notes()
@@ -254,7 +258,8 @@ class CheckpointIndex(IndexWatches):
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
             entry.kinds = by_kind(entry.result)
-            for candidate in entry.candidates if self._digest_new else ():  # hashed now, not before the restart
+            hash_ahead = self._digest_new and (self._hash_ranks is None or rank in self._hash_ranks)
+            for candidate in entry.candidates if hash_ahead else ():  # hashed now, not before the restart
                 if candidate.sidecar is not False:
                     self.digests.submit(candidate.checkpoint.path)
         self._digest_new = True

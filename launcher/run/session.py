@@ -102,7 +102,8 @@ class Session:
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank),
                                        standby_pool(self.opts, self.log_session, self.emit))
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
-        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later)
+        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later,
+                                           self.ctx.topology.server.ranks)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self

@@ -60,8 +60,8 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
         (ckpt / f"rank_{rank}" / "ckpt-1_5_breakpoint.pt").write_bytes(b"x")
     opts = RunOptions(command=("x",), checkpoint_dir=str(ckpt))
     readers = {}
-    assert checkpoint_index(RunOptions(command=("x",)), readers.__setitem__, None) is None
-    index = checkpoint_index(opts, readers.__setitem__, lambda delay, callback: None)
+    assert checkpoint_index(RunOptions(command=("x",)), readers.__setitem__, None, (0,)) is None
+    index = checkpoint_index(opts, readers.__setitem__, lambda delay, callback: None, (0,))
     try:
         assert list(readers) == ([index.fileno()] if index.fileno() is not None else [])
         ctx = make_ctx(tmp_path, "pytorch")
@@ -76,4 +76,4 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
 def test_a_bad_checkpoint_pattern_is_left_to_the_plan_to_report(tmp_path):
     """No index (the session must start and stop cleanly); the first plan exits 2 as before."""
     opts = RunOptions(command=("x",), checkpoint_dir=str(tmp_path), checkpoint_pattern="no step group")
-    assert checkpoint_index(opts, {}.__setitem__, None) is None
+    assert checkpoint_index(opts, {}.__setitem__, None, (0,)) is None

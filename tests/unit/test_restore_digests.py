@@ -155,3 +155,25 @@ def test_the_worker_hashes_files_saved_after_the_first_listing(tmp_path, monkeyp
         assert index.verify_digest(1, os.path.join(root, "rank_1", "ckpt-1_20.pt")) is False
     finally:
         index.close()
+
+
+def test_only_this_nodes_ranks_are_hashed_ahead(tmp_path, monkeypatch):
+    """On a job of many nodes every launcher indexes the whole tree: reading every rank's save ahead
+    would read each save round once per node. Other nodes' files are left to the plan's own check."""
+    root = str(tmp_path)
+    _tree(root, {(0, "ckpt-1_10.pt"): "good", (1, "ckpt-1_10.pt"): "good"})
+    index = CheckpointIndex(root, settle_seconds=0, watch=False, hash_ranks=frozenset({0}))
+    hashed = []
+    real = digests.verify_digest
+    monkeypatch.setattr(digests, "verify_digest", lambda path: hashed.append(path) or real(path))
+    try:
+        index.scan(2)
+        _tree(root, {(0, "ckpt-1_20.pt"): "good", (1, "ckpt-1_20.pt"): "good"})
+        os.utime(os.path.join(root, "rank_0"))
+        os.utime(os.path.join(root, "rank_1"))
+        index.scan(2)
+        index.digests.join()
+        assert hashed and all(os.sep + "rank_0" + os.sep in path for path in hashed), hashed
+        assert index.verify_digest(1, os.path.join(root, "rank_1", "ckpt-1_20.pt")) is True  # checked when asked
+    finally:
+        index.close()
