@@ -152,5 +152,6 @@ def run(settings: Settings) -> Result:
         details.append(f"- {kind} (medians): resumed at step {step}{extra}")
     details.append(f"- torchrun (`--max-restarts 3`, the script's `--resume-latest`): resumed at step "
                    f"{fmt(median(column(runs['torchrun'], 'resumed_step')), 0)} (the newest step every rank "
-                   f"holds); under load its restarted gloo ranks sometimes fail to connect and it restarts again")
+                   f"holds); on this machine its restarted gloo ranks failed to connect (connectFullMesh) in every "
+                   f"run so far, quiet or loaded, and it restarted again (docs/warm-standby.md)")
     return Result(rows, runs, details)
