@@ -6,7 +6,8 @@ A sweep over the events in file order moves one "current part" along; each part 
 event that enters it:
 
 * ``startup`` - from ``start`` until every rank of attempt 0 is spawned (``rank_spawned`` for each rank
-  ``attempt_start`` named): reading the rank table, the integrations, spawning.
+  ``attempt_start`` named): reading the rank table, the integrations, spawning; with step events
+  (below), until the attempt's first step: the ranks' interpreter start, imports and rendezvous too.
 * ``productive`` - from there until a failure is detected or the attempt is stopped; the whole
   remaining run time of a successful attempt.
 * ``detection`` - from a failed rank's exit (``rank_exited.exited_at``, its reaping time) until the
@@ -17,7 +18,9 @@ event that enters it:
   the launcher's own shutdown until ``job_end``.
 * ``restarting`` - from a failed ``attempt_end`` until every rank of the next attempt is spawned:
   the restart decision, backoff, the restore plan, spawning (a ``scope: rank`` restart: until that
-  rank is spawned again).
+  rank is spawned again); with step events, until the attempt's first step: the ranks' start-up,
+  imports, rendezvous and checkpoint load, which is most of a restart's cost (and what warm standbys
+  save). Without them that time counts as productive.
 * ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
   restart.
 * ``recomputed`` - carved from the productive time after a restart: the time spent re-running steps
@@ -220,7 +223,7 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     if end is None:
         end = max(now if now is not None else 0.0, float(run[-1].get("ts", start)), sweep.since)
     sweep.to("end", end)
-    spans, failures = _carve_recomputed(sweep.spans, failures, steps)
+    spans, failures = _carve_recomputed(_carve_startup(sweep.spans, steps), failures, steps)
     parts = dict.fromkeys(PARTS, 0.0)
     for part, begin, stop, _ in spans:
         parts[part] += stop - begin
@@ -299,6 +302,22 @@ class _StepLog:
             self.regained[attempt] = (at, step)
 
 
+def _carve_startup(spans: List[Tuple[str, float, float, int]], steps: _StepLog) -> List[Tuple[str, float, float, int]]:
+    """Each attempt's productive time before its first step relabelled ``startup`` (attempt 0) or
+    ``restarting``: a spawned rank is not training until it has started Python, imported its framework,
+    joined the rendezvous and loaded its checkpoint. The boundary is the first step beat, or the
+    earlier start of recomputation when that was estimated back from a later beat."""
+    out = spans
+    for attempt, (at, _) in steps.first.items():
+        resumed = steps.plan.get(attempt)
+        if resumed is not None:
+            at = min(at, max(_recompute_start(steps, attempt, resumed), float("-inf")))
+            if at == float("-inf"):
+                continue  # no usable estimate of when training resumed: left as it was
+        out, _ = _relabel(out, attempt, float("-inf"), at, "startup" if attempt == 0 else "restarting")
+    return out
+
+
 def _carve_recomputed(spans: List[Tuple[str, float, float, int]], failures: List[Failure],
                       steps: _StepLog) -> Tuple[List[Tuple[str, float, float, int]], List[Failure]]:
     """Each failure's steps recomputed, and the next attempt's productive time spent on them relabelled
@@ -334,16 +353,16 @@ def _recompute_start(steps: _StepLog, attempt: int, resumed: int) -> float:
     return float("-inf")
 
 
-def _relabel(spans: List[Tuple[str, float, float, int]], attempt: int, lo: float,
-             hi: float) -> Tuple[List[Tuple[str, float, float, int]], float]:
-    """``attempt``'s productive time between ``lo`` and ``hi`` made ``recomputed``; and how much it was."""
+def _relabel(spans: List[Tuple[str, float, float, int]], attempt: int, lo: float, hi: float,
+             label: str = "recomputed") -> Tuple[List[Tuple[str, float, float, int]], float]:
+    """``attempt``'s productive time between ``lo`` and ``hi`` made ``label``; and how much it was."""
     out, moved = [], 0.0
     for part, begin, end, at in spans:
         if part != "productive" or at != attempt or end <= lo or begin >= hi:
             out.append((part, begin, end, at))
             continue
         cut, stop = max(begin, lo), min(end, hi)
-        out += [s for s in ((part, begin, cut, at), ("recomputed", cut, stop, at), (part, stop, end, at))
+        out += [s for s in ((part, begin, cut, at), (label, cut, stop, at), (part, stop, end, at))
                 if s[2] > s[1]]
         moved += stop - cut
     return out, moved
@@ -354,9 +373,9 @@ def _charge(failure: Failure, spans: List[Tuple[str, float, float, int]]) -> Fai
     and the time spent recomputing its steps."""
     lost = failure.recompute_seconds or 0.0
     for part, begin, stop, _ in spans:
-        if stop <= failure.at or part == "recomputed":
-            continue  # recomputation is charged to the failure whose steps it re-ran, above
-        if part == "productive" or part == "end":
-            break
+        if stop <= failure.at:
+            continue
+        if part in ("productive", "recomputed", "end"):
+            break  # training again (recomputation is charged to the failure whose steps it re-ran, above)
         lost += stop - max(begin, failure.at)
     return failure._replace(time_lost=lost)

@@ -51,18 +51,20 @@ def test_parts_of_a_run_with_one_failure():
 
 def test_recomputed_steps_from_step_events_and_the_restore_plan():
     """Attempt 0 reached step 40 (heartbeat); attempt 1 resumes at step 20, beats its first step at
-    t=72 and is back at step 40 at t=80: 20 steps recomputed in 8 s, charged to the failure."""
+    t=72 and is back at step 40 at t=80: 20 steps recomputed in 8 s, charged to the failure; its ranks'
+    second from spawned (t=71) to that first step is restarting, not productive."""
     log = one_failure_run(steps=True)
     at = next(i for i, e in enumerate(log) if e["event"] == "attempt_end" and e["attempt"] == 1)
     log[at:at] = [ev(72.0, "heartbeat", rank=0, step=20), ev(80.0, "heartbeat", rank=1, step=40)]
     g = goodput.compute(log)
     [failure] = g.failures
     assert (failure.steps_recomputed, failure.recompute_seconds) == (20, 8.0)
-    assert g.parts["recomputed"] == 8.0 and g.parts["productive"] == 47.0 + 28.0 - 8.0
-    assert failure.time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 3.0 + 8.0
+    assert g.parts["recomputed"] == 8.0 and g.parts["productive"] == 47.0 + 28.0 - 8.0 - 1.0
+    assert g.parts["restarting"] == 2.0 + 3.0 + 1.0
+    assert failure.time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 3.0 + 1.0 + 8.0
     assert math.isclose(sum(g.parts.values()), g.wall)
     ran = [s[:3] for s in g.spans if s[3] == 1 and s[0] in ("productive", "recomputed")]
-    assert ran == [("productive", 71.0, 72.0), ("recomputed", 72.0, 80.0), ("productive", 80.0, 99.0)]
+    assert ran == [("recomputed", 72.0, 80.0), ("productive", 80.0, 99.0)]
     assert g.summary().endswith("; 1 failure(s), 20 steps recomputed")
     assert g.to_json()["steps_recomputed"] == 20 and g.to_json()["failures"][0]["recompute_seconds"] == 8.0
 
@@ -96,7 +98,10 @@ def test_steps_recomputed_per_failure_from_the_hang_detectors_events():
     assert (second.steps_recomputed, second.recompute_seconds) == (5, 20.0)   # 210 -> 230, never regained
     assert g.parts["recomputed"] == 30.0
     assert math.isclose(sum(g.parts.values()), g.wall)
-    assert second.time_lost == (201.0 - 200.0) + (204.0 - 201.0) + 20.0  # stopping, restarting, recomputed
+    # stopping, restarting (spawning, then the rank's start-up until its first step), recomputed; not
+    # the job's own shutdown after the recomputation (no productive time follows it)
+    assert second.time_lost == (201.0 - 200.0) + (204.0 - 201.0) + (210.0 - 204.0) + 20.0
+    assert g.parts["startup"] == 5.0  # start -> attempt 0's first step at t=5 (spawned at t=2)
     assert "15 steps recomputed" in g.summary()
 
 
