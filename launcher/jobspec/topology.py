@@ -210,6 +210,20 @@ def host_addresses() -> List[str]:
     return list(dict.fromkeys(addresses))
 
 
+def advertised_address(topo: Topology, environ: Mapping[str, str]) -> str:
+    """The address this server gives the other nodes when it joins an elastic job: where its ranks
+    host the master if it comes to host global rank 0 (see :func:`regroup`).
+
+    A rank table's server: its own table address (container IP, else server id), as the master of a
+    full table is found. A table built from ``--nnodes``, whose servers are only ``node<i>``:
+    ``POD_IP``, else ``XDL_IP``, else this host's fully qualified name (torchrun's default
+    ``--local-addr``).
+    """
+    if topo.table_file is not None:
+        return topo.server.container_ip or topo.server.server_id
+    return environ.get(envnames.POD_IP) or environ.get(envnames.XDL_IP) or socket.getfqdn()
+
+
 def regroup(topo: Topology, servers: Sequence[int], addresses: Optional[Mapping[int, str]] = None) -> Topology:
     """The topology of a generation that only ``servers`` (indices into ``topo.table``) run: elastic
     membership (``--nnodes MIN:MAX``) after a node was lost or joined.
