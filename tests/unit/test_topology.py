@@ -459,3 +459,14 @@ def test_regroup_master_is_the_host_of_new_rank_0_on_every_node(nnodes, nproc, d
         assert new.server.server_id == f"node{own}" and new.hosts_rank0 == (own == kept[0])
         masters.add((new.table.master_addr, new.master_port))
     assert masters == {(addresses[kept[0]], 29400)}
+
+
+def test_advertised_address_of_a_built_table_and_of_a_file_table(monkeypatch):
+    table = build_local_table(2, nnodes=2)
+    built = Topology(table, table.servers[1], "--nproc-per-node", None, False, 29500)
+    assert topology.advertised_address(built, {"XDL_IP": "10.0.0.2", "POD_IP": "172.16.0.2"}) == "172.16.0.2"
+    assert topology.advertised_address(built, {"XDL_IP": "10.0.0.2"}) == "10.0.0.2"
+    monkeypatch.setattr(topology.socket, "getfqdn", lambda: "node-b.example")
+    assert topology.advertised_address(built, {}) == "node-b.example"
+    filed = Topology(table3(), table3().servers[2], "rank table", "/cfg/hccl.json", False, 29500)
+    assert topology.advertised_address(filed, {"XDL_IP": "10.0.0.2"}) == "172.16.0.2"
