@@ -3,7 +3,8 @@
 The same records as ``--sync-dir``'s files (:mod:`launcher.cluster.syncdir`), as keys under
 ``/launcher/<run-id>/inc_<k>/``, plus one that the files cannot have::
 
-    join.<i>                  server i joined this incarnation (created in one transaction with member.<i>)
+    join.<i>                  server i joined this incarnation (created in one transaction with member.<i>),
+                              with the address it gives for the master (``address``, elastic regroups)
     member.<i>                attached to server i's lease: gone within the TTL once its launcher is
     closed                    a launcher of this incarnation ended: a new start does not join it
     gen_<g>/...               failed.<i>.json, stopped.<i>, done.<i>, abort (created only if absent)
@@ -53,10 +54,11 @@ class EtcdStore:
         ttl: Lease TTL in seconds: how long a dead launcher stays a member.
         lease: This server's lease (granted by :meth:`join`).
         write_for: Seconds a record is retried before it is given up (logged).
+        address: The address this server gives in ``join.<i>`` (None: none).
     """
 
     def __init__(self, client: EtcdClient, prefix: str, index: int, names: Sequence[str], ttl: int, lease: int,
-                 write_for: float = 300.0):
+                 write_for: float = 300.0, address: Optional[str] = None):
         self.client, self.prefix, self.index, self.ttl, self.lease = client, prefix, index, ttl, lease
         self.names = tuple(names)
         self.count = len(self.names)
@@ -71,6 +73,7 @@ class EtcdStore:
                                               ("write", self._write_queued))]
         self._outage: Optional[str] = None
         self.running: Optional[int] = None  # the generation this server joined a running job in
+        self.address = address  # where this server hosts the master if it comes to host rank 0
 
     def name(self, index: int) -> str:
         """``server 1 (10.0.0.2)``."""
@@ -78,13 +81,15 @@ class EtcdStore:
 
     @classmethod
     def join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-             write_for: float = 300.0, wait: float = 3.0, elastic: bool = False) -> "EtcdStore":
+             write_for: float = 300.0, wait: float = 3.0, elastic: bool = False,
+             address: Optional[str] = None) -> "EtcdStore":
         """Join the current incarnation of ``run_id`` (or start the next one), as ``SyncDir.join``.
 
         ``write_for``: seconds a record is retried while etcd is away; ``wait``: how long etcd may
         take to answer the first time. With ``elastic``, a server whose place is free (its launcher
         lost) or that arrives after the job's first restart joins the running job instead: see
-        :meth:`_join_running`; ``running`` is then the generation it joined in.
+        :meth:`_join_running`; ``running`` is then the generation it joined in. ``address`` goes into
+        ``join.<i>``: where this server's ranks host the master if it comes to host rank 0.
 
         Raises:
             EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
@@ -92,22 +97,22 @@ class EtcdStore:
         retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(wait), wait=tenacity.wait_fixed(0.25),
                                      retry=tenacity.retry_if_exception_type(EtcdError), reraise=True,
                                      before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
-        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic)
+        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic, address)
 
     @classmethod
     def _join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-              write_for: float, elastic: bool) -> "EtcdStore":
+              write_for: float, elastic: bool, address: Optional[str] = None) -> "EtcdStore":
         root = f"{ROOT}{run_id}/"
         _, keys = client.range(root)
         number = max((int(m.group(1)) for m in map(_INCARNATION.match, (k[len(root):] for k in keys)) if m),
                      default=0)
         lease = client.grant(ttl)
         while True:
-            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for)
+            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address)
             if store.prefix + CLOSED not in keys:
                 if elastic and store._join_running(keys):
                     break
-                if client.create(store.prefix + f"join.{index}", store._record({}), 0,
+                if client.create(store.prefix + f"join.{index}", store._joined(), 0,
                                  [(store.prefix + f"member.{index}", b"{}", lease)]):
                     break
             number += 1
@@ -139,11 +144,14 @@ class EtcdStore:
         gen = f"{self.prefix}gen_{running}/"
         note = self._record({"rank": -1, "ranks": [], "note": "joining", "returncode": 1})
         if not self.client.create(f"{self.prefix}member.{self.index}", b"{}", self.lease,
-                                  [(f"{self.prefix}join.{self.index}", self._record({}), 0),
+                                  [(f"{self.prefix}join.{self.index}", self._joined(), 0),
                                    (f"{gen}failed.{self.index}.json", note, 0), (f"{gen}stopped.{self.index}", b"{}", 0)]):
             raise taken
         self.running = running
         return True
+
+    def _joined(self) -> bytes:
+        return self._record({"address": self.address} if self.address else {})
 
     def _record(self, data: dict) -> bytes:
         return json.dumps(stamp(self.index, self.name(self.index), data)).encode()
@@ -166,6 +174,16 @@ class EtcdStore:
                 present[match.group(1)].add(int(match.group(2)))
         lost = present["join"] - present["member"] - set(state.done) - {self.index}
         return dataclasses.replace(state, lost=frozenset(lost))
+
+    def addresses(self) -> Dict[int, str]:
+        """The address each server that joined this incarnation gave (``join.<i>``), by index."""
+        snapshot = self._snapshot
+        found = {}
+        for index in range(self.count):
+            record = _parse(snapshot.get(f"{self.prefix}join.{index}")) or {}
+            if record.get("address"):
+                found[index] = str(record["address"])
+        return found
 
     def not_joined(self) -> List[int]:
         """Servers that have not joined this incarnation yet (the barrier before the first generation)."""

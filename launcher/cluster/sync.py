@@ -123,7 +123,9 @@ class Coordinator(NoSync):
             return PeerUpdate(state.number, cause, f"{abort.get('name')} ended the job ({abort.get('reason')})")
         if failures:
             first = failures[0]
-            return PeerUpdate(state.number, first, f"{first.label} failed ({first.info.describe()})")
+            # rank -1: a node's note, not a rank (``server 2 (node2) joining``): it did not fail
+            reason = first.label if first.rank < 0 else f"{first.label} failed ({first.info.describe()})"
+            return PeerUpdate(state.number, first, reason)
         lost = self._lost(state)
         if lost:
             names = self._names(lost)

@@ -15,6 +15,7 @@ from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
 from launcher.cluster.syncdir import SyncDir
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.options import parse_coordinator
+from launcher.jobspec.topology import advertised_address
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
 from launcher.supervision.policy import RunResult
@@ -45,7 +46,8 @@ class SyncCoordination(Integration):
             return
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
-        files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names) if opts.coordinator \
+        files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names,
+                                       advertised_address(topo, ctx.base_env)) if opts.coordinator \
             else self._join_dir(opts.sync_dir, ctx.run_id, topo.server_index, names)
         self.files = files
         host.emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
@@ -95,6 +97,12 @@ class SyncCoordination(Integration):
         """The servers of the current generation (elastic membership), or None without coordination."""
         return self.coordinator.members if self.coordinator is not None else None
 
+    def addresses(self) -> Mapping[int, str]:
+        """The address each server gave when it joined (etcd), by index: where the master moves if it
+        comes to host rank 0 (:func:`launcher.jobspec.topology.regroup`); empty without etcd."""
+        read = getattr(self.files, "addresses", None)
+        return read() if read is not None else {}
+
     @staticmethod
     def _join_dir(sync_dir: str, run_id: str, index: int, names: Sequence[str]) -> Store:
         try:
@@ -105,14 +113,14 @@ class SyncCoordination(Integration):
                              ["it must be a directory every node of the job can write"]) from None
 
     @staticmethod
-    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str]) -> Store:
+    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str) -> Store:
         from launcher.cluster.etcdclient import EtcdClient, EtcdError
         from launcher.cluster.etcdstore import EtcdStore
 
         client = EtcdClient(parse_coordinator(opts.coordinator))
         try:
             return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
-                                  elastic=opts.min_nodes is not None)
+                                  elastic=opts.min_nodes is not None, address=address)
         except EtcdError as exc:
             raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 

@@ -210,13 +210,33 @@ def host_addresses() -> List[str]:
     return list(dict.fromkeys(addresses))
 
 
-def regroup(topo: Topology, servers: Sequence[int]) -> Topology:
+def advertised_address(topo: Topology, environ: Mapping[str, str]) -> str:
+    """The address this server gives the other nodes when it joins an elastic job: where its ranks
+    host the master if it comes to host global rank 0 (see :func:`regroup`).
+
+    A rank table's server: its own table address (container IP, else server id), as the master of a
+    full table is found. A table built from ``--nnodes``, whose servers are only ``node<i>``:
+    ``POD_IP``, else ``XDL_IP``, else this host's fully qualified name (torchrun's default
+    ``--local-addr``).
+    """
+    if topo.table_file is not None:
+        return topo.server.container_ip or topo.server.server_id
+    return environ.get(envnames.POD_IP) or environ.get(envnames.XDL_IP) or socket.getfqdn()
+
+
+def regroup(topo: Topology, servers: Sequence[int], addresses: Optional[Mapping[int, str]] = None) -> Topology:
     """The topology of a generation that only ``servers`` (indices into ``topo.table``) run: elastic
     membership (``--nnodes MIN:MAX``) after a node was lost or joined.
 
     The kept servers stay in table order with their devices; global ranks are renumbered
     contiguously (server by server), so the world size is the kept servers' devices. A file table no
     longer describes the job, so ``RANK_TABLE_FILE`` is not passed on (``table_file`` None).
+
+    The master (``MASTER_ADDR``, ``MS_SCHED_HOST``) stays the job's while the server hosting global
+    rank 0 is kept (it still hosts rank 0: it comes first). Without it, the master moves to the
+    server that now hosts rank 0: the address it registered when it joined (``addresses``, by
+    index), else its table address; the port stays ``topo.master_port``, which every node knows.
+    Every node computes the same master from the same members and registrations.
 
     Raises:
         ValueError: this server is not among ``servers``, or an index is out of range.
@@ -233,5 +253,10 @@ def regroup(topo: Topology, servers: Sequence[int]) -> Topology:
         if index == own:
             server = kept[-1]
     source = f"{topo.source}, {len(kept)} of {table.server_count} servers (elastic)"
-    return dataclasses.replace(topo, table=dataclasses.replace(table, servers=tuple(kept)), server=server,
-                               source=source, table_file=None)
+    regrouped = dataclasses.replace(table, servers=tuple(kept))
+    first = min(servers)
+    if 0 not in table.servers[first].ranks:  # the master's server was lost: rank 0's new host is it
+        entry = table.servers[first]
+        address = (addresses or {}).get(first) or entry.container_ip or entry.server_id
+        regrouped = dataclasses.replace(regrouped, master_host=address)
+    return dataclasses.replace(topo, table=regrouped, server=server, source=source, table_file=None)

@@ -236,16 +236,17 @@ class Session:
             return failed_before
         from launcher.jobspec import topology
 
-        new = topology.regroup(self.base_topology, members)
+        new = topology.regroup(self.base_topology, members, self.sync.addresses())
         old = self.ctx.topology
         if new.table.servers == old.table.servers:
             return failed_before
         self.emit("world_size_changed", attempt=attempt, old_world_size=old.table.world_size,
                   new_world_size=new.table.world_size, servers=list(members), old_ranks=list(old.server.ranks),
-                  new_ranks=list(new.server.ranks))
-        log.warning("attempt %d: world size %d -> %d (%d server(s)); local ranks %s -> %s", attempt,
+                  new_ranks=list(new.server.ranks), master_addr=new.table.master_addr,
+                  master_port=new.master_port)
+        log.warning("attempt %d: world size %d -> %d (%d server(s)); local ranks %s -> %s; master %s:%d", attempt,
                     old.table.world_size, new.table.world_size, len(members), list(old.server.ranks),
-                    list(new.server.ranks))
+                    list(new.server.ranks), new.table.master_addr, new.master_port)
         self.ctx = dataclasses.replace(self.ctx, topology=new)
         return ()
 

@@ -230,3 +230,44 @@ def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     assert code == 1 and not node.ready.exists()
     assert "--sync-timeout: server 1 (node1) did not join within 1 s" in node.stderr
     assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]
+
+
+ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
+
+
+@pytest.mark.slow
+def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
+    """3 nodes on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1 (node 0): node 0's launcher is
+    SIGKILLed; the two others regroup, their ranks get MASTER_ADDR 127.0.0.2 (node 1, now hosting
+    rank 0, the address it registered in join.1) with the same port, and a real gloo all_reduce
+    of the 4 ranks completes there. On one machine the stale 127.0.0.1 would reach the new rank 0's
+    store too (it listens on every address), so the MASTER_ADDR check is what tells the defect."""
+    port, results = free_port(), tmp_path / "results"
+    nodes = []
+    for index in range(3):
+        node = Launcher(tmp_path / f"node{index}")
+        node.tmp.mkdir()
+        options = ["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
+                   "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", RUN_ID,
+                   "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC]
+        node.out, node.err = open(node.tmp / "stdout.txt", "wb"), open(node.tmp / "stderr.txt", "wb")
+        node.proc = subprocess.Popen(node.argv(options, ["--result-file", str(results)], worker=ELASTIC_GLOO),
+                                     stdout=node.out, stderr=node.err, cwd=str(node.tmp),
+                                     env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
+        nodes.append(node)
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE, timeout=60)
+        nodes[0].proc.send_signal(signal.SIGKILL)
+        nodes[0].proc.wait()
+        codes = [node.wait(120) for node in nodes[1:]]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes[1:]]
+    ready = sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
+    assert ready == sorted([(str(r), "0", "127.0.0.1", str(port), "6") for r in (2, 3, 4, 5)]
+                           + [(str(r), "1", "127.0.0.2", str(port), "4") for r in range(4)])
+    assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]
+    for node in nodes[1:]:
+        [change] = events(node, "world_size_changed")
+        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], "127.0.0.2", port)

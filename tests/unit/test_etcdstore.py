@@ -116,6 +116,16 @@ def test_servers_not_joined_yet(etcd):
     assert a.not_joined() == [1]
 
 
+def test_join_records_carry_the_address_each_server_gave(etcd):
+    """What regroup moves the master to when its server is lost (elastic)."""
+    a = EtcdStore.join(etcd, "job", 0, NAMES, ttl=5, address="127.0.0.1")
+    b = EtcdStore.join(etcd, "job", 1, NAMES, ttl=5, address="127.0.0.2")
+    etcd.stores.extend([a, b, join(etcd, 2)])  # node 2 gave none
+    assert json.loads(etcd.kv["/launcher/job/inc_0/join.1"])["address"] == "127.0.0.2"
+    a._snapshot = etcd.range(a.prefix)[1]
+    assert a.addresses() == {0: "127.0.0.1", 1: "127.0.0.2"}
+
+
 def test_a_joined_server_without_its_lease_is_lost_unless_it_finished(etcd):
     a, b, c = join(etcd, 0), join(etcd, 1), join(etcd, 2)
     a._snapshot = etcd.range(a.prefix)[1]

@@ -125,6 +125,16 @@ def test_watcher_reports_an_abort_and_looks_only_at_its_generation(tmp_path):
     assert update.reason == "server 1 (10.0.0.2) ended the job (gasp)"
 
 
+def test_watcher_says_a_node_is_joining_not_that_it_failed(tmp_path):
+    """EtcdStore's join of a running job writes failed.<i>.json with rank -1 and note "joining"."""
+    a, late = Node(tmp_path, 0, count=3), Node(tmp_path, 2, count=3)
+    a.sync.attempt_started(0)
+    late.files.write(0, "failed.2.json", {"rank": -1, "ranks": [], "note": "joining", "returncode": 1})
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert update.reason == "server 2 (10.0.0.3) joining"
+
+
 def test_settle_stops_watching(tmp_path):
     a, b = Node(tmp_path, 0), Node(tmp_path, 1)
     a.sync.attempt_started(0)

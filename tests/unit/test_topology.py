@@ -419,3 +419,54 @@ def test_regroup_refuses_a_group_without_this_server():
     topo = Topology(table, table.servers[2], "--nproc-per-node", None, False, 29500)
     with pytest.raises(ValueError):
         regroup(topo, [0, 1])
+
+
+def test_regroup_keeps_the_master_while_its_server_is_kept():
+    table = build_local_table(2, nnodes=3, master_addr="10.0.0.1", master_port=29400)
+    topo = Topology(table, table.servers[2], "--nproc-per-node", None, False, 29400)
+    new = regroup(topo, [0, 2], {0: "10.0.0.9", 2: "10.0.0.3"})
+    assert (new.table.master_addr, new.master_port) == ("10.0.0.1", 29400)
+
+
+def test_regroup_without_the_master_moves_it_to_the_new_rank_0_server():
+    """The defect: MASTER_ADDR stayed the lost node's; now it is the registered address of node 1."""
+    table = build_local_table(2, nnodes=3, master_addr="10.0.0.1", master_port=29400)
+    topo = Topology(table, table.servers[2], "--nproc-per-node", None, False, 29400)
+    new = regroup(topo, [1, 2], {0: "10.0.0.1", 1: "10.0.0.2", 2: "10.0.0.3"})
+    assert (new.table.master_addr, new.master_port) == ("10.0.0.2", 29400)
+    assert 0 in new.table.servers[0].ranks and new.table.servers[0].server_id == "node1"
+
+
+def test_regroup_of_a_file_table_without_registrations_uses_the_table_address():
+    table = table3()
+    topo = Topology(table, table.servers[2], "rank table", table.source, False, 29500)
+    assert regroup(topo, [1, 2]).table.master_addr == "172.16.0.11"
+    assert regroup(topo, [0, 2]).table.master_addr == "172.16.0.1"
+
+
+@given(nnodes=st.integers(2, 6), nproc=st.integers(1, 3), data=st.data())
+def test_regroup_master_is_the_host_of_new_rank_0_on_every_node(nnodes, nproc, data):
+    """For any kept subset: the master is rank 0's server (the original master while it is kept),
+    and every kept node computes the same address and port."""
+    table = build_local_table(nproc, nnodes=nnodes, master_addr="10.1.0.0", master_port=29400)
+    kept = sorted(set(data.draw(st.lists(st.integers(0, nnodes - 1), min_size=1))))
+    addresses = {i: f"10.1.0.{i}" for i in range(nnodes)}
+    masters = set()
+    for own in kept:
+        new = regroup(Topology(table, table.servers[own], "--nproc-per-node", None, False, 29400), kept, addresses)
+        host = next(s for s in new.table.servers if 0 in s.ranks)
+        assert new.table.master_addr == addresses[int(host.server_id[4:])]
+        assert new.server.server_id == f"node{own}" and new.hosts_rank0 == (own == kept[0])
+        masters.add((new.table.master_addr, new.master_port))
+    assert masters == {(addresses[kept[0]], 29400)}
+
+
+def test_advertised_address_of_a_built_table_and_of_a_file_table(monkeypatch):
+    table = build_local_table(2, nnodes=2)
+    built = Topology(table, table.servers[1], "--nproc-per-node", None, False, 29500)
+    assert topology.advertised_address(built, {"XDL_IP": "10.0.0.2", "POD_IP": "172.16.0.2"}) == "172.16.0.2"
+    assert topology.advertised_address(built, {"XDL_IP": "10.0.0.2"}) == "10.0.0.2"
+    monkeypatch.setattr(topology.socket, "getfqdn", lambda: "node-b.example")
+    assert topology.advertised_address(built, {}) == "node-b.example"
+    filed = Topology(table3(), table3().servers[2], "rank table", "/cfg/hccl.json", False, 29500)
+    assert topology.advertised_address(filed, {"XDL_IP": "10.0.0.2"}) == "172.16.0.2"
