@@ -311,7 +311,7 @@ def _carve_startup(spans: List[Tuple[str, float, float, int]], steps: _StepLog) 
     for attempt, (at, _) in steps.first.items():
         resumed = steps.plan.get(attempt)
         if resumed is not None:
-            at = min(at, max(_recompute_start(steps, attempt, resumed), float("-inf")))
+            at = min(at, _recompute_start(steps, attempt, resumed))
             if at == float("-inf"):
                 continue  # no usable estimate of when training resumed: left as it was
         out, _ = _relabel(out, attempt, float("-inf"), at, "startup" if attempt == 0 else "restarting")
