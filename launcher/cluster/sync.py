@@ -193,7 +193,7 @@ class Coordinator(NoSync):
         if self._waiting(state):
             return self._timed_out(generation, self._waiting(state), STOPPED)
         if self._lost(state):
-            if self.elastic is None:
+            if self.elastic is None or self.files.index in state.lost:  # this one lost: never re-enter
                 return self._end_for_lost(generation, state, code)
             state = self._await_replacement(generation, state, wait)
             if state is None:

@@ -9,7 +9,7 @@ than at their ``--sync-timeout``.
 
 import logging
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
 from launcher.cluster.syncdir import SyncDir
@@ -47,7 +47,7 @@ class SyncCoordination(Integration):
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
         files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names,
-                                       advertised_address(topo, ctx.base_env)) if opts.coordinator \
+                                       advertised_address(topo, ctx.base_env), host.emit) if opts.coordinator \
             else self._join_dir(opts.sync_dir, ctx.run_id, topo.server_index, names)
         self.files = files
         host.emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
@@ -113,14 +113,15 @@ class SyncCoordination(Integration):
                              ["it must be a directory every node of the job can write"]) from None
 
     @staticmethod
-    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str) -> Store:
+    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str,
+                   emit: Callable[..., object]) -> Store:
         from launcher.cluster.etcdclient import EtcdClient, EtcdError
         from launcher.cluster.etcdstore import EtcdStore
 
         client = EtcdClient(parse_coordinator(opts.coordinator))
         try:
             return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
-                                  elastic=opts.min_nodes is not None, address=address)
+                                  elastic=opts.min_nodes is not None, address=address, emit=emit)
         except EtcdError as exc:
             raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 

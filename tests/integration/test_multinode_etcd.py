@@ -9,6 +9,7 @@ torch job under ``--sync-dir`` is in test_multinode.py): each node runs 2 ranks 
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import List, Sequence
 
@@ -115,6 +116,66 @@ def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
     fail_rank_3(tmp_path, etcd, "8", before=etcd.restart)
 
 
+def await_event(nodes: Sequence[Launcher], name: str, timeout: float = 30) -> None:
+    """Wait until every node's events.jsonl has ``name`` (the test-side wait, no blind sleep)."""
+    deadline = time.monotonic() + timeout
+    while not all(events(node, name) for node in nodes):
+        assert time.monotonic() < deadline, f"no {name} on every node: {[node.stderr for node in nodes]}"
+        assert all(node.proc.poll() is None for node in nodes), [node.stderr for node in nodes]
+        time.sleep(0.05)
+
+
+def test_etcd_restarted_without_its_data_coordination_resumes(tmp_path, etcd):
+    """etcd crashes and comes back on an empty data dir (no persistent volume): every lease and key
+    is gone. The ranks are not touched; each launcher notices the loss (coordinator_reset), puts its
+    records back, and a failure afterwards still restarts every node together."""
+    def wipe_etcd():
+        etcd.restart(fresh=True)
+        await_event(nodes, "coordinator_reset")
+
+    nodes: List[Launcher] = []
+    trigger = tmp_path / "fail-now"
+    nodes.extend(start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when",
+                                                str(trigger), "--run", "8"], ["--max-restarts", "1"]))
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        wipe_etcd()
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes]
+    for node in nodes:
+        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
+        assert sorted(int(line[1]) for line in node.ready_lines()) == [0] * PER_NODE + [1] * PER_NODE
+        [reset] = events(node, "coordinator_reset")
+        assert reset["reason"].startswith(("etcd lost its data", "another node"))
+        assert node.stderr.count("etcd lost this job's records") == 1, node.stderr
+    assert [e["reason"] for e in events(nodes[0], "sync_peer_failure")] == \
+        ["rank 3 on server 1 (node1) failed (exit code 7)"]  # nobody seen as lost
+
+
+def test_a_node_lost_after_etcd_lost_its_data_is_still_seen(tmp_path, etcd):
+    """After etcd came back empty and the launchers put their records back, membership works again:
+    node B's launcher SIGKILLed is seen as lost by node A within the TTL (before the fix the
+    records of who joined were gone, so nobody was ever lost: node A ran on)."""
+    nodes = start_nodes(tmp_path, etcd, 2, ["--run", "60"], ["--max-restarts", "3"])
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        etcd.restart(fresh=True)
+        await_event(nodes, "coordinator_reset")
+        nodes[1].proc.send_signal(signal.SIGKILL)
+        nodes[1].proc.wait()
+        code = nodes[0].wait(30)
+    finally:
+        stop_all(nodes)
+    assert code == 1, nodes[0].stderr
+    assert [e["servers"] for e in events(nodes[0], "sync_lost")] == [[1]]
+    assert "server 1 (node1) lost" in nodes[0].stderr
+
+
 def test_etcd_unreachable_at_start_is_one_line_and_exit_1(tmp_path):
     node = Launcher(tmp_path / "node")
     node.tmp.mkdir()
@@ -218,6 +279,31 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
     assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
     assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
     assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
+
+
+def test_a_node_whose_lease_expired_stays_out_of_the_job_that_went_on(tmp_path, etcd):
+    """Node 2's launcher stops (SIGSTOP: a partition, a frozen host) for longer than the TTL while etcd
+    keeps its data: the others count it as lost and run generation 1 without it. When it resumes, its
+    lease is gone as after lost data, but nothing says the data was lost: it stops its ranks and
+    leaves (exit 1), writing nothing (no abort that would end the others' job). Before, it granted
+    itself a new lease and went on with its stale generation-0 ranks."""
+    nodes = start_elastic(tmp_path, etcd, range(3), "60,4")
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        nodes[2].proc.send_signal(signal.SIGSTOP)
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # generation 1 runs on nodes 0 and 1
+        nodes[2].proc.send_signal(signal.SIGCONT)
+        codes = [node.wait(30) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 1], [node.stderr for node in nodes]
+    assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1]]
+    assert len(events(nodes[2], "coordinator_lease_expired")) == 1 and not events(nodes[2], "coordinator_reset")
+    assert "this server's lease expired" in nodes[2].stderr
+    assert attempt_ranks(nodes[2]) == [(0, [4, 5])]
+    assert not any(events(node, "sync_abort") for node in nodes)
 
 
 def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):

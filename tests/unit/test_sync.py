@@ -201,13 +201,16 @@ def test_a_stop_signal_during_the_barrier_ends_the_wait(tmp_path):
 
 # -- a lost node (a store with membership: etcd's leases) --------------------------------------------
 class LeasedDir(SyncDir):
-    """A fake store with membership: the shared directory, plus servers the test declares lost."""
+    """A fake store with membership: the shared directory, plus servers the test declares lost (this
+    one only when ``expelled``: its lease expired while the store kept its records)."""
 
     lost = frozenset()
+    expelled = False
 
     def read(self, generation):
         state = super().read(generation)
-        return dataclasses.replace(state, lost=frozenset(self.lost) - state.done - {self.index})
+        own = set() if self.expelled else {self.index}
+        return dataclasses.replace(state, lost=frozenset(self.lost) - state.done - own)
 
 
 def leased(tmp_path, index: int, count: int = 2, timeout: float = 10.0) -> Node:
@@ -303,6 +306,19 @@ def test_elastic_a_node_left_out_of_the_next_generation_ends(tmp_path, caplog):
     a.files.write(0, "next.json", {"servers": [0, 2]}, exclusive=True)
     assert b.sync.settle(0, None, failure(-1, 9), [], b.waiter()).exit_code == 9
     assert "the other nodes go on without this one" in caplog.text
+
+
+def test_elastic_a_node_that_is_itself_lost_ends_without_waiting_for_a_replacement(tmp_path, caplog):
+    """Its lease expired while etcd kept the records: the others go on without it, and it must not
+    wait to be its own replacement and re-enter. It ends at once, proposing nothing."""
+    a, b = elastic(tmp_path, 0), elastic(tmp_path, 1)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    b.files.write(0, "stopped.1", {})
+    a.files.expelled, a.files.lost = True, {0}
+    wait = a.waiter()
+    assert a.sync.settle(0, None, failure(-1), [], wait) == Agreement(exit_code=1, reason="failed")
+    assert not wait.calls and a.files.read(0).next is None
+    assert "server 0 (10.0.0.1) lost in generation 0" in caplog.text
 
 
 def test_a_launcher_joining_a_running_job_passes_the_barrier_of_its_generation(tmp_path):
