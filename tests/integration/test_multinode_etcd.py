@@ -58,8 +58,8 @@ def events(node: Launcher, name: str) -> List[dict]:
     return [e for e in node.events() if e["event"] == name]
 
 
-def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None) -> List[Launcher]:
-    """Two nodes; once every rank runs, ``before()``, then rank 3 (node B) exits 7; returns the
+def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda nodes: None) -> List[Launcher]:
+    """Two nodes; once every rank runs, ``before(nodes)``, then rank 3 (node B) exits 7; returns the
     finished nodes (both must exit 0: generation 1 runs to its end)."""
     trigger = tmp_path / "fail-now"
     nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
@@ -67,7 +67,7 @@ def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None)
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
-        before()
+        before(nodes)
         assert all(node.proc.poll() is None for node in nodes)
         trigger.touch()
         codes = [node.wait(60) for node in nodes]
@@ -94,13 +94,20 @@ def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, 
 def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
     """Node B's launcher is SIGKILLed (its ranks die with it): its lease expires, node A stops its
     ranks and, without elastic membership, ends the job naming the lost server."""
+    lose_node_b(tmp_path, etcd)
+
+
+def lose_node_b(tmp_path: Path, etcd: EtcdServer, before=lambda nodes: None) -> None:
+    """Two nodes; once every rank runs, ``before(nodes)``, then node B's launcher is SIGKILLed: node A
+    must see it lost and end the job (exit 1)."""
     nodes = start_nodes(tmp_path, etcd, 2, ["--run", "60"], ["--max-restarts", "3"])
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
+        before(nodes)
         nodes[1].proc.send_signal(signal.SIGKILL)
         nodes[1].proc.wait()
-        code = nodes[0].wait(60)
+        code = nodes[0].wait(30)
     finally:
         stop_all(nodes)
     assert code == 1, nodes[0].stderr
@@ -113,7 +120,7 @@ def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
 def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
     """etcd crashes and comes back on the same data while the ranks run: the job goes on, and a
     failure after that still restarts every node together."""
-    fail_rank_3(tmp_path, etcd, "8", before=etcd.restart)
+    fail_rank_3(tmp_path, etcd, "8", before=lambda nodes: etcd.restart())
 
 
 def await_event(nodes: Sequence[Launcher], name: str, timeout: float = 30) -> None:
@@ -125,29 +132,18 @@ def await_event(nodes: Sequence[Launcher], name: str, timeout: float = 30) -> No
         time.sleep(0.05)
 
 
+def wipe_etcd(etcd: EtcdServer, nodes: Sequence[Launcher]) -> None:
+    """etcd restarted on an empty data dir; returns once every node noticed."""
+    etcd.restart(fresh=True)
+    await_event(nodes, "coordinator_reset")
+
+
 def test_etcd_restarted_without_its_data_coordination_resumes(tmp_path, etcd):
     """etcd crashes and comes back on an empty data dir (no persistent volume): every lease and key
     is gone. The ranks are not touched; each launcher notices the loss (coordinator_reset), puts its
     records back, and a failure afterwards still restarts every node together."""
-    def wipe_etcd():
-        etcd.restart(fresh=True)
-        await_event(nodes, "coordinator_reset")
-
-    nodes: List[Launcher] = []
-    trigger = tmp_path / "fail-now"
-    nodes.extend(start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when",
-                                                str(trigger), "--run", "8"], ["--max-restarts", "1"]))
-    try:
-        for node in nodes:
-            node.wait_ready(PER_NODE)
-        wipe_etcd()
-        trigger.touch()
-        codes = [node.wait(60) for node in nodes]
-    finally:
-        stop_all(nodes)
-    assert codes == [0, 0], [node.stderr for node in nodes]
+    nodes = fail_rank_3(tmp_path, etcd, "8", before=lambda nodes: wipe_etcd(etcd, nodes))
     for node in nodes:
-        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
         assert sorted(int(line[1]) for line in node.ready_lines()) == [0] * PER_NODE + [1] * PER_NODE
         [reset] = events(node, "coordinator_reset")
         assert reset["reason"].startswith(("etcd lost its data", "another node"))
@@ -160,20 +156,7 @@ def test_a_node_lost_after_etcd_lost_its_data_is_still_seen(tmp_path, etcd):
     """After etcd came back empty and the launchers put their records back, membership works again:
     node B's launcher SIGKILLed is seen as lost by node A within the TTL (before the fix the
     records of who joined were gone, so nobody was ever lost: node A ran on)."""
-    nodes = start_nodes(tmp_path, etcd, 2, ["--run", "60"], ["--max-restarts", "3"])
-    try:
-        for node in nodes:
-            node.wait_ready(PER_NODE)
-        etcd.restart(fresh=True)
-        await_event(nodes, "coordinator_reset")
-        nodes[1].proc.send_signal(signal.SIGKILL)
-        nodes[1].proc.wait()
-        code = nodes[0].wait(30)
-    finally:
-        stop_all(nodes)
-    assert code == 1, nodes[0].stderr
-    assert [e["servers"] for e in events(nodes[0], "sync_lost")] == [[1]]
-    assert "server 1 (node1) lost" in nodes[0].stderr
+    lose_node_b(tmp_path, etcd, before=lambda nodes: wipe_etcd(etcd, nodes))
 
 
 def test_etcd_unreachable_at_start_is_one_line_and_exit_1(tmp_path):
