@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from launcher.cluster.syncdir import ABORT, DONE, NEXT, STOPPED, Generation, failure_of
+from launcher.cluster.syncdir import ABORT, DONE, MASTER, NEXT, STOPPED, Generation, failure_of
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -31,6 +31,23 @@ class Elastic:
 
     min_nodes: int
     wait: float
+
+
+@dataclass(frozen=True)
+class MasterMove:
+    """Elastic: the master follows rank 0 to another server (``launcher.jobspec.topology.regroup``).
+
+    Attributes:
+        where: ``where(servers)``: the server hosting rank 0 of a generation that ``servers`` run and
+            its address, when that is not the job's master server; else None.
+        port: The port asked for (``--master-port``).
+        check: ``check(address, port) -> (port, reason)``, run by the launcher of that server: the port
+            the master takes on its host.
+    """
+
+    where: Callable[[Sequence[int]], Optional[Tuple[int, str]]]
+    port: int
+    check: Callable[[str, int], Tuple[int, str]]
 
 
 class Store(Protocol):
@@ -74,17 +91,22 @@ class Coordinator(NoSync):
         interval: Seconds between two looks at the store.
         clock: Monotonic clock (tests pass a fake one).
         elastic: Elastic membership, or None: a lost server ends the job.
+        master: Where the master goes when it moves with rank 0 (elastic), or None.
 
     Attributes:
         members: The servers of the current generation (all of the table's unless elastic).
+        endpoint: The master's address and port while it is away from the job's master server, as
+            its new host published them (None: the job's own).
     """
 
     def __init__(self, files: Store, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
                  cancel: Callable[[int], None], post: Callable[[object], None], interval: float = POLL_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None):
+                 clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None,
+                 master: Optional[MasterMove] = None):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
-        self.elastic = elastic
+        self.elastic, self.master = elastic, master
         self.members: Tuple[int, ...] = tuple(range(files.count))
+        self.endpoint: Optional[Tuple[str, int]] = None
         self._call_later, self._cancel, self._post = call_later, cancel, post
         self._timer: Optional[int] = None
         self._generation = 0
@@ -258,6 +280,39 @@ class Coordinator(NoSync):
         self.emit("sync_membership", generation=generation + 1, servers=list(agreed), previous=list(previous))
         log.warning("generation %d runs on %d server(s) (was %d): %s", generation + 1, len(agreed), len(previous),
                     self._names(agreed))
+        return self._move_master(generation, code, wait) if agreed != previous else None
+
+    def _move_master(self, generation: int, code: int, wait: Wait) -> Optional[Agreement]:
+        """Elastic: when the master moves with rank 0 to another server, that server's launcher checks
+        the port on its host and publishes the endpoint (``gen_<g>/master.json``); every node waits
+        for it (up to ``--sync-timeout``) and uses it while the membership stays (``endpoint``).
+
+        Returns:
+            None to go on, else how the job ends.
+        """
+        self.endpoint = None
+        moved = self.master.where(self.members) if self.master is not None else None
+        if moved is None:
+            return None
+        host, address = moved
+        if host == self.files.index:
+            port, reason = self.master.check(address, self.master.port)
+            self.files.write(generation, f"{MASTER}.json", {"addr": address, "port": port, "reason": reason})
+        state, _ = self._await(generation, wait, "the new master's endpoint", lambda s: s.master is not None
+                               or s.abort is not None or host in s.lost)
+        if state is None:
+            return Agreement()
+        if state.master is None:  # that server's launcher ended the job, was lost, or never wrote
+            if state.abort is not None:
+                return Agreement(exit_code=code, reason="failed")
+            return self._end_for_lost(generation, state, code) if host in state.lost \
+                else self._timed_out(generation, [host], MASTER)
+        self.endpoint = str(state.master.get("addr")), int(state.master.get("port", self.master.port))
+        reason = state.master.get("reason", "")
+        self.emit("master_moved", generation=generation + 1, server=host, addr=self.endpoint[0],
+                  port=self.endpoint[1], requested_port=self.master.port, reason=reason)
+        log.warning("generation %d: the master moves with rank 0 to %s, %s:%d (%s)", generation + 1,
+                    self.files.name(host), *self.endpoint, reason)
         return None
 
     def join_running(self, generation: int, wait: Wait) -> Agreement:

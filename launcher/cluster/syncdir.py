@@ -32,8 +32,8 @@ from launcher.supervision.states import ExitInfo
 
 log = logging.getLogger(__name__)
 
-CLOSED, ABORT, STOPPED, DONE, NEXT = "closed", "abort", "stopped", "done", "next"
-_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next)\.json")
+CLOSED, ABORT, STOPPED, DONE, NEXT, MASTER = "closed", "abort", "stopped", "done", "next", "master"
+_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next|master)\.json")
 _INCARNATION = re.compile(r"inc_(\d+)")
 
 
@@ -51,6 +51,9 @@ class Generation:
             with membership only, ``launcher.cluster.etcdstore``).
         next: The ``next.json`` record: the servers of generation ``number + 1`` when they differ
             from this one's (elastic membership; the first writer wins).
+        master: The ``master.json`` record: where the master of generation ``number + 1`` listens
+            when it moved with rank 0 to another server (``addr``, ``port``, ``reason``), written by
+            that server's launcher.
     """
 
     number: int
@@ -60,6 +63,7 @@ class Generation:
     abort: Optional[dict] = None
     lost: FrozenSet[int] = frozenset()
     next: Optional[dict] = None
+    master: Optional[dict] = None
 
     def failed_ranks(self) -> Tuple[int, ...]:
         """The union of every node's failed ranks: the restore plan's fault ranks."""
@@ -98,7 +102,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
     """What the records ``names`` of generation ``number`` say; ``load(name)`` reads one (None: skip it)."""
     failed: Dict[int, dict] = {}
     marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
-    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None}
+    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None, MASTER: None}
     for name in names:
         match = _MARKER.fullmatch(name)
         if match is None:
@@ -112,7 +116,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
         elif record is not None:
             records[match.group(5) or match.group(6)] = record
     return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), records[ABORT],
-                      next=records[NEXT])
+                      next=records[NEXT], master=records[MASTER])
 
 
 def stamp(index: int, name: str, data: dict) -> dict:

@@ -9,13 +9,13 @@ than at their ``--sync-timeout``.
 
 import logging
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
-from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
+from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, MasterMove, Store
 from launcher.cluster.syncdir import SyncDir
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.options import parse_coordinator
-from launcher.jobspec.topology import advertised_address
+from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
 from launcher.supervision.policy import RunResult
@@ -57,7 +57,7 @@ class SyncCoordination(Integration):
         elastic = Elastic(opts.min_nodes, opts.elastic_wait) if opts.min_nodes is not None else None
         self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post,
                                        interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL,
-                                       elastic=elastic)
+                                       elastic=elastic, master=self._master_move(topo) if elastic else None)
         running = getattr(files, "running", None)
         if running is not None:
             self._join_running(host, running)
@@ -96,6 +96,17 @@ class SyncCoordination(Integration):
     def members(self) -> Optional[Sequence[int]]:
         """The servers of the current generation (elastic membership), or None without coordination."""
         return self.coordinator.members if self.coordinator is not None else None
+
+    def _master_move(self, topo: Topology) -> MasterMove:
+        """Where the master goes when rank 0 moves (elastic): the server that then hosts it, at the
+        address it registered; the port checked on that server's host."""
+        return MasterMove(lambda servers: moved_master(topo, servers, self.addresses()), topo.master_port,
+                          master_port_on)
+
+    def endpoint(self) -> Optional[Tuple[str, int]]:
+        """The master's address and port while it is away from the job's master server, as its new
+        host published them (None: the job's own, or no coordination)."""
+        return self.coordinator.endpoint if self.coordinator is not None else None
 
     def addresses(self) -> Mapping[int, str]:
         """The address each server gave when it joined (etcd), by index: where the master moves if it

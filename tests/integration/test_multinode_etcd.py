@@ -8,6 +8,7 @@ torch job under ``--sync-dir`` is in test_multinode.py): each node runs 2 ranks 
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -304,14 +305,11 @@ def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
 ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
 
 
-@pytest.mark.slow
-def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
-    """3 nodes on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1 (node 0): node 0's launcher is
-    SIGKILLed; the two others regroup, their ranks get MASTER_ADDR 127.0.0.2 (node 1, now hosting
-    rank 0, the address it registered in join.1) with the same port, and a real gloo all_reduce
-    of the 4 ranks completes there. On one machine the stale 127.0.0.1 would reach the new rank 0's
-    store too (it listens on every address), so the MASTER_ADDR check is what tells the defect."""
-    port, results = free_port(), tmp_path / "results"
+def lose_the_master(tmp_path: Path, etcd: EtcdServer, port: int) -> List[Launcher]:
+    """3 nodes on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1:``port`` (node 0), the ranks
+    ``tests/workers/elastic_gloo.py``: node 0's launcher is SIGKILLed, nodes 1 and 2 regroup and their
+    4 ranks must complete a real gloo all_reduce (sum 6); returns the nodes."""
+    results = tmp_path / "results"
     nodes = []
     for index in range(3):
         node = Launcher(tmp_path / f"node{index}")
@@ -333,10 +331,49 @@ def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, 
     finally:
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes[1:]]
-    ready = sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
-    assert ready == sorted([(str(r), "0", "127.0.0.1", str(port), "6") for r in (2, 3, 4, 5)]
-                           + [(str(r), "1", "127.0.0.2", str(port), "4") for r in range(4)])
     assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]
+    return nodes
+
+
+def master_of_each_rank(nodes: Sequence[Launcher]) -> List[tuple]:
+    """(rank, attempt, MASTER_ADDR, MASTER_PORT, WORLD_SIZE) of every rank of nodes 1 and 2."""
+    return sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
+
+
+@pytest.mark.slow
+def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
+    """Node 0 (the master) lost: the ranks of nodes 1 and 2 get MASTER_ADDR 127.0.0.2 (node 1, now
+    hosting rank 0, the address it registered in join.1) with the same port, free there, and
+    rendezvous. On one machine the stale 127.0.0.1 would reach the new rank 0's store too (it
+    listens on every address), so the MASTER_ADDR check is what tells the defect."""
+    port = free_port()
+    nodes = lose_the_master(tmp_path, etcd, port)
+    assert master_of_each_rank(nodes) == sorted([(str(r), "0", "127.0.0.1", str(port), "6") for r in (2, 3, 4, 5)]
+                                                + [(str(r), "1", "127.0.0.2", str(port), "4") for r in range(4)])
     for node in nodes[1:]:
         [change] = events(node, "world_size_changed")
         assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], "127.0.0.2", port)
+        [moved] = events(node, "master_moved")
+        assert (moved["addr"], moved["port"], moved["requested_port"]) == ("127.0.0.2", port, port)
+
+
+@pytest.mark.slow
+def test_the_master_moves_to_a_host_where_its_port_is_taken(tmp_path, etcd):
+    """As above, but something listens on 127.0.0.2:PORT (node 1's host) when node 0 is lost: node 1's
+    launcher finds the port taken, picks a free one and publishes it (gen_0/master.json); node 2
+    waits for it, and all 4 ranks get that port and rendezvous. Before, rank 0 could not bind its
+    store (EADDRINUSE) and every generation failed until the budget was spent."""
+    port = free_port()
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", port))
+        listener.listen()
+        nodes = lose_the_master(tmp_path, etcd, port)
+    ranks = master_of_each_rank(nodes)
+    [moved] = {(addr, int(new)) for _, attempt, addr, new, _ in ranks if attempt == "1"}
+    assert moved[0] == "127.0.0.2" and moved[1] != port
+    for node in nodes[1:]:
+        [event] = events(node, "master_moved")
+        assert (event["addr"], event["port"], event["requested_port"]) == (*moved, port)
+        assert "in use" in event["reason"]
+        [change] = events(node, "world_size_changed")
+        assert (change["master_addr"], change["master_port"]) == moved
