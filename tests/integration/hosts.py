@@ -36,7 +36,8 @@ IP = shutil.which("ip") or "/usr/sbin/ip"
 SUBNET = "10.213.0"
 #: The host-side interface name: the same in every host, hence one ``GLOO_SOCKET_IFNAME``.
 IFNAME = "eth0"
-#: Namespace names start with this, then pytest's pid: stale ones of a dead run are removed.
+#: Namespace names start with this, then the pid namespace and pytest's pid: stale ones of a dead
+#: run of this pid namespace are removed (another container's runs, whose pids we cannot see, are not).
 PREFIX = "xdlt"
 #: ``NETNS_TESTS=required``: a machine that cannot make hosts fails these tests instead of skipping.
 REQUIRED = "NETNS_TESTS"
@@ -52,7 +53,7 @@ def unavailable() -> Optional[str]:
         return "network namespaces need root"
     if not os.access(IP, os.X_OK):
         return f"no iproute2 ({IP})"
-    probe = f"{PREFIX}-{os.getpid()}-probe-{secrets.token_hex(2)}"
+    probe = f"{PREFIX}-{_owner()}-probe{secrets.token_hex(2)}"
     made = _ip("netns", "add", probe, check=False)
     if made.returncode:
         return f"cannot create a network namespace: {made.stderr.strip()}"
@@ -60,13 +61,19 @@ def unavailable() -> Optional[str]:
     return None
 
 
+def _owner() -> str:
+    """``<pid namespace inode>-<pid>``: who made a namespace, as this process can check it later."""
+    return f"{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}"
+
+
 def _remove_stale() -> None:
-    """Delete namespaces left by an earlier run that was killed before its teardown (its pid is gone)."""
+    """Delete namespaces left by an earlier run (of this pid namespace) killed before its teardown."""
+    pidns = _owner().split("-")[0]
     for line in _ip("netns", "list").stdout.splitlines():
-        name = line.split()[0] if line.split() else ""
-        parts = name.split("-")
-        if len(parts) > 2 and parts[0] == PREFIX and parts[1].isdigit() and not os.path.exists(f"/proc/{parts[1]}"):
-            _ip("netns", "del", name, check=False)
+        parts = (line.split() or [""])[0].split("-")
+        if len(parts) > 3 and parts[:2] == [PREFIX, pidns] and parts[2].isdigit() \
+                and not os.path.exists(f"/proc/{parts[2]}"):
+            _ip("netns", "del", "-".join(parts), check=False)
 
 
 class Host:
@@ -114,7 +121,7 @@ class Network:
 
     def __init__(self, count: int):
         _remove_stale()
-        self.prefix = f"{PREFIX}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.prefix = f"{PREFIX}-{_owner()}-{secrets.token_hex(3)}"
         self.switch = f"{self.prefix}-sw"
         self.address = f"{SUBNET}.1"  # the bridge's: where the switch namespace's servers listen
         self.hosts: List[Host] = []

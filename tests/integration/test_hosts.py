@@ -126,3 +126,20 @@ def test_ci_requires_the_tests_across_hosts():
     """.ci/run must not let them skip silently."""
     script = (Path(__file__).resolve().parents[2] / ".ci" / "run").read_text()
     assert f"export {hosts.REQUIRED}=required" in script
+
+
+def test_namespaces_of_a_killed_run_are_removed_and_a_live_runs_kept(network):  # noqa: F811
+    """A run killed before its teardown leaves its namespaces; the next run deletes them (their
+    maker's pid is gone), never those of a run still alive (here: this one's)."""
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()  # its pid is free now
+    pidns = hosts._owner().split("-")[0]
+    stale = f"{hosts.PREFIX}-{pidns}-{gone.pid}-0dead0-h0"
+    subprocess.run([hosts.IP, "netns", "add", stale], check=True)
+    try:
+        second = hosts.Network(1)
+        second.close()
+        listed = subprocess.run([hosts.IP, "netns", "list"], capture_output=True, text=True, check=True).stdout
+        assert stale not in listed and network.switch in listed
+    finally:
+        subprocess.run([hosts.IP, "netns", "del", stale], capture_output=True)
