@@ -98,6 +98,13 @@ class Host:
         """Start ``argv`` in this host."""
         return subprocess.Popen(self.command(argv), **kwargs)
 
+    def listen(self, port: int, ready: Path) -> subprocess.Popen:
+        """A process that holds ``port`` on every address of this host (and accepts connections);
+        returns once it listens (``ready`` written) or died."""
+        proc = self.popen([sys.executable, "-c", _LISTENER, str(port), str(ready)])
+        wait_for(lambda: ready.exists() or proc.poll() is not None, 30, f"a listener on {self.address}:{port}")
+        return proc
+
     def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
         """``base`` (default ``os.environ``) plus this host's identity for the launcher and gloo."""
         return {**(os.environ if base is None else base), "XDL_IP": self.address, "POD_IP": self.address,
@@ -172,6 +179,15 @@ class Network:
         return sorted(name for name in listed if name.startswith(self.prefix))
 
 
+_LISTENER = """
+import socket, sys
+sock = socket.socket()
+sock.bind(("0.0.0.0", int(sys.argv[1])))
+sock.listen()
+open(sys.argv[2], "w").close()
+while True:
+    sock.accept()[0].close()
+"""
 _PROBE = """
 import json, sys, time, urllib.request
 deadline = time.monotonic() + float(sys.argv[2])

@@ -16,16 +16,6 @@ from tests import conftest as top
 from tests.integration import hosts
 from tests.integration.hosts import network  # noqa: F401  (the fixture)
 
-# Listens on every address of its host at PORT, says so in READY, serves connections until killed.
-SERVER = """
-import socket, sys
-sock = socket.socket()
-sock.bind(("0.0.0.0", int(sys.argv[1])))
-sock.listen()
-open(sys.argv[2], "w").close()
-while True:
-    sock.accept()[0].close()
-"""
 # Prints "ok" or the error's name for a connection to ADDR:PORT within 2 s.
 CLIENT = """
 import socket, sys
@@ -46,10 +36,8 @@ def connect(host: hosts.Host, address: str, port: int = PORT) -> str:
 @pytest.fixture
 def server(network, tmp_path):  # noqa: F811
     """A listener on host 0, port PORT, on every address of that host."""
-    ready = tmp_path / "listening"
-    proc = network.hosts[0].popen([sys.executable, "-c", SERVER, str(PORT), str(ready)])
+    proc = network.hosts[0].listen(PORT, tmp_path / "listening")
     try:
-        hosts.wait_for(lambda: ready.exists() or proc.poll() is not None, 30, "the server on host 0")
         assert proc.poll() is None
         yield proc
     finally:
@@ -64,10 +52,8 @@ def test_hosts_reach_each_other_only_at_their_own_addresses(network, server, tmp
     assert connect(one, network.hosts[0].address) == "ok"
     assert connect(one, "127.0.0.1") == "ConnectionRefusedError"
     assert connect(network.hosts[0], "127.0.0.1") == "ok"
-    ready = tmp_path / "listening-1"
-    listener = one.popen([sys.executable, "-c", SERVER, str(PORT), str(ready)])
+    listener = one.listen(PORT, tmp_path / "listening-1")
     try:
-        hosts.wait_for(lambda: ready.exists() or listener.poll() is not None, 30, "a server on host 1")
         assert listener.poll() is None  # bound: the port is busy on host 0 only
     finally:
         listener.kill()

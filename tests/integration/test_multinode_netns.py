@@ -157,3 +157,29 @@ def alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+@pytest.mark.slow
+def test_the_master_port_busy_on_the_new_master_host_fails_that_generation(tmp_path, network, netns_etcd):  # noqa: F811
+    """The documented limit of "the master follows rank 0", which loopback cannot set up: the master
+    port is free on node 0's host but something else holds it on node 1's. After node 0 is lost,
+    the new rank 0 cannot bind its store on node 1, and the generation fails as any rank failure
+    does (with --max-restarts 1 the job then ends on both nodes), EADDRINUSE in its log."""
+    holder = network.hosts[1].listen(MASTER_PORT, tmp_path / "holder")
+    nodes = start_all(network, tmp_path, netns_etcd, 3, "2:3", ["--max-restarts", "1", "--elastic-wait", "1"],
+                      ["--result-file", str(tmp_path / "results")], worker=ELASTIC_GLOO)
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE, timeout=60)
+        nodes[0].proc.kill()
+        nodes[0].proc.wait()
+        codes = [node.wait(120) for node in nodes[1:]]
+    finally:
+        stop_all(nodes)
+        holder.kill()
+        holder.wait()
+    assert codes == [1, 1], codes
+    log = (nodes[1].log_dir / "latest" / "attempt_1" / "rank_0.log").read_text()
+    assert "address already in use" in log.lower(), log[-2000:]
+    assert "rank 0 on server 1 (node1)" in nodes[1].stderr + nodes[2].stderr
+    assert not (tmp_path / "results").exists()
