@@ -57,12 +57,13 @@ def events(node: Launcher, name: str) -> List[dict]:
     return [e for e in node.events() if e["event"] == name]
 
 
-def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None) -> List[Launcher]:
-    """Two nodes; once every rank runs, ``before()``, then rank 3 (node B) exits 7; returns the
-    finished nodes (both must exit 0: generation 1 runs to its end)."""
+def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None, start=start_nodes) -> List[Launcher]:
+    """Two nodes (started by ``start``, as :func:`start_nodes`); once every rank runs, ``before()``,
+    then rank 3 (node B) exits 7; returns the finished nodes (both must exit 0: generation 1 runs to
+    its end)."""
     trigger = tmp_path / "fail-now"
-    nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
-                                           "--run", run], ["--max-restarts", "1"])
+    nodes = start(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
+                                      "--run", run], ["--max-restarts", "1"])
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
@@ -255,6 +256,12 @@ def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, 
                                      stdout=node.out, stderr=node.err, cwd=str(node.tmp),
                                      env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
         nodes.append(node)
+    lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port)
+
+
+def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[str], port: int) -> None:
+    """SIGKILL node 0's launcher once every rank runs; nodes 1 and 2 must regroup and their 4 ranks
+    rendezvous (elastic_gloo.py) at ``masters[1]`` (node 1's address) instead of ``masters[0]``."""
     try:
         for node in nodes:
             node.wait_ready(PER_NODE, timeout=60)
@@ -265,9 +272,9 @@ def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, 
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes[1:]]
     ready = sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
-    assert ready == sorted([(str(r), "0", "127.0.0.1", str(port), "6") for r in (2, 3, 4, 5)]
-                           + [(str(r), "1", "127.0.0.2", str(port), "4") for r in range(4)])
+    assert ready == sorted([(str(r), "0", masters[0], str(port), "6") for r in (2, 3, 4, 5)]
+                           + [(str(r), "1", masters[1], str(port), "4") for r in range(4)])
     assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]
     for node in nodes[1:]:
         [change] = events(node, "world_size_changed")
-        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], "127.0.0.2", port)
+        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], masters[1], port)
