@@ -7,6 +7,7 @@ the files of :mod:`launcher.cluster.syncdir` (``--sync-dir``) or the keys of
 whose launcher dies is *lost*). :mod:`launcher.cluster.syncjoin` joins one for ``launcher run``.
 """
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -17,6 +18,9 @@ from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
 log = logging.getLogger(__name__)
+
+#: The ``note`` of the record a launcher writes as ``failed.<i>.json`` when it joins a running job.
+JOINING = "joining"
 
 #: Seconds between two looks at the shared directory (peer failures, the barrier).
 POLL_INTERVAL = 0.5
@@ -116,14 +120,16 @@ class Coordinator(NoSync):
         self._post(update)
 
     def _peer_update(self, state: Generation) -> Optional[PeerUpdate]:
-        failures = state.failures(exclude=self.files.index)
+        joins = self._joins(state) - {self.files.index}
+        failures = dataclasses.replace(state, failed={i: r for i, r in state.failed.items() if i not in joins}) \
+            .failures(exclude=self.files.index)
         abort = state.abort if state.abort is not None and state.abort.get("server") != self.files.index else None
         if abort is not None:
             cause = failures[0] if failures else failure_of(state.number, {**abort, "returncode": state.exit_code()})
             return PeerUpdate(state.number, cause, f"{abort.get('name')} ended the job ({abort.get('reason')})")
         if failures:
             first = failures[0]
-            # rank -1: a node's note, not a rank (``server 2 (node2) joining``): it did not fail
+            # rank -1: a node's note, not a rank (a lost server's replacement joining): it did not fail
             reason = first.label if first.rank < 0 else f"{first.label} failed ({first.info.describe()})"
             return PeerUpdate(state.number, first, reason)
         lost = self._lost(state)
@@ -131,7 +137,16 @@ class Coordinator(NoSync):
             names = self._names(lost)
             return PeerUpdate(state.number, failure_of(state.number, {"name": names, "exited_at": time.time()}),
                               f"{names} lost (its launcher's lease expired)")
+        if joins:
+            return PeerUpdate(state.number, failure_of(state.number, state.failed[min(joins)]),
+                              f"{self._names(joins)} joining", membership=True)
         return None
+
+    def _joins(self, state: Generation) -> Set[int]:
+        """Servers that joined the running job in ``state``'s generation as new members (their note,
+        ``failed.<i>.json`` with rank -1, is not a failure). A member's own note is not one: it says
+        that its earlier launcher was lost, which is a failure."""
+        return {i for i, record in state.failed.items() if record.get("note") == JOINING and i not in self.members}
 
     def _lost(self, state: Generation) -> List[int]:
         """The generation's members that are lost."""
@@ -199,16 +214,19 @@ class Coordinator(NoSync):
             if state is None:
                 return Agreement()
         servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
+        # Only launchers joined, nobody failed or was lost: torchrun does not count such a restart either.
+        membership = bool(state.failed) and set(state.failed) <= self._joins(state) and set(self.members) <= set(servers)
         if servers != self.members:
             ended = self._regroup(generation, servers, code, wait)
             if ended is not None:
                 return ended
         ranks = state.failed_ranks()
         self.emit("sync_barrier", generation=generation, waited=round(waited, 3), failed_ranks=list(ranks),
-                  failed_servers=sorted(state.failed))
-        log.info("every node stopped generation %d (waited %.2f s); failed ranks of the job: %s", generation,
-                 waited, list(ranks))
-        return Agreement(ranks)
+                  failed_servers=sorted(state.failed), membership_change=membership)
+        log.info("every node stopped generation %d (waited %.2f s); %s", generation, waited,
+                 "membership change, not counted against --max-restarts" if membership
+                 else f"failed ranks of the job: {list(ranks)}")
+        return Agreement(ranks, membership=membership)
 
     def _waiting(self, state: Generation) -> List[int]:
         """Servers still expected to report ``state``'s generation (not lost)."""

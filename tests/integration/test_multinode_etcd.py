@@ -152,14 +152,15 @@ def test_environment_names_the_coordinator(tmp_path, etcd):
 ELASTIC = ["--max-restarts", "3", "--elastic-wait", "1"]
 
 
-def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str) -> List[Launcher]:
+def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str, options: Sequence[str] = ELASTIC,
+                  worker: Sequence[str] = ()) -> List[Launcher]:
     launched = []
     for index in nodes:
         node = Launcher(tmp / f"node{index}-{len(list(tmp.glob(f'node{index}*')))}")
         node.tmp.mkdir(parents=True)
         node.start(["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
-                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC],
-                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env")])
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *options],
+                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env"), *worker])
         launched.append(node)
     return launched
 
@@ -172,8 +173,9 @@ def rank_env(node: Launcher) -> List[tuple]:
     return [tuple(int(v) for v in line.split()) for line in (node.tmp / "env").read_text().splitlines()]
 
 
-def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str) -> List[Launcher]:
-    nodes = start_elastic(tmp_path, etcd, range(3), run)
+def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str, options: Sequence[str] = ELASTIC,
+                worker: Sequence[str] = ()) -> List[Launcher]:
+    nodes = start_elastic(tmp_path, etcd, range(3), run, options, worker)
     for node in nodes:
         node.wait_ready(PER_NODE)
     nodes[2].proc.send_signal(signal.SIGKILL)
@@ -218,6 +220,35 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
     assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
     assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
     assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
+
+
+def test_a_join_is_not_counted_as_a_restart_but_a_failure_after_it_is(tmp_path, etcd):
+    """--max-restarts 1: the loss of node 2 spends it; node 2 started again joins (a membership
+    change, not counted, as torchrun does not count nodes waiting to join): generation 2 runs on 3
+    nodes. Then rank 1 fails in generation 2: the budget is spent, every node ends with its code."""
+    trigger = tmp_path / "fail-now"
+    options = ["--max-restarts", "1", "--elastic-wait", "1"]
+    worker = ["--fail-rank", "1", "--fail-attempts", "2", "--exit-code", "7", "--fail-when", str(trigger)]
+    nodes = lose_node_2(tmp_path, etcd, "60", options, worker)
+    try:
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # generation 1 of 2 nodes runs
+        [late] = start_elastic(tmp_path, etcd, [2], "60", options, worker)
+        nodes.append(late)
+        late.wait_ready(PER_NODE)
+        nodes[0].wait_ready(3 * PER_NODE)  # generation 2 runs on every node: the join ended nothing
+        trigger.touch()
+        codes = [node.wait(60) for node in (nodes[0], nodes[1], late)]
+    finally:
+        stop_all(nodes)
+    assert codes == [7, 7, 7], [node.stderr for node in (nodes[0], nodes[1], late)]
+    assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
+    for node in nodes[:2]:
+        restarts = [(e["attempt"], e["scope"], e.get("counted", True)) for e in events(node, "restart")]
+        assert restarts == [(1, "group", True), (2, "membership", False)]
+        assert [e["membership_change"] for e in events(node, "sync_barrier")] == [False, True]
+    assert "membership change, not counted" in nodes[1].stderr
+    assert events(nodes[0], "job_end")[0]["reason"] == "failed"
 
 
 def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
