@@ -13,14 +13,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from launcher.cluster.syncdir import ABORT, DONE, NEXT, STOPPED, Generation, failure_of
+from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, NEXT, STOPPED, Generation, failure_of
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
 log = logging.getLogger(__name__)
-
-#: The ``note`` of the record a launcher writes as ``failed.<i>.json`` when it joins a running job.
-JOINING = "joining"
 
 #: Seconds between two looks at the shared directory (peer failures, the barrier).
 POLL_INTERVAL = 0.5
@@ -146,7 +143,7 @@ class Coordinator(NoSync):
         """Servers that joined the running job in ``state``'s generation as new members (their note,
         ``failed.<i>.json`` with rank -1, is not a failure). A member's own note is not one: it says
         that its earlier launcher was lost, which is a failure."""
-        return {i for i, record in state.failed.items() if record.get("note") == JOINING and i not in self.members}
+        return {i for i, record in state.failed.items() if record.get("note") == JOIN_NOTE["note"] and i not in self.members}
 
     def _lost(self, state: Generation) -> List[int]:
         """The generation's members that are lost."""
@@ -281,11 +278,11 @@ class Coordinator(NoSync):
     def join_running(self, generation: int, wait: Wait) -> Agreement:
         """A launcher that joined a running elastic job (it announced itself in ``generation``):
         learn the generation's servers, then pass its barrier like the others."""
-        for number in range(generation - 1, -1, -1):
-            proposal = self._read(number).next
-            if proposal is not None:
-                self.members = tuple(int(i) for i in proposal.get("servers", ()))
-                break
+        # The newest regroup's servers, else generation 0's when it started with fewer than all
+        proposals = [self._read(number).next for number in range(generation - 1, -1, -1)] + [self._read(0).start]
+        proposal = next((p for p in proposals if p is not None), None)
+        if proposal is not None:
+            self.members = tuple(int(i) for i in proposal.get("servers", ()))
         self._written.add((generation, STOPPED))  # announced with the join
         return self.settle(generation, None, None, [], wait)
 

@@ -251,6 +251,59 @@ def test_a_join_is_not_counted_as_a_restart_but_a_failure_after_it_is(tmp_path, 
     assert events(nodes[0], "job_end")[0]["reason"] == "failed"
 
 
+def start_with_min_then_join(tmp_path: Path, etcd: EtcdServer, worker: Sequence[str]) -> List[Launcher]:
+    """--nnodes 2:3, --max-restarts 0: only nodes 0 and 1 start; after --elastic-wait generation 0
+    runs on them; then node 2 starts and joins. Returns every node, node 2 last."""
+    options = ["--max-restarts", "0", "--elastic-wait", "1"]
+    nodes = start_elastic(tmp_path, etcd, [0, 1], "60,3", options, worker)
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes + start_elastic(tmp_path, etcd, [2], "60,3", options, worker)
+
+
+def test_the_job_starts_with_min_nodes_and_a_third_joins_without_a_restart(tmp_path, etcd):
+    """2 of 3 launchers: the job starts on 2 nodes (WORLD_SIZE 4) once --elastic-wait passed after MIN
+    joined; the third arrives and joins at generation 1 (WORLD_SIZE 6): a membership change, which
+    --max-restarts 0 allows; every node exits 0."""
+    nodes = start_with_min_then_join(tmp_path, etcd, [])
+    try:
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 0], [node.stderr for node in nodes]
+    # (rank, attempt, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE)
+    assert sorted(rank_env(nodes[1])) == [(2, 0, 4, 1, 2), (2, 1, 6, 1, 3), (3, 0, 4, 1, 2), (3, 1, 6, 1, 3)]
+    assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
+    for node in nodes[:2]:
+        assert [e["servers"] for e in events(node, "sync_start")] == [[0, 1]]
+        assert [e["joined"] for e in events(node, "sync_last_call")] == [[0, 1]]
+        assert [(e["attempt"], e["old_world_size"], e["new_world_size"]) for e in events(node, "world_size_changed")] \
+            == [(0, 6, 4), (1, 4, 6)]
+        assert [(e["scope"], e["counted"]) for e in events(node, "restart")] == [("membership", False)]
+    assert [e["generation"] for e in events(nodes[2], "sync_join_running")] == [0]
+
+
+def test_a_failure_after_a_join_still_ends_a_job_with_no_restarts_left(tmp_path, etcd):
+    """The same start and join; then rank 1 fails in generation 1: --max-restarts 0, every node ends."""
+    trigger = tmp_path / "fail-now"
+    nodes = start_with_min_then_join(tmp_path, etcd, ["--fail-rank", "1", "--fail-attempts", "1", "--exit-code", "7",
+                                                      "--fail-when", str(trigger)])
+    try:
+        nodes[2].wait_ready(PER_NODE)
+        nodes[0].wait_ready(2 * PER_NODE)
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [7, 7, 7], [node.stderr for node in nodes]
+    assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
+    assert [e["reason"] for e in events(nodes[0], "job_end")] == ["failed"]
+
+
 def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     """The barrier before the first generation: alone, node A starts nothing and gives up after
     --sync-timeout, naming the node that never joined."""
