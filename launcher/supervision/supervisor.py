@@ -133,10 +133,9 @@ class Supervisor(OutsideRequests):
             return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
         return None
 
-    def _restart(self, attempt: _Attempt, membership: bool = False) -> None:
-        """Count the restart after ``attempt``, then back off. Outside the budget: cluster-directed
-        ones, and a membership change (``membership``: the coordinator's word that no rank failed and
-        no node was lost, only launchers joined)."""
+    def _restart(self, attempt: _Attempt, membership: bool) -> None:
+        """Count the restart after ``attempt``, then back off; outside the budget: cluster-directed ones
+        and a membership change (the coordinator's word: no rank failed, no node lost, launchers joined)."""
         self.attempt_no += 1
         if attempt.cluster_stop is not None:
             self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
