@@ -143,7 +143,8 @@ class Coordinator(NoSync):
         """Servers that joined the running job in ``state``'s generation as new members (their note,
         ``failed.<i>.json`` with rank -1, is not a failure). A member's own note is not one: it says
         that its earlier launcher was lost, which is a failure."""
-        return {i for i, record in state.failed.items() if record.get("note") == JOIN_NOTE["note"] and i not in self.members}
+        return {i for i, record in state.failed.items()
+                if record.get("note") == JOIN_NOTE["note"] and i not in self.members}
 
     def _lost(self, state: Generation) -> List[int]:
         """The generation's members that are lost."""
@@ -212,7 +213,8 @@ class Coordinator(NoSync):
                 return Agreement()
         servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
         # Only launchers joined, nobody failed or was lost: torchrun does not count such a restart either.
-        membership = bool(state.failed) and set(state.failed) <= self._joins(state) and set(self.members) <= set(servers)
+        membership = (bool(state.failed) and set(state.failed) <= self._joins(state)
+                      and set(self.members) <= set(servers))
         if servers != self.members:
             ended = self._regroup(generation, servers, code, wait)
             if ended is not None:
