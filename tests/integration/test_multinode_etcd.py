@@ -316,6 +316,18 @@ def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]
 
 
+def test_elastic_alone_below_min_starts_nothing(tmp_path, etcd):
+    """--nnodes 2:3 and one launcher: MIN is never reached; exit 1 after --sync-timeout, no rank."""
+    node = Launcher(tmp_path / "node0")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2:3", "--node-rank", "0", "--nproc-per-node", str(PER_NODE), "--run-id", RUN_ID,
+                     "--coordinator", etcd.url, "--sync-timeout", "1", "--elastic-wait", "0"], ["--run", "1"],
+                    timeout=60)
+    assert code == 1 and not node.ready.exists()
+    assert "--sync-timeout: server 1 (node1), server 2 (node2) did not join within 1 s (--nnodes needs at least " \
+           "2 servers)" in node.stderr
+
+
 ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
 
 
