@@ -153,14 +153,15 @@ def test_environment_names_the_coordinator(tmp_path, etcd):
 ELASTIC = ["--max-restarts", "3", "--elastic-wait", "1"]
 
 
-def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str) -> List[Launcher]:
+def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str, options: Sequence[str] = ELASTIC,
+                  worker: Sequence[str] = ()) -> List[Launcher]:
     launched = []
     for index in nodes:
         node = Launcher(tmp / f"node{index}-{len(list(tmp.glob(f'node{index}*')))}")
         node.tmp.mkdir(parents=True)
         node.start(["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
-                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC],
-                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env")])
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *options],
+                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env"), *worker])
         launched.append(node)
     return launched
 
@@ -173,8 +174,9 @@ def rank_env(node: Launcher) -> List[tuple]:
     return [tuple(int(v) for v in line.split()) for line in (node.tmp / "env").read_text().splitlines()]
 
 
-def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str) -> List[Launcher]:
-    nodes = start_elastic(tmp_path, etcd, range(3), run)
+def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str, options: Sequence[str] = ELASTIC,
+                worker: Sequence[str] = ()) -> List[Launcher]:
+    nodes = start_elastic(tmp_path, etcd, range(3), run, options, worker)
     for node in nodes:
         node.wait_ready(PER_NODE)
     nodes[2].proc.send_signal(signal.SIGKILL)
@@ -221,6 +223,88 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
     assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
 
 
+def test_a_join_is_not_counted_as_a_restart_but_a_failure_after_it_is(tmp_path, etcd):
+    """--max-restarts 1: the loss of node 2 spends it; node 2 started again joins (a membership
+    change, not counted, as torchrun does not count nodes waiting to join): generation 2 runs on 3
+    nodes. Then rank 1 fails in generation 2: the budget is spent, every node ends with its code."""
+    trigger = tmp_path / "fail-now"
+    options = ["--max-restarts", "1", "--elastic-wait", "1"]
+    worker = ["--fail-rank", "1", "--fail-attempts", "2", "--exit-code", "7", "--fail-when", str(trigger)]
+    nodes = lose_node_2(tmp_path, etcd, "60", options, worker)
+    try:
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # generation 1 of 2 nodes runs
+        [late] = start_elastic(tmp_path, etcd, [2], "60", options, worker)
+        nodes.append(late)
+        late.wait_ready(PER_NODE)
+        nodes[0].wait_ready(3 * PER_NODE)  # generation 2 runs on every node: the join ended nothing
+        trigger.touch()
+        codes = [node.wait(60) for node in (nodes[0], nodes[1], late)]
+    finally:
+        stop_all(nodes)
+    assert codes == [7, 7, 7], [node.stderr for node in (nodes[0], nodes[1], late)]
+    assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
+    for node in nodes[:2]:
+        restarts = [(e["attempt"], e["scope"], e.get("counted", True)) for e in events(node, "restart")]
+        assert restarts == [(1, "group", True), (2, "membership", False)]
+        assert [e["membership_change"] for e in events(node, "sync_barrier")] == [False, True]
+    assert "membership change, not counted" in nodes[1].stderr
+    assert events(nodes[0], "job_end")[0]["reason"] == "failed"
+
+
+def start_with_min_then_join(tmp_path: Path, etcd: EtcdServer, worker: Sequence[str]) -> List[Launcher]:
+    """--nnodes 2:3, --max-restarts 0: only nodes 0 and 1 start; after --elastic-wait generation 0
+    runs on them; then node 2 starts and joins. Returns every node, node 2 last."""
+    options = ["--max-restarts", "0", "--elastic-wait", "1"]
+    nodes = start_elastic(tmp_path, etcd, [0, 1], "60,3", options, worker)
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes + start_elastic(tmp_path, etcd, [2], "60,3", options, worker)
+
+
+def test_the_job_starts_with_min_nodes_and_a_third_joins_without_a_restart(tmp_path, etcd):
+    """2 of 3 launchers: the job starts on 2 nodes (WORLD_SIZE 4) once --elastic-wait passed after MIN
+    joined; the third arrives and joins at generation 1 (WORLD_SIZE 6): a membership change, which
+    --max-restarts 0 allows; every node exits 0."""
+    nodes = start_with_min_then_join(tmp_path, etcd, [])
+    try:
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 0], [node.stderr for node in nodes]
+    # (rank, attempt, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE)
+    assert sorted(rank_env(nodes[1])) == [(2, 0, 4, 1, 2), (2, 1, 6, 1, 3), (3, 0, 4, 1, 2), (3, 1, 6, 1, 3)]
+    assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
+    for node in nodes[:2]:
+        assert [e["servers"] for e in events(node, "sync_start")] == [[0, 1]]
+        assert [e["joined"] for e in events(node, "sync_last_call")] == [[0, 1]]
+        assert [(e["attempt"], e["old_world_size"], e["new_world_size"]) for e in events(node, "world_size_changed")] \
+            == [(0, 6, 4), (1, 4, 6)]
+        assert [(e["scope"], e["counted"]) for e in events(node, "restart")] == [("membership", False)]
+    assert [e["generation"] for e in events(nodes[2], "sync_join_running")] == [0]
+
+
+def test_a_failure_after_a_join_still_ends_a_job_with_no_restarts_left(tmp_path, etcd):
+    """The same start and join; then rank 1 fails in generation 1: --max-restarts 0, every node ends."""
+    trigger = tmp_path / "fail-now"
+    nodes = start_with_min_then_join(tmp_path, etcd, ["--fail-rank", "1", "--fail-attempts", "1", "--exit-code", "7",
+                                                      "--fail-when", str(trigger)])
+    try:
+        nodes[2].wait_ready(PER_NODE)
+        nodes[0].wait_ready(2 * PER_NODE)
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [7, 7, 7], [node.stderr for node in nodes]
+    assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
+    assert [e["reason"] for e in events(nodes[0], "job_end")] == ["failed"]
+
+
 def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     """The barrier before the first generation: alone, node A starts nothing and gives up after
     --sync-timeout, naming the node that never joined."""
@@ -231,6 +315,18 @@ def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     assert code == 1 and not node.ready.exists()
     assert "--sync-timeout: server 1 (node1) did not join within 1 s" in node.stderr
     assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]
+
+
+def test_elastic_alone_below_min_starts_nothing(tmp_path, etcd):
+    """--nnodes 2:3 and one launcher: MIN is never reached; exit 1 after --sync-timeout, no rank."""
+    node = Launcher(tmp_path / "node0")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2:3", "--node-rank", "0", "--nproc-per-node", str(PER_NODE), "--run-id", RUN_ID,
+                     "--coordinator", etcd.url, "--sync-timeout", "1", "--elastic-wait", "0"], ["--run", "1"],
+                    timeout=60)
+    assert code == 1 and not node.ready.exists()
+    assert "--sync-timeout: server 1 (node1), server 2 (node2) did not join within 1 s (--nnodes needs at least " \
+           "2 servers)" in node.stderr
 
 
 ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
