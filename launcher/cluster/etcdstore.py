@@ -35,7 +35,7 @@ import tenacity
 from launcher.cluster.etcdclient import EtcdClient, EtcdError
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
 from launcher.common.errors import UsageError
-from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp, valid
+from launcher.cluster.syncdir import CLOSED, JOIN_NOTE, Generation, collect, stamp, valid
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ class EtcdStore:
 
     def _join_running(self, keys: Dict[str, bytes]) -> bool:
         """Elastic: join the incarnation while it runs, when this server's place is free and the job is
-        past its start (this server joined before, or the job restarted since).
+        past its start (some generation has records: ``gen_0/start.json`` once its servers are decided).
 
         One transaction, if ``member.<i>`` is absent: ``member.<i>`` and ``join.<i>``, then
         ``failed.<i>.json`` (so that the running servers stop and restart with this one) and
@@ -158,14 +158,14 @@ class EtcdStore:
         generations = [int(m.group(1)) for m in map(_GENERATION.match, names) if m]
         running = max(generations) if generations else None
         alive = any(name.startswith("member.") for name in names)
-        if running is None or not alive or ("join" not in mine and running == 0):
+        if running is None or not alive:  # not started yet (gen_0 has records once it is decided)
             return False
         taken = UsageError(f"{self.name(self.index)} is already a live member of the running job",
                            ["give each launcher its own --node-rank (or --server-id)"])
         if "member" in mine:
             raise taken
         gen = f"{self.prefix}gen_{running}/"
-        note = self._record({"rank": -1, "ranks": [], "note": "joining", "returncode": 1})
+        note = self._record(JOIN_NOTE)
         if not self.client.create(f"{self.prefix}member.{self.index}", b"{}", self.lease,
                                   [(f"{self.prefix}join.{self.index}", self._joined(), 0),
                                    (f"{gen}failed.{self.index}.json", note, 0), (f"{gen}stopped.{self.index}", b"{}", 0)]):
@@ -223,13 +223,16 @@ class EtcdStore:
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
         """Queue ``gen_<g>/<name>`` for the writer thread (True: the first ``abort`` wins in etcd).
 
-        Once ``expelled``, nothing is written (False): the others went on without this server, and
-        an ``abort`` of its own would end the job they continue.
+        This node reads its own records before etcd has them, except the ``exclusive`` ones: a
+        proposal (``next.json``, ``start.json``) is read once etcd holds the winning one. Once
+        ``expelled``, nothing is written (False): the others went on without this server, and an
+        ``abort`` of its own would end the job they continue.
         """
         if self.expelled:
             return False
         key, value = f"{self.prefix}gen_{generation}/{name}", self._record(data)
-        self._mine[key] = value
+        if not exclusive:
+            self._mine[key] = value
         self._writes.put((key, value, exclusive))
         return True
 

@@ -7,12 +7,13 @@ the files of :mod:`launcher.cluster.syncdir` (``--sync-dir``) or the keys of
 whose launcher dies is *lost*). :mod:`launcher.cluster.syncjoin` joins one for ``launcher run``.
 """
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from launcher.cluster.syncdir import ABORT, DONE, MASTER, NEXT, STOPPED, Generation, failure_of
+from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, MASTER, NEXT, STOPPED, Generation, failure_of
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -138,14 +139,16 @@ class Coordinator(NoSync):
         self._post(update)
 
     def _peer_update(self, state: Generation) -> Optional[PeerUpdate]:
-        failures = state.failures(exclude=self.files.index)
+        joins = self._joins(state) - {self.files.index}
+        failures = dataclasses.replace(state, failed={i: r for i, r in state.failed.items() if i not in joins}) \
+            .failures(exclude=self.files.index)
         abort = state.abort if state.abort is not None and state.abort.get("server") != self.files.index else None
         if abort is not None:
             cause = failures[0] if failures else failure_of(state.number, {**abort, "returncode": state.exit_code()})
             return PeerUpdate(state.number, cause, f"{abort.get('name')} ended the job ({abort.get('reason')})")
         if failures:
             first = failures[0]
-            # rank -1: a node's note, not a rank (``server 2 (node2) joining``): it did not fail
+            # rank -1: a node's note, not a rank (a lost server's replacement joining): it did not fail
             reason = first.label if first.rank < 0 else f"{first.label} failed ({first.info.describe()})"
             return PeerUpdate(state.number, first, reason)
         lost = self._lost(state)
@@ -153,7 +156,17 @@ class Coordinator(NoSync):
             names = self._names(lost)
             return PeerUpdate(state.number, failure_of(state.number, {"name": names, "exited_at": time.time()}),
                               f"{names} lost (its launcher's lease expired)")
+        if joins:
+            return PeerUpdate(state.number, failure_of(state.number, state.failed[min(joins)]),
+                              f"{self._names(joins)} joining", membership=True)
         return None
+
+    def _joins(self, state: Generation) -> Set[int]:
+        """Servers that joined the running job in ``state``'s generation as new members (their note,
+        ``failed.<i>.json`` with rank -1, is not a failure). A member's own note is not one: it says
+        that its earlier launcher was lost, which is a failure."""
+        return {i for i, record in state.failed.items()
+                if record.get("note") == JOIN_NOTE["note"] and i not in self.members}
 
     def _lost(self, state: Generation) -> List[int]:
         """The generation's members that are lost."""
@@ -221,16 +234,20 @@ class Coordinator(NoSync):
             if state is None:
                 return Agreement()
         servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
+        # Only launchers joined, nobody failed or was lost: torchrun does not count such a restart either.
+        membership = (bool(state.failed) and set(state.failed) <= self._joins(state)
+                      and set(self.members) <= set(servers))
         if servers != self.members:
             ended = self._regroup(generation, servers, code, wait)
             if ended is not None:
                 return ended
         ranks = state.failed_ranks()
         self.emit("sync_barrier", generation=generation, waited=round(waited, 3), failed_ranks=list(ranks),
-                  failed_servers=sorted(state.failed))
-        log.info("every node stopped generation %d (waited %.2f s); failed ranks of the job: %s", generation,
-                 waited, list(ranks))
-        return Agreement(ranks)
+                  failed_servers=sorted(state.failed), membership_change=membership)
+        log.info("every node stopped generation %d (waited %.2f s); %s", generation, waited,
+                 "membership change, not counted against --max-restarts" if membership
+                 else f"failed ranks of the job: {list(ranks)}")
+        return Agreement(ranks, membership=membership)
 
     def _waiting(self, state: Generation) -> List[int]:
         """Servers still expected to report ``state``'s generation (not lost)."""
@@ -318,11 +335,11 @@ class Coordinator(NoSync):
     def join_running(self, generation: int, wait: Wait) -> Agreement:
         """A launcher that joined a running elastic job (it announced itself in ``generation``):
         learn the generation's servers, then pass its barrier like the others."""
-        for number in range(generation - 1, -1, -1):
-            proposal = self._read(number).next
-            if proposal is not None:
-                self.members = tuple(int(i) for i in proposal.get("servers", ()))
-                break
+        # The newest regroup's servers, else generation 0's when it started with fewer than all
+        proposals = [self._read(number).next for number in range(generation - 1, -1, -1)] + [self._read(0).start]
+        proposal = next((p for p in proposals if p is not None), None)
+        if proposal is not None:
+            self.members = tuple(int(i) for i in proposal.get("servers", ()))
         self._written.add((generation, STOPPED))  # announced with the join
         return self.settle(generation, None, None, [], wait)
 

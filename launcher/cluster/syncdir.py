@@ -10,6 +10,8 @@ started again with the same run id, as a Volcano job restart does, gets the next
     gen_<g>/stopped.<i>       every process of generation g on server i is gone; it will restart
     gen_<g>/done.<i>          every rank of server i exited 0 in generation g; it starts nothing more
     gen_<g>/abort             the job ends in generation g (first writer wins): exit code and reason
+    gen_<g>/next.json         elastic (etcd): the servers of generation g+1 (first writer wins)
+    gen_0/start.json          elastic (etcd): the servers generation 0 starts on (first writer wins)
 
 Every file is written whole (temp file, then rename, or link for the exclusive ones), so a reader sees
 all of it or nothing, and a node only ever creates its own files. Other nodes' files are found by
@@ -32,8 +34,11 @@ from launcher.supervision.states import ExitInfo
 
 log = logging.getLogger(__name__)
 
-CLOSED, ABORT, STOPPED, DONE, NEXT, MASTER = "closed", "abort", "stopped", "done", "next", "master"
-_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next|master)\.json")
+CLOSED, ABORT, STOPPED, DONE = "closed", "abort", "stopped", "done"
+NEXT, START, MASTER = "next", "start", "master"
+_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next|start|master)\.json")
+#: What a launcher that joins a running job writes as ``failed.<i>.json``: rank -1, a note, not a failure.
+JOIN_NOTE = {"rank": -1, "ranks": [], "note": "joining", "returncode": 1}
 _INCARNATION = re.compile(r"inc_(\d+)")
 
 
@@ -51,6 +56,8 @@ class Generation:
             with membership only, ``launcher.cluster.etcdstore``).
         next: The ``next.json`` record: the servers of generation ``number + 1`` when they differ
             from this one's (elastic membership; the first writer wins).
+        start: Generation 0 only, the ``start.json`` record: the servers it starts on when fewer than
+            all had joined (elastic, ``launcher.cluster.syncstart``; the first writer wins).
         master: The ``master.json`` record: where the master of generation ``number + 1`` listens
             when it moved with rank 0 to another server (``addr``, ``port``, ``reason``), written by
             that server's launcher.
@@ -63,6 +70,7 @@ class Generation:
     abort: Optional[dict] = None
     lost: FrozenSet[int] = frozenset()
     next: Optional[dict] = None
+    start: Optional[dict] = None
     master: Optional[dict] = None
 
     def failed_ranks(self) -> Tuple[int, ...]:
@@ -102,7 +110,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
     """What the records ``names`` of generation ``number`` say; ``load(name)`` reads one (None: skip it)."""
     failed: Dict[int, dict] = {}
     marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
-    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None, MASTER: None}
+    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None, START: None, MASTER: None}
     for name in names:
         match = _MARKER.fullmatch(name)
         if match is None:
@@ -116,7 +124,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
         elif record is not None:
             records[match.group(5) or match.group(6)] = record
     return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), records[ABORT],
-                      next=records[NEXT], master=records[MASTER])
+                      next=records[NEXT], start=records[START], master=records[MASTER])
 
 
 def stamp(index: int, name: str, data: dict) -> dict:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, MasterMove, Store
 from launcher.cluster.syncdir import SyncDir
+from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.options import parse_coordinator
 from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
@@ -66,8 +67,11 @@ class SyncCoordination(Integration):
 
     def _await_start(self, host: Host, files: Any, timeout: float) -> None:
         """The barrier before the first generation: every server of the table has joined (etcd only:
-        ``--sync-dir`` starts at once, as it always did)."""
+        ``--sync-dir`` starts at once, as it always did); elastic: see :func:`elastic_start`."""
         start = time.monotonic()
+        if self.coordinator.elastic is not None:
+            self._await_elastic_start(host, files, start)
+            return
         missing = files.not_joined()
         if missing:
             names = ", ".join(files.name(i) for i in missing)
@@ -81,6 +85,18 @@ class SyncCoordination(Integration):
                 raise LauncherError("stopped while waiting for the other nodes to join")
             missing = files.not_joined()
         host.emit("sync_start", waited=round(time.monotonic() - start, 3))
+
+    def _await_elastic_start(self, host: Host, files: Any, start: float) -> None:
+        """``--nnodes MIN:MAX``: start with the servers agreed on, or join them at the next generation."""
+        servers = elastic_start(self.coordinator, lambda: set(range(files.count)) - set(files.not_joined()),
+                                lambda seconds: _idle(host.group, seconds))
+        if servers is None:
+            raise LauncherError("stopped while waiting for the other nodes to join")
+        if files.index not in servers:
+            announce_join(self.coordinator)
+            self._join_running(host, 0)
+            return
+        host.emit("sync_start", waited=round(time.monotonic() - start, 3), servers=list(servers))
 
     def _join_running(self, host: Host, generation: int) -> None:
         """Elastic: this launcher joined a running job in ``generation``; wait for its barrier (the

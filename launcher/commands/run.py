@@ -259,7 +259,8 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="With --coordinator: seconds of silence after which a machine's launcher counts as lost.")
 @_opt("--elastic-wait", type=click.FloatRange(min=0), default=30.0,
       help="With --nnodes MIN:MAX: seconds to wait for a replacement of a lost machine before going on "
-           "without it.")
+           "without it, and at the start, once MIN machines joined, for the others (torchrun's "
+           "last_call_timeout).")
 @_opt("--sync-dir", type=click.Path(file_okay=False),
       help="Directory every machine of the job can write: their launchers restart together "
            "(needs the same --run-id everywhere).")

@@ -113,6 +113,8 @@ class Attempt:
         failed_ranks: Local ranks that failed on their own.
         killed: Ranks SIGKILLed after their stop timeout.
         cluster_stop: ``fault`` or ``retry`` when the cluster (reset.json) stopped the attempt.
+        membership: Why, when another node said the attempt ends for a membership change (a launcher
+            joins the running job), not a failure.
         hung: Rank -> why and where (``RankHung``), for ranks killed as hung.
         duration: Seconds from its start until its last process was gone.
     """
@@ -123,6 +125,7 @@ class Attempt:
     failed_ranks: List[int] = field(default_factory=list)
     killed: List[int] = field(default_factory=list)
     cluster_stop: Optional[str] = None
+    membership: Optional[str] = None
     duration: float = 0.0
     hung: Dict[int, Tuple[str, ...]] = field(default_factory=dict)
 
@@ -173,11 +176,16 @@ class RunResult:
 
 @dataclass(frozen=True)
 class PeerUpdate:
-    """Event: another node failed or ended the job in ``generation`` (posted to the event loop)."""
+    """Event: another node failed or ended the job in ``generation`` (posted to the event loop).
+
+    ``membership``: nothing failed, a launcher joins the running job (``failure`` is its note): the
+    ranks stop for a new world size, a restart that does not count against ``--max-restarts``.
+    """
 
     generation: int
     failure: Failure
     reason: str
+    membership: bool = False
 
 
 @dataclass(frozen=True)
@@ -188,11 +196,15 @@ class Agreement:
         failed_ranks: Ranks that failed on their own in the generation, on any node.
         exit_code: Set when the job ends on every node, with this exit status; None to go on.
         reason: The ``RunResult`` reason that goes with ``exit_code``.
+        membership: The generation ended only because launchers joined (no rank failed, no node was
+            lost): the restart is a membership change and not counted against ``--max-restarts``,
+            as torchrun's agent does not count a restart for nodes waiting to join.
     """
 
     failed_ranks: Tuple[int, ...] = ()
     exit_code: Optional[int] = None
     reason: str = ""
+    membership: bool = False
 
 
 class NoSync:

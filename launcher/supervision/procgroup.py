@@ -2,28 +2,26 @@
 
 The supervisor (policy) sees only the :class:`ProcessGroup` interface: ``start``, ``wait_event``,
 ``signal_main``, ``kill_groups``, ``ensure_gone``, ``pids``. :class:`LocalProcessGroup` implements it
-with one session (process group) per rank and a single-threaded ``selectors`` loop woken by the
-signal wakeup pipe (SIGCHLD, SIGTERM, ...) and the ranks' output pipes: a rank's exit is seen within
-milliseconds, and nothing polls.
+with one session (process group) per rank, on the single-threaded
+:class:`~launcher.supervision.eventloop.EventLoop`, which also reads the ranks' output pipes: a
+rank's exit is seen within milliseconds, and nothing polls.
 """
 
 import abc
-import collections
-import heapq
-import itertools
+import functools
 import logging
 import os
 import selectors
 import signal
 import subprocess
 import time
-from typing import Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from launcher.supervision import console as console_mod
 from launcher.supervision import guard as guard_mod
-from launcher.common import signals
 from launcher.common.errors import LauncherError
 from launcher.supervision.cgroup import Cgroup
+from launcher.supervision.eventloop import EventLoop
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log
@@ -77,7 +75,7 @@ class ProcessGroup(abc.ABC):
         """Replace one rank of the running attempt: its old process group is gone first."""
 
 
-class LocalProcessGroup(ProcessGroup):
+class LocalProcessGroup(EventLoop, ProcessGroup):
     """Processes on this machine.
 
     Args:
@@ -95,6 +93,7 @@ class LocalProcessGroup(ProcessGroup):
                  orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
                  on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False,
                  standby: Optional[StandbyPool] = None):
+        super().__init__()
         self._log_path = log_path
         self._on_console = on_console
         self._on_terminal = on_terminal
@@ -103,18 +102,11 @@ class LocalProcessGroup(ProcessGroup):
         self._leaves: Dict[int, Leaf] = {}
         self._retired: List[Leaf] = []  # leaves of respawned ranks: their cgroup ends with the attempt
         self._escaped: List[Stray] = []
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(signals.wakeup_fd(), selectors.EVENT_READ, self._on_wakeup)
-        self._queue: Deque[Event] = collections.deque()
         self._procs: Dict[int, subprocess.Popen] = {}
         self._pid_rank: Dict[int, int] = {}
         self._outputs: Dict[int, RankOutput] = {}
         self._pgids: Dict[int, int] = {}
         self.log_paths: Dict[int, str] = {}
-        self._timers: List[tuple] = []  # heap of (due, seq, callback)
-        self._timer_seq = itertools.count()
-        self._cancelled: set = set()
-        self._watched: Dict[int, Callable[[ExitInfo], None]] = {}
         self._log_failed = WarnOnce(log)  # one report per rank whose log file cannot be written
         self._console = console_mod.console_stream()
         for console in console_mod.consoles():  # a console backlog is flushed by this loop
@@ -168,7 +160,7 @@ class LocalProcessGroup(ProcessGroup):
             os.set_blocking(read_fd, False)
             out = RankOutput(read_fd, log_fd, spec.label, self._console, self._log_failed, path)
             self._outputs[read_fd] = out
-            self._selector.register(read_fd, selectors.EVENT_READ, out)
+            self._selector.register(read_fd, selectors.EVENT_READ, functools.partial(self._pump, out, read_fd))
         else:
             os.close(log_fd)  # the child writes its file directly
         self._procs[spec.rank] = proc
@@ -202,109 +194,23 @@ class LocalProcessGroup(ProcessGroup):
                              "file", spec.label, path, exc.strerror or exc)
             return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
 
-    # -- events ---------------------------------------------------------------------------------
-    def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._queue:
-            now = time.monotonic()
-            remaining = None if deadline is None else deadline - now
-            if remaining is not None and remaining <= 0:
-                return None
-            if self._timers:
-                until_timer = max(0.0, self._timers[0][0] - now)
-                remaining = until_timer if remaining is None else min(remaining, until_timer)
-            for key, _mask in self._selector.select(remaining):
-                self._dispatch(key)
-            self._run_timers()
-        return self._queue.popleft()
-
-    def call_later(self, delay: float, callback: Callable[[], None]) -> int:
-        """Run ``callback`` from the event loop after ``delay`` seconds; returns a handle."""
-        handle = next(self._timer_seq)
-        heapq.heappush(self._timers, (time.monotonic() + delay, handle, callback))
-        return handle
-
-    def cancel(self, handle: int) -> None:
-        """Cancel a ``call_later`` handle (no effect once it ran)."""
-        if any(entry[1] == handle for entry in self._timers):
-            self._cancelled.add(handle)
-
-    def _run_timers(self) -> None:
-        now = time.monotonic()
-        while self._timers and self._timers[0][0] <= now:
-            _due, handle, callback = heapq.heappop(self._timers)
-            if handle in self._cancelled:
-                self._cancelled.discard(handle)
-                continue
-            callback()
-
-    def _dispatch(self, key: selectors.SelectorKey) -> None:
-        handler = key.data
-        if isinstance(handler, RankOutput):
-            if not handler.pump():
-                self._unregister_output(handler, key.fd)
-        else:
-            handler()
+    # -- events (the loop itself is EventLoop's) ---------------------------------------------
+    def _pump(self, out: RankOutput, fd: int) -> None:
+        if not out.pump():
+            self._unregister_output(out, fd)
 
     def _unregister_output(self, out: RankOutput, fd: int) -> None:
         self._selector.unregister(fd)
         self._outputs.pop(fd, None)
 
-    def _on_wakeup(self) -> None:
-        signals.drain_wakeup()
-        self._reap()
-        signum = signals.pop_pending()
-        while signum is not None:
-            self._queue.append(SignalReceived(signum))
-            signum = signals.pop_pending()
-
-    def _reap(self) -> None:
-        """Collect every exited child: our ranks, and orphans re-parented to us (subreaper / PID 1)."""
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
-            code = os.waitstatus_to_exitcode(status)
-            watcher = self._watched.pop(pid, None)
-            if watcher is not None:
-                watcher(ExitInfo(code, time.time()))
-            rank = self._pid_rank.pop(pid, None)
-            if rank is None:
-                continue
-            proc = self._procs.get(rank)
-            if proc is not None and proc.pid == pid:
-                proc.returncode = code  # reaped here; keep Popen from waiting on it again
-            self._queue.append(RankExited(rank, ExitInfo(code, time.time())))
-
-    def watch_pid(self, pid: int, callback: Callable[[ExitInfo], None]) -> None:
-        """Call ``callback`` when child ``pid`` (not a rank: e.g. a sidecar) is reaped."""
-        self._watched[pid] = callback
-
-    def unwatch_pid(self, pid: int) -> None:
-        """Forget a ``watch_pid`` (the process became a rank, or is reaped by its owner)."""
-        self._watched.pop(pid, None)
-
-    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
-        """Watch ``fd`` in the event loop; ``callback`` runs when it is readable."""
-        self._selector.register(fd, selectors.EVENT_READ, callback)
-
-    def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
-        """Watch ``fd`` in the event loop; ``callback`` runs when it is writable (a console backlog)."""
-        self._selector.register(fd, selectors.EVENT_WRITE, callback)
-
-    def remove_reader(self, fd: int) -> None:
-        """Stop watching ``fd`` (a reader or a writer)."""
-        try:
-            self._selector.unregister(fd)
-        except (KeyError, ValueError):
-            pass
-
-    def post(self, event: Event) -> None:
-        """Queue an event produced by a reader callback (e.g. a control request)."""
-        self._queue.append(event)
+    def _child_exited(self, pid: int, info: ExitInfo) -> None:
+        rank = self._pid_rank.pop(pid, None)
+        if rank is None:
+            return
+        proc = self._procs.get(rank)
+        if proc is not None and proc.pid == pid:
+            proc.returncode = info.returncode  # reaped here; keep Popen from waiting on it again
+        self._queue.append(RankExited(rank, info))
 
     # -- signalling -----------------------------------------------------------------------------
     def signal_main(self, ranks: Iterable[int], signum: int) -> None:

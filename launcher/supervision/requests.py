@@ -27,6 +27,13 @@ class OutsideRequests:
         """Another node failed or ended the job (--sync-dir): stop the local ranks so that they save."""
         if event.generation != attempt.number or attempt.failure or self._final or attempt.finished:
             return
+        if event.membership:  # nothing failed: the ranks stop for a new world size
+            attempt.membership = event.reason
+            log.warning("%s: membership change, not counted against --max-restarts; stopping the local ranks "
+                        "(%s, up to %.0f s to save)", event.reason, signal.Signals(self.policy.gasp_signal).name,
+                        self.policy.stop_timeout)
+            self._stop(attempt, self.policy.gasp_signal, self.policy.stop_timeout, event.reason)
+            return
         attempt.failure = event.failure
         self.failures.append(event.failure)
         log.warning("%s; stopping the local ranks (%s, up to %.0f s to save)", event.reason,

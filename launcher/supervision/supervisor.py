@@ -106,14 +106,14 @@ class Supervisor(OutsideRequests):
             if self._final is not None:
                 break
             failed_ranks = agreed.failed_ranks  # every node's, with --sync-dir
-            self._restart(attempt)
+            self._restart(attempt, agreed.membership)
         return self._finish(self._final_result(attempts, attempt if attempts else None))
 
     def _verdict(self, attempt: _Attempt, attempts: int) -> Optional[RunResult]:
         """How the run ends after ``attempt``, as far as this node can tell; None to restart."""
-        if attempt.cluster_stop is not None:
-            return None
         failure = attempt.failure
+        if attempt.cluster_stop is not None or (failure is None and attempt.membership is not None):
+            return None
         if failure is None:
             return RunResult(0, "succeeded", attempts, tuple(self.failures))
         if self.policy.strategy.exit_on_failure:
@@ -133,21 +133,30 @@ class Supervisor(OutsideRequests):
             return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
         return None
 
-    def _restart(self, attempt: _Attempt) -> None:
-        """Count the restart after ``attempt`` (cluster-directed ones outside the budget), then back off."""
+    def _restart(self, attempt: _Attempt, membership: bool) -> None:
+        """Count the restart after ``attempt``, then back off; outside the budget: cluster-directed ones
+        and a membership change (the coordinator's word: no rank failed, no node lost, launchers joined)."""
         self.attempt_no += 1
         if attempt.cluster_stop is not None:
             self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
             self._restart_note = f"restarting as the cluster asks ({attempt.cluster_stop})"
             return
+        if membership:
+            reason = attempt.membership or "launchers joined"
+            self.emit("restart", attempt=self.attempt_no, scope="membership", reason=reason, counted=False,
+                      restarts_left=self.policy.max_restarts - self.restarts)
+            self._restart_note = f"restarting for a membership change, not counted ({reason})"
+            return
         self.restarts += 1
         failure = attempt.failure
-        self._restart_note = (f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after "
-                              f"{failure.label} failed ({'hung: ' + failure.hang[0] if failure.hang else failure.info.describe()})")
+        # No failure of its own: it saw only a join, but another node's rank failed in the generation.
+        cause = "a failure on another node" if failure is None else f"{failure.label} failed " \
+            f"({'hung: ' + failure.hang[0] if failure.hang else failure.info.describe()})"
+        self._restart_note = f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after {cause}"
         healthy = attempt.duration >= self.policy.healthy_seconds
         self._quick_failures = 0 if healthy else self._quick_failures + 1
         delay = self.policy.restart_delay(self._quick_failures)
-        self.emit("restart", attempt=self.attempt_no, after_rank=attempt.failure.rank, scope="group",
+        self.emit("restart", attempt=self.attempt_no, after_rank=failure.rank if failure else None, scope="group",
                   backoff=delay, ran_for=round(attempt.duration, 3), quick_failures=self._quick_failures,
                   restarts_left=self.policy.max_restarts - self.restarts)
         if delay:

@@ -59,12 +59,14 @@ def events(node: Launcher, name: str) -> List[dict]:
     return [e for e in node.events() if e["event"] == name]
 
 
-def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda nodes: None) -> List[Launcher]:
-    """Two nodes; once every rank runs, ``before(nodes)``, then rank 3 (node B) exits 7; returns the
-    finished nodes (both must exit 0: generation 1 runs to its end)."""
+def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda nodes: None,
+                start=start_nodes) -> List[Launcher]:
+    """Two nodes (started by ``start``, as :func:`start_nodes`); once every rank runs, ``before(nodes)``,
+    then rank 3 (node B) exits 7; returns the finished nodes (both must exit 0: generation 1 runs to
+    its end)."""
     trigger = tmp_path / "fail-now"
-    nodes = start_nodes(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
-                                           "--run", run], ["--max-restarts", "1"])
+    nodes = start(tmp_path, etcd, 2, ["--fail-rank", "3", "--exit-code", "7", "--fail-when", str(trigger),
+                                      "--run", run], ["--max-restarts", "1"])
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
@@ -197,14 +199,15 @@ def test_environment_names_the_coordinator(tmp_path, etcd):
 ELASTIC = ["--max-restarts", "3", "--elastic-wait", "1"]
 
 
-def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str) -> List[Launcher]:
+def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str, options: Sequence[str] = ELASTIC,
+                  worker: Sequence[str] = ()) -> List[Launcher]:
     launched = []
     for index in nodes:
         node = Launcher(tmp / f"node{index}-{len(list(tmp.glob(f'node{index}*')))}")
         node.tmp.mkdir(parents=True)
         node.start(["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
-                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC],
-                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env")])
+                    "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *options],
+                   ["--run-per-attempt", run, "--env-file", str(node.tmp / "env"), *worker])
         launched.append(node)
     return launched
 
@@ -217,8 +220,9 @@ def rank_env(node: Launcher) -> List[tuple]:
     return [tuple(int(v) for v in line.split()) for line in (node.tmp / "env").read_text().splitlines()]
 
 
-def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str) -> List[Launcher]:
-    nodes = start_elastic(tmp_path, etcd, range(3), run)
+def lose_node_2(tmp_path: Path, etcd: EtcdServer, run: str, options: Sequence[str] = ELASTIC,
+                worker: Sequence[str] = ()) -> List[Launcher]:
+    nodes = start_elastic(tmp_path, etcd, range(3), run, options, worker)
     for node in nodes:
         node.wait_ready(PER_NODE)
     nodes[2].proc.send_signal(signal.SIGKILL)
@@ -265,6 +269,88 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
     assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
 
 
+def test_a_join_is_not_counted_as_a_restart_but_a_failure_after_it_is(tmp_path, etcd):
+    """--max-restarts 1: the loss of node 2 spends it; node 2 started again joins (a membership
+    change, not counted, as torchrun does not count nodes waiting to join): generation 2 runs on 3
+    nodes. Then rank 1 fails in generation 2: the budget is spent, every node ends with its code."""
+    trigger = tmp_path / "fail-now"
+    options = ["--max-restarts", "1", "--elastic-wait", "1"]
+    worker = ["--fail-rank", "1", "--fail-attempts", "2", "--exit-code", "7", "--fail-when", str(trigger)]
+    nodes = lose_node_2(tmp_path, etcd, "60", options, worker)
+    try:
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # generation 1 of 2 nodes runs
+        [late] = start_elastic(tmp_path, etcd, [2], "60", options, worker)
+        nodes.append(late)
+        late.wait_ready(PER_NODE)
+        nodes[0].wait_ready(3 * PER_NODE)  # generation 2 runs on every node: the join ended nothing
+        trigger.touch()
+        codes = [node.wait(60) for node in (nodes[0], nodes[1], late)]
+    finally:
+        stop_all(nodes)
+    assert codes == [7, 7, 7], [node.stderr for node in (nodes[0], nodes[1], late)]
+    assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
+    for node in nodes[:2]:
+        restarts = [(e["attempt"], e["scope"], e.get("counted", True)) for e in events(node, "restart")]
+        assert restarts == [(1, "group", True), (2, "membership", False)]
+        assert [e["membership_change"] for e in events(node, "sync_barrier")] == [False, True]
+    assert "membership change, not counted" in nodes[1].stderr
+    assert events(nodes[0], "job_end")[0]["reason"] == "failed"
+
+
+def start_with_min_then_join(tmp_path: Path, etcd: EtcdServer, worker: Sequence[str]) -> List[Launcher]:
+    """--nnodes 2:3, --max-restarts 0: only nodes 0 and 1 start; after --elastic-wait generation 0
+    runs on them; then node 2 starts and joins. Returns every node, node 2 last."""
+    options = ["--max-restarts", "0", "--elastic-wait", "1"]
+    nodes = start_elastic(tmp_path, etcd, [0, 1], "60,3", options, worker)
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+    except BaseException:
+        stop_all(nodes)
+        raise
+    return nodes + start_elastic(tmp_path, etcd, [2], "60,3", options, worker)
+
+
+def test_the_job_starts_with_min_nodes_and_a_third_joins_without_a_restart(tmp_path, etcd):
+    """2 of 3 launchers: the job starts on 2 nodes (WORLD_SIZE 4) once --elastic-wait passed after MIN
+    joined; the third arrives and joins at generation 1 (WORLD_SIZE 6): a membership change, which
+    --max-restarts 0 allows; every node exits 0."""
+    nodes = start_with_min_then_join(tmp_path, etcd, [])
+    try:
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 0], [node.stderr for node in nodes]
+    # (rank, attempt, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE)
+    assert sorted(rank_env(nodes[1])) == [(2, 0, 4, 1, 2), (2, 1, 6, 1, 3), (3, 0, 4, 1, 2), (3, 1, 6, 1, 3)]
+    assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
+    for node in nodes[:2]:
+        assert [e["servers"] for e in events(node, "sync_start")] == [[0, 1]]
+        assert [e["joined"] for e in events(node, "sync_last_call")] == [[0, 1]]
+        assert [(e["attempt"], e["old_world_size"], e["new_world_size"]) for e in events(node, "world_size_changed")] \
+            == [(0, 6, 4), (1, 4, 6)]
+        assert [(e["scope"], e["counted"]) for e in events(node, "restart")] == [("membership", False)]
+    assert [e["generation"] for e in events(nodes[2], "sync_join_running")] == [0]
+
+
+def test_a_failure_after_a_join_still_ends_a_job_with_no_restarts_left(tmp_path, etcd):
+    """The same start and join; then rank 1 fails in generation 1: --max-restarts 0, every node ends."""
+    trigger = tmp_path / "fail-now"
+    nodes = start_with_min_then_join(tmp_path, etcd, ["--fail-rank", "1", "--fail-attempts", "1", "--exit-code", "7",
+                                                      "--fail-when", str(trigger)])
+    try:
+        nodes[2].wait_ready(PER_NODE)
+        nodes[0].wait_ready(2 * PER_NODE)
+        trigger.touch()
+        codes = [node.wait(60) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [7, 7, 7], [node.stderr for node in nodes]
+    assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
+    assert [e["reason"] for e in events(nodes[0], "job_end")] == ["failed"]
+
+
 def test_a_node_whose_lease_expired_stays_out_of_the_job_that_went_on(tmp_path, etcd):
     """Node 2's launcher stops (SIGSTOP: a partition, a frozen host) for longer than the TTL while etcd
     keeps its data: the others count it as lost and run generation 1 without it. When it resumes, its
@@ -302,14 +388,24 @@ def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]
 
 
+def test_elastic_alone_below_min_starts_nothing(tmp_path, etcd):
+    """--nnodes 2:3 and one launcher: MIN is never reached; exit 1 after --sync-timeout, no rank."""
+    node = Launcher(tmp_path / "node0")
+    node.tmp.mkdir()
+    code = node.run(["--nnodes", "2:3", "--node-rank", "0", "--nproc-per-node", str(PER_NODE), "--run-id", RUN_ID,
+                     "--coordinator", etcd.url, "--sync-timeout", "1", "--elastic-wait", "0"], ["--run", "1"],
+                    timeout=60)
+    assert code == 1 and not node.ready.exists()
+    assert "--sync-timeout: server 1 (node1), server 2 (node2) did not join within 1 s (--nnodes needs at least " \
+           "2 servers)" in node.stderr
+
+
 ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
 
 
-def lose_the_master(tmp_path: Path, etcd: EtcdServer, port: int) -> List[Launcher]:
+def start_master_job(tmp_path: Path, etcd: EtcdServer, port: int, results: Path) -> List[Launcher]:
     """3 nodes on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1:``port`` (node 0), the ranks
-    ``tests/workers/elastic_gloo.py``: node 0's launcher is SIGKILLed, nodes 1 and 2 regroup and their
-    4 ranks must complete a real gloo all_reduce (sum 6); returns the nodes."""
-    results = tmp_path / "results"
+    ``tests/workers/elastic_gloo.py`` writing to ``results``."""
     nodes = []
     for index in range(3):
         node = Launcher(tmp_path / f"node{index}")
@@ -322,6 +418,40 @@ def lose_the_master(tmp_path: Path, etcd: EtcdServer, port: int) -> List[Launche
                                      stdout=node.out, stderr=node.err, cwd=str(node.tmp),
                                      env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
         nodes.append(node)
+    return nodes
+
+
+@pytest.mark.slow
+def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
+    """Node 0's launcher (the master's, 127.0.0.1) is SIGKILLed; nodes 1 and 2 regroup, their ranks
+    get MASTER_ADDR 127.0.0.2 (node 1, now hosting rank 0, the address it registered in join.1) with
+    the same port, free there, and a real gloo all_reduce of the 4 ranks completes. On one machine
+    the stale 127.0.0.1 would reach the new rank 0's store too (it listens on every address), so
+    the MASTER_ADDR check is what tells the defect."""
+    port, results = free_port(), tmp_path / "results"
+    nodes = start_master_job(tmp_path, etcd, port, results)
+    assert lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port) == port
+
+
+@pytest.mark.slow
+def test_the_master_moves_to_a_host_where_its_port_is_taken(tmp_path, etcd):
+    """As above, but something listens on 127.0.0.2:PORT (node 1's host) when node 0 is lost: node 1's
+    launcher finds the port taken, picks a free one and publishes it (gen_0/master.json); node 2
+    waits for it, and all 4 ranks get that port and rendezvous. Before, rank 0 could not bind its
+    store (EADDRINUSE) and every generation failed until the budget was spent."""
+    port, results = free_port(), tmp_path / "results"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", port))
+        listener.listen()
+        nodes = start_master_job(tmp_path, etcd, port, results)
+        assert lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port) != port
+    assert all("in use" in e["reason"] for node in nodes[1:] for e in events(node, "master_moved"))
+
+
+def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[str], port: int) -> int:
+    """SIGKILL node 0's launcher once every rank runs; nodes 1 and 2 must regroup and their 4 ranks
+    rendezvous (elastic_gloo.py) at ``masters[1]`` (node 1's address) instead of ``masters[0]``, on
+    the port both nodes' ``master_moved`` events give (``port`` asked for); returns that port."""
     try:
         for node in nodes:
             node.wait_ready(PER_NODE, timeout=60)
@@ -331,49 +461,14 @@ def lose_the_master(tmp_path: Path, etcd: EtcdServer, port: int) -> List[Launche
     finally:
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes[1:]]
+    [(addr, moved, asked)] = {(e["addr"], e["port"], e["requested_port"])
+                              for node in nodes[1:] for e in events(node, "master_moved")}
+    assert (addr, asked) == (masters[1], port)
+    ready = sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
+    assert ready == sorted([(str(r), "0", masters[0], str(port), "6") for r in (2, 3, 4, 5)]
+                           + [(str(r), "1", masters[1], str(moved), "4") for r in range(4)])
     assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]
-    return nodes
-
-
-def master_of_each_rank(nodes: Sequence[Launcher]) -> List[tuple]:
-    """(rank, attempt, MASTER_ADDR, MASTER_PORT, WORLD_SIZE) of every rank of nodes 1 and 2."""
-    return sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
-
-
-@pytest.mark.slow
-def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
-    """Node 0 (the master) lost: the ranks of nodes 1 and 2 get MASTER_ADDR 127.0.0.2 (node 1, now
-    hosting rank 0, the address it registered in join.1) with the same port, free there, and
-    rendezvous. On one machine the stale 127.0.0.1 would reach the new rank 0's store too (it
-    listens on every address), so the MASTER_ADDR check is what tells the defect."""
-    port = free_port()
-    nodes = lose_the_master(tmp_path, etcd, port)
-    assert master_of_each_rank(nodes) == sorted([(str(r), "0", "127.0.0.1", str(port), "6") for r in (2, 3, 4, 5)]
-                                                + [(str(r), "1", "127.0.0.2", str(port), "4") for r in range(4)])
     for node in nodes[1:]:
         [change] = events(node, "world_size_changed")
-        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], "127.0.0.2", port)
-        [moved] = events(node, "master_moved")
-        assert (moved["addr"], moved["port"], moved["requested_port"]) == ("127.0.0.2", port, port)
-
-
-@pytest.mark.slow
-def test_the_master_moves_to_a_host_where_its_port_is_taken(tmp_path, etcd):
-    """As above, but something listens on 127.0.0.2:PORT (node 1's host) when node 0 is lost: node 1's
-    launcher finds the port taken, picks a free one and publishes it (gen_0/master.json); node 2
-    waits for it, and all 4 ranks get that port and rendezvous. Before, rank 0 could not bind its
-    store (EADDRINUSE) and every generation failed until the budget was spent."""
-    port = free_port()
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.2", port))
-        listener.listen()
-        nodes = lose_the_master(tmp_path, etcd, port)
-    ranks = master_of_each_rank(nodes)
-    [moved] = {(addr, int(new)) for _, attempt, addr, new, _ in ranks if attempt == "1"}
-    assert moved[0] == "127.0.0.2" and moved[1] != port
-    for node in nodes[1:]:
-        [event] = events(node, "master_moved")
-        assert (event["addr"], event["port"], event["requested_port"]) == (*moved, port)
-        assert "in use" in event["reason"]
-        [change] = events(node, "world_size_changed")
-        assert (change["master_addr"], change["master_port"]) == moved
+        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], masters[1], moved)
+    return moved

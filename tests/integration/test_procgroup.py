@@ -1,9 +1,7 @@
-"""The process-group mechanism on its own: spawning, exit events, timers, watched pids, escapees."""
+"""The process-group mechanism on its own: spawning, exit events, escapees (the loop itself: test_eventloop)."""
 
 import os
-import subprocess
 import sys
-import time
 
 import pytest
 
@@ -33,29 +31,6 @@ def test_exit_events_carry_codes_and_pids_are_reaped(group, tmp_path):
     assert sorted((e.rank, e.info.returncode) for e in events if isinstance(e, RankExited)) == [(0, 0), (1, 3)]
     assert group.pids() == {}
     assert (tmp_path / "a0" / "r1.log").exists()
-
-
-def test_timers_fire_in_order_and_cancel(group):
-    fired = []
-    group.call_later(0.05, lambda: fired.append("b"))
-    group.call_later(0.01, lambda: fired.append("a"))
-    handle = group.call_later(0.02, lambda: fired.append("cancelled"))
-    group.cancel(handle)
-    started = time.monotonic()
-    assert group.wait_event(0.2) is None  # timers run inside the wait, no event is produced
-    assert fired == ["a", "b"]
-    assert time.monotonic() - started >= 0.19
-
-
-def test_watched_child_exit_is_reported(group):
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(5)"])
-    seen = []
-    group.watch_pid(proc.pid, seen.append)
-    deadline = time.monotonic() + 10
-    while not seen and time.monotonic() < deadline:
-        group.wait_event(0.05)
-    assert seen and seen[0].returncode == 5
-    proc.returncode = 5  # reaped by the group's loop, not by Popen
 
 
 def test_a_log_file_that_cannot_be_created_does_not_stop_the_rank(tmp_path, caplog):

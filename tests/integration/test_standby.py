@@ -196,3 +196,19 @@ def test_preload_ignored_for_a_command_that_is_not_python(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("--preload json ignored: the command is not a Python interpreter") == 1
     assert not [e for e in read_events(str(job_dir / "run" / "events.jsonl")) if e["event"].startswith("standby")]
+
+
+def test_recover_in_place_respawns_the_failed_rank_from_its_standby(tmp_path):
+    """recover-in-place (MindSpore with MS_ENABLE_TFT; the probe stands in for the rank): only rank 1
+    is respawned, and from its warm standby, while rank 0 is never restarted."""
+    env = {**os.environ, "MS_ENABLE_TFT": "{ARF:1}"}
+    job = Job(tmp_path / "job", "json", free_port(), "--fail-rank", "1", "--mode", "exit3", env=env,
+              options=["--framework", "mindspore", "--recover-strategy", "recover-in-place"])
+    job.go_when_ready(2)
+    assert job.finish() == 0, (job.root / "stderr.txt").read_text()
+    assert [(e["scope"], e["after_rank"]) for e in job.events("restart")] == [("rank", 1)]
+    assert not job.events("stop_group")
+    [started] = job.events("standby_start")
+    assert started["attempt"] == 1 and started["ranks"] == [1] and not started["cold"]
+    assert (job.out / "1-1.json").exists() and not (job.out / "1-0.json").exists()
+    assert "rank(s) 1 started from warm standbys" in (job.root / "stderr.txt").read_text()

@@ -185,6 +185,30 @@ def test_an_existing_abort_wins_and_garbage_is_ignored(etcd):
     assert state.abort["reason"] == "budget" and state.failed == {}
 
 
+def test_an_exclusive_proposal_is_read_once_etcd_holds_the_winning_one(etcd):
+    """next.json / start.json: the first writer wins, so a node must not act on its own queued proposal."""
+    a = join(etcd, 0)
+    etcd.down = True
+    a.write(0, "next.json", {"servers": [0, 1]}, exclusive=True)
+    assert a.read(0).next is None
+    etcd.kv[a.prefix + "gen_0/next.json"] = json.dumps({"servers": [0, 2]}).encode()  # another node's, first
+    a._snapshot = {k: v for k, v in etcd.kv.items() if k.startswith(a.prefix)}
+    assert a.read(0).next["servers"] == [0, 2]
+
+
+def test_a_server_arriving_after_generation_0_was_decided_joins_the_running_job(etcd):
+    """--nnodes 2:3 started on servers 0 and 1 (gen_0/start.json): server 2, which never joined,
+    joins generation 0 running (its note and stopped.2), to start with the others at generation 1."""
+    a = EtcdStore.join(etcd, "job", 0, NAMES, ttl=5, elastic=True)
+    etcd.stores.append(a)
+    etcd.kv[a.prefix + "gen_0/start.json"] = json.dumps({"servers": [0, 1]}).encode()
+    late = EtcdStore.join(etcd, "job", 2, NAMES, ttl=5, elastic=True)
+    etcd.stores.append(late)
+    assert late.running == 0 and late.prefix == a.prefix
+    assert json.loads(etcd.kv[a.prefix + "gen_0/failed.2.json"])["note"] == "joining"
+    assert a.prefix + "gen_0/stopped.2" in etcd.kv
+
+
 def test_join_fails_when_etcd_never_answers(etcd):
     etcd.down = True
     with pytest.raises(EtcdError, match="Connection refused"):

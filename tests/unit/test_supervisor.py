@@ -320,6 +320,45 @@ def peer_failed(generation=0, rank=3, code=-9):
                       f"rank {rank} on server 1 failed")
 
 
+def peer_joined(generation=0):
+    return PeerUpdate(generation, Failure(generation, -1, "server 2 joining", ExitInfo(1, 0.0)), "server 2 joining",
+                      membership=True)
+
+
+def test_sync_membership_change_restarts_without_counting(caplog):
+    caplog.set_level("INFO")
+    scripts = [[peer_joined(), exited(0, -15), exited(1, -15)], [exited(0, 0), exited(1, 0)]]
+    result, group, events, sup, sync = supervise_synced(scripts, [Agreement((), membership=True), Agreement()],
+                                                        max_restarts=0, gasp_signal=signal.SIGUSR1)
+    assert result.reason == "succeeded" and result.attempts == 2 and not result.failures
+    assert ("signal", (0, 1), signal.SIGUSR1) in group.calls  # the ranks save, as for a peer's failure
+    assert sync.settled[0] == (0, None, None, ())  # no failure, no spent budget: to the barrier
+    assert sup.restarts == 0 and sup.attempt_no == 1
+    [restart] = [kw for name, kw in events if name == "restart"]
+    assert restart == {"attempt": 1, "scope": "membership", "reason": "server 2 joining", "counted": False,
+                       "restarts_left": 0}
+    assert "membership change, not counted" in caplog.text
+
+
+def test_sync_a_failure_after_a_membership_change_still_ends_a_spent_budget():
+    scripts = [[peer_joined(), exited(0, -15), exited(1, -15)], [exited(1, 3), exited(0, -15)]]
+    result, _, _, sup, sync = supervise_synced(scripts, [Agreement((), membership=True), Agreement()],
+                                               max_restarts=0)
+    assert (result.reason, result.exit_code, result.attempts) == ("failed", 3, 2)
+    assert sync.settled[1] == (1, "failed", 1, (1,))
+
+
+def test_sync_a_join_counts_when_the_barrier_found_a_failure_elsewhere(caplog):
+    """This node saw only the join; another node's rank failed in the same generation."""
+    caplog.set_level("INFO")
+    scripts = [[peer_joined(), exited(0, -15), exited(1, -15)], [exited(0, 0), exited(1, 0)]]
+    result, _, events, sup, _ = supervise_synced(scripts, [Agreement((3,)), Agreement()], max_restarts=1)
+    assert result.reason == "succeeded" and sup.restarts == 1
+    [restart] = [kw for name, kw in events if name == "restart"]
+    assert restart["scope"] == "group" and restart["after_rank"] is None
+    assert "after a failure on another node" in caplog.text
+
+
 def test_sync_local_failure_is_announced_before_the_others_are_stopped():
     scripts = [[exited(1, 3), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
     result, group, _, sup, sync = supervise_synced(scripts, [Agreement((1, 3)), Agreement()], max_restarts=1)

@@ -133,6 +133,31 @@ def test_watcher_says_a_node_is_joining_not_that_it_failed(tmp_path):
     a.loop.run_due()
     [update] = a.loop.posted
     assert update.reason == "server 2 (10.0.0.3) joining"
+    assert not update.membership  # server 2 is a member: its earlier launcher was lost, a failure
+
+
+JOIN_NOTE = {"rank": -1, "ranks": [], "note": "joining", "returncode": 1}
+
+
+def test_watcher_says_a_new_member_joining_is_a_membership_change(tmp_path):
+    a, late = Node(tmp_path, 0, count=3), Node(tmp_path, 2, count=3)
+    a.sync.members = (0, 1)  # generation 0 runs without server 2
+    a.sync.attempt_started(0)
+    late.files.write(0, "failed.2.json", JOIN_NOTE)
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert update.membership and update.reason == "server 2 (10.0.0.3) joining"
+
+
+def test_watcher_prefers_a_real_failure_to_a_join(tmp_path):
+    a, b, late = Node(tmp_path, 0, count=3), Node(tmp_path, 1, count=3), Node(tmp_path, 2, count=3)
+    a.sync.members = (0, 1)
+    a.sync.attempt_started(0)
+    late.files.write(0, "failed.2.json", JOIN_NOTE)
+    b.sync.rank_failed(0, [3], failure(3))
+    a.loop.run_due()
+    [update] = a.loop.posted
+    assert not update.membership and update.failure.rank == 3
 
 
 def test_settle_stops_watching(tmp_path):
@@ -159,7 +184,8 @@ def test_barrier_waits_for_every_node_then_both_restart_with_the_union(tmp_path)
     names = a.names()
     assert names.index("sync_stopped") < names.index("sync_wait") < names.index("sync_barrier")
     [barrier] = [kw for name, kw in a.events if name == "sync_barrier"]
-    assert barrier == {"generation": 0, "waited": 1.0, "failed_ranks": [0, 3], "failed_servers": [0, 1]}
+    assert barrier == {"generation": 0, "waited": 1.0, "failed_ranks": [0, 3], "failed_servers": [0, 1],
+                       "membership_change": False}
 
 
 def test_barrier_times_out_naming_the_missing_nodes(tmp_path, caplog):
@@ -371,14 +397,37 @@ def test_elastic_the_new_masters_host_never_publishes(tmp_path, caplog):
 def test_a_launcher_joining_a_running_job_passes_the_barrier_of_its_generation(tmp_path):
     a, b, late = elastic(tmp_path, 0), elastic(tmp_path, 1), elastic(tmp_path, 2)
     a.files.write(0, "next.json", {"servers": [0, 1]}, exclusive=True)  # generation 1 ran on 0, 1
-    late.files.write(1, "stopped.2", {})  # what EtcdStore's join writes, with failed.2.json
+    late.files.write(1, "stopped.2", {})  # what EtcdStore's join writes
+    late.files.write(1, "failed.2.json", JOIN_NOTE)
     a.sync.members = b.sync.members = (0, 1)
     b.files.write(1, "stopped.1", {})
     a.files.write(1, "stopped.0", {})
-    assert late.sync.join_running(1, late.waiter()) == Agreement(())
+    # Nobody failed, nobody was lost: a membership change, for every node (the restart is not counted)
+    assert late.sync.join_running(1, late.waiter()) == Agreement((), membership=True)
     assert late.sync.members == (0, 1, 2)
-    assert a.sync.settle(1, None, failure(-1), [], a.waiter()) == Agreement(())
+    assert a.sync.settle(1, None, failure(-1), [], a.waiter()) == Agreement((), membership=True)
     assert a.sync.members == (0, 1, 2)
+    [barrier] = [kw for name, kw in a.events if name == "sync_barrier"]
+    assert barrier["membership_change"] is True
+
+
+def test_a_join_in_a_generation_where_a_rank_failed_is_no_membership_change(tmp_path):
+    a, b, late = elastic(tmp_path, 0), elastic(tmp_path, 1), elastic(tmp_path, 2)
+    a.sync.members = b.sync.members = (0, 1)
+    late.files.write(0, "stopped.2", {})
+    late.files.write(0, "failed.2.json", JOIN_NOTE)
+    b.sync.rank_failed(0, [3], failure(3))
+    b.files.write(0, "stopped.1", {})
+    assert a.sync.settle(0, None, failure(3), [], a.waiter()) == Agreement((3,))
+
+
+def test_a_lost_members_replacement_is_no_membership_change(tmp_path):
+    """Server 1's launcher was lost and a new one took its place: the loss is a failure."""
+    a, b, c = elastic(tmp_path, 0), elastic(tmp_path, 1), elastic(tmp_path, 2)
+    c.files.write(0, "stopped.2", {})
+    b.files.write(0, "stopped.1", {})
+    b.files.write(0, "failed.1.json", JOIN_NOTE)
+    assert a.sync.settle(0, None, failure(-1), [], a.waiter()) == Agreement(())
 
 
 # -- success and failure ----------------------------------------------------------------------------

@@ -117,8 +117,8 @@ def main():
     parser.add_argument("--wait-term", action="store_true")
     parser.add_argument("--fail-when", help="the failing rank waits until this file exists (the test's trigger)")
     args, _extra = parser.parse_known_args()
-    rank = int(os.environ.get("RANK", "0"))
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    rank = int(os.environ.get("RANK", os.environ.get("RANK_ID", "0")))  # PyTorch's name, else MindSpore's
+    attempt = int(os.environ.get("LAUNCHER_ATTEMPT", "0"))
     doc = snapshot()
     path = os.path.join(args.out, f"{attempt}-{rank}.json")
     with open(path + ".tmp", "w") as fh:
