@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
 from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, MASTER, NEXT, STOPPED, Generation, failure_of
+from launcher.cluster.syncmaster import MasterMove
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -32,23 +33,6 @@ class Elastic:
 
     min_nodes: int
     wait: float
-
-
-@dataclass(frozen=True)
-class MasterMove:
-    """Elastic: the master follows rank 0 to another server (``launcher.jobspec.topology.regroup``).
-
-    Attributes:
-        where: ``where(servers)``: the server hosting rank 0 of a generation that ``servers`` run and
-            its address, when that is not the job's master server; else None.
-        port: The port asked for (``--master-port``).
-        check: ``check(address, port) -> (port, reason)``, run by the launcher of that server: the port
-            the master takes on its host.
-    """
-
-    where: Callable[[Sequence[int]], Optional[Tuple[int, str]]]
-    port: int
-    check: Callable[[str, int], Tuple[int, str]]
 
 
 class Store(Protocol):
@@ -300,21 +284,13 @@ class Coordinator(NoSync):
         return self._move_master(generation, code, wait) if agreed != previous else None
 
     def _move_master(self, generation: int, code: int, wait: Wait) -> Optional[Agreement]:
-        """Elastic: when the master moves with rank 0 to another server, that server's launcher checks
-        the port on its host and publishes the endpoint (``gen_<g>/master.json``); every node waits
-        for it (up to ``--sync-timeout``) and uses it while the membership stays (``endpoint``).
-
-        Returns:
-            None to go on, else how the job ends.
-        """
+        """Elastic: when the master moves with rank 0, wait for its new host's ``master.json``
+        (:mod:`launcher.cluster.syncmaster`, up to ``--sync-timeout``); ``endpoint`` holds it while
+        the membership stays. Returns None to go on, else how the job ends."""
         self.endpoint = None
-        moved = self.master.where(self.members) if self.master is not None else None
-        if moved is None:
+        host = self.master.publish(self.files, generation, self.members) if self.master is not None else None
+        if host is None:
             return None
-        host, address = moved
-        if host == self.files.index:
-            port, reason = self.master.check(address, self.master.port)
-            self.files.write(generation, f"{MASTER}.json", {"addr": address, "port": port, "reason": reason})
         state, _ = self._await(generation, wait, "the new master's endpoint", lambda s: s.master is not None
                                or s.abort is not None or host in s.lost)
         if state is None:
@@ -324,12 +300,7 @@ class Coordinator(NoSync):
                 return Agreement(exit_code=code, reason="failed")
             return self._end_for_lost(generation, state, code) if host in state.lost \
                 else self._timed_out(generation, [host], MASTER)
-        self.endpoint = str(state.master.get("addr")), int(state.master.get("port", self.master.port))
-        reason = state.master.get("reason", "")
-        self.emit("master_moved", generation=generation + 1, server=host, addr=self.endpoint[0],
-                  port=self.endpoint[1], requested_port=self.master.port, reason=reason)
-        log.warning("generation %d: the master moves with rank 0 to %s, %s:%d (%s)", generation + 1,
-                    self.files.name(host), *self.endpoint, reason)
+        self.endpoint = self.master.agreed(state.master, generation, self.files.name(host), self.emit)
         return None
 
     def join_running(self, generation: int, wait: Wait) -> Agreement:

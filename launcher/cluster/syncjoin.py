@@ -11,8 +11,9 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
-from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, MasterMove, Store
+from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
 from launcher.cluster.syncdir import SyncDir
+from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.options import parse_coordinator

@@ -15,7 +15,8 @@ from launcher.common.errors import UsageError
 from launcher.jobspec.options import check_sync_options as check_options
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
 from launcher.supervision.states import ExitInfo
-from launcher.cluster.sync import Coordinator, Elastic, MasterMove
+from launcher.cluster.sync import Coordinator, Elastic
+from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncdir import SyncDir
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
