@@ -281,12 +281,14 @@ class Coordinator(NoSync):
         self.emit("sync_membership", generation=generation + 1, servers=list(agreed), previous=list(previous))
         log.warning("generation %d runs on %d server(s) (was %d): %s", generation + 1, len(agreed), len(previous),
                     self._names(agreed))
-        return self._move_master(generation, code, wait) if agreed != previous else None
+        return self.move_master(generation, code, wait) if agreed != previous else None
 
-    def _move_master(self, generation: int, code: int, wait: Wait) -> Optional[Agreement]:
-        """Elastic: when the master moves with rank 0, wait for its new host's ``master.json``
-        (:mod:`launcher.cluster.syncmaster`, up to ``--sync-timeout``); ``endpoint`` holds it while
-        the membership stays. Returns None to go on, else how the job ends."""
+    def move_master(self, generation: int, code: int, wait: Wait) -> Optional[Agreement]:
+        """Elastic: when the master of generation ``generation + 1`` moves with rank 0, wait for its
+        new host's ``gen_<generation>/master.json`` (:mod:`launcher.cluster.syncmaster`, up to
+        ``--sync-timeout``; generation -1: before a generation 0 that starts without the master's
+        server); ``endpoint`` holds it while the membership stays. Returns None to go on, else how
+        the job ends (``code``: the exit code then)."""
         self.endpoint = None
         host = self.master.publish(self.files, generation, self.members) if self.master is not None else None
         if host is None:

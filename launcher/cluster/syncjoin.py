@@ -97,6 +97,8 @@ class SyncCoordination(Integration):
             announce_join(self.coordinator)
             self._join_running(host, 0)
             return
+        if len(servers) < files.count and self.coordinator.move_master(-1, 1, lambda s: _idle(host.group, s)):
+            raise LauncherError("no endpoint agreed for the master of generation 0")  # the reason is logged
         host.emit("sync_start", waited=round(time.monotonic() - start, 3), servers=list(servers))
 
     def _join_running(self, host: Host, generation: int) -> None:

@@ -6,7 +6,7 @@ hosts it (``launcher.jobspec.topology.regroup``). ``--master-port`` was chosen f
 the new one something else may listen there. So, at the barrier of a membership change, that
 server's launcher checks the port on its own host (``check``: a bind test, another free port if
 it is taken) and publishes the endpoint as ``gen_<g>/master.json``; every node waits for the record
-and uses it (:meth:`launcher.cluster.sync.Coordinator._move_master`). torchrun does the same: its
+and uses it (:meth:`launcher.cluster.sync.Coordinator.move_master`). torchrun does the same: its
 rank-0 agent picks a free port and publishes ``MASTER_ADDR``/``MASTER_PORT`` through the rendezvous
 store (``RendezvousStoreInfo.build`` in torch 2.13).
 """

@@ -403,18 +403,19 @@ def test_elastic_alone_below_min_starts_nothing(tmp_path, etcd):
 ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
 
 
-def start_master_job(tmp_path: Path, etcd: EtcdServer, port: int, results: Path) -> List[Launcher]:
-    """3 nodes on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1:``port`` (node 0), the ranks
-    ``tests/workers/elastic_gloo.py`` writing to ``results``."""
+def start_master_job(tmp_path: Path, etcd: EtcdServer, port: int, results: Path, indices: Sequence[int] = (0, 1, 2),
+                     worker: Sequence[str] = ()) -> List[Launcher]:
+    """Nodes ``indices`` of 3 on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1:``port`` (node 0), the
+    ranks ``tests/workers/elastic_gloo.py`` writing to ``results``."""
     nodes = []
-    for index in range(3):
+    for index in indices:
         node = Launcher(tmp_path / f"node{index}")
         node.tmp.mkdir()
         options = ["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", RUN_ID,
                    "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC]
         node.out, node.err = open(node.tmp / "stdout.txt", "wb"), open(node.tmp / "stderr.txt", "wb")
-        node.proc = subprocess.Popen(node.argv(options, ["--result-file", str(results)], worker=ELASTIC_GLOO),
+        node.proc = subprocess.Popen(node.argv(options, ["--result-file", str(results), *worker], worker=ELASTIC_GLOO),
                                      stdout=node.out, stderr=node.err, cwd=str(node.tmp),
                                      env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
         nodes.append(node)
@@ -472,3 +473,25 @@ def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[
         [change] = events(node, "world_size_changed")
         assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], masters[1], moved)
     return moved
+
+
+@pytest.mark.slow
+def test_a_start_without_the_masters_node_checks_the_port_on_the_new_master_host(tmp_path, etcd):
+    """Elastic start with MIN: only nodes 1 and 2 start (node 0, the master's, never does), and
+    something listens on 127.0.0.2:PORT. Before generation 0, node 1's launcher finds the port
+    taken, publishes another (gen_-1/master.json), and generation 0's 4 ranks rendezvous there."""
+    port, results = free_port(), tmp_path / "results"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", port))
+        listener.listen()
+        nodes = start_master_job(tmp_path, etcd, port, results, (1, 2), ["--first-attempt", "0"])
+        try:
+            codes = [node.wait(120) for node in nodes]
+        finally:
+            stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes]
+    [(moved, reason)] = {(e["port"], e["reason"]) for node in nodes for e in events(node, "master_moved")}
+    assert moved != port and "in use" in reason
+    ready = sorted(tuple(line) for node in nodes for line in node.ready_lines())
+    assert ready == [(str(r), "0", "127.0.0.2", str(moved), "4") for r in range(4)]
+    assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]

@@ -378,6 +378,16 @@ def test_elastic_the_new_master_publishes_its_endpoint_and_every_node_uses_it(tm
             ["the new master's endpoint"], "timeout": 10.0}) in c.events
 
 
+def test_elastic_a_start_without_the_masters_server_agrees_on_the_endpoint_before_generation_0(tmp_path):
+    """Generation 0 starts on servers 1 and 2 (MIN): the record is written before it, as generation -1's."""
+    b, c = master_moves(tmp_path, 1), master_moves(tmp_path, 2, check=None)
+    b.sync.members = c.sync.members = (1, 2)  # gen_0/start.json agreed
+    assert b.sync.move_master(-1, 1, b.waiter()) is None
+    assert c.sync.move_master(-1, 1, c.waiter()) is None
+    assert b.sync.endpoint == c.sync.endpoint == ("10.0.0.2", 31000)
+    assert [kw["generation"] for name, kw in c.events if name == "master_moved"] == [0]
+
+
 def test_elastic_a_master_that_stays_publishes_nothing(tmp_path):
     a, c = master_moves(tmp_path, 0), master_moves(tmp_path, 2)
     c.files.write(0, "stopped.2", {})
