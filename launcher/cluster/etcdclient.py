@@ -7,14 +7,15 @@ wants. The standard library client was chosen over the registry's packages for i
 docs/multinode.md has the import time and memory of both.
 
 Every call tries each endpoint in turn with one timeout and raises :class:`EtcdError` when none
-answers; retrying is the caller's business (it knows whether it may wait).
+answers; retrying is the caller's business (it knows whether it may wait). Each answer's header
+tells the cluster's id (``cluster_id``), which a rebuilt cluster may change.
 """
 
 import base64
 import http.client
 import json
 import socket
-from typing import Dict, Iterator, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 
 class EtcdError(Exception):
@@ -37,11 +38,15 @@ class EtcdClient:
     Args:
         endpoints: ``(host, port)`` of each member; the first that answers is used, and kept first.
         timeout: Seconds for one call to one endpoint.
+
+    Attributes:
+        cluster_id: The cluster id of the last answer (None before the first).
     """
 
     def __init__(self, endpoints: Sequence[Tuple[str, int]], timeout: float = 2.0):
         self.endpoints = list(endpoints)
         self.timeout = timeout
+        self.cluster_id: Optional[str] = None
 
     def _call(self, path: str, body: dict) -> dict:
         errors = []
@@ -60,6 +65,8 @@ class EtcdClient:
                 raise EtcdError(f"{host}:{port}{path}: HTTP {response.status} {data.get('message', '')}".rstrip())
             if index:  # a member that answers goes first next time
                 self.endpoints.insert(0, self.endpoints.pop(index))
+            header = data.get("header") or data.get("result", {}).get("header") or {}
+            self.cluster_id = header.get("cluster_id", self.cluster_id)
             return data
         raise EtcdError("; ".join(errors))
 

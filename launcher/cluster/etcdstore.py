@@ -7,13 +7,17 @@ The same records as ``--sync-dir``'s files (:mod:`launcher.cluster.syncdir`), as
                               with the address it gives for the master (``address``, elastic regroups)
     member.<i>                attached to server i's lease: gone within the TTL once its launcher is
     closed                    a launcher of this incarnation ended: a new start does not join it
+    reset.<n>                 etcd lost its data and a launcher put the records back (launcher.cluster.etcdreset)
     gen_<g>/...               failed.<i>.json, stopped.<i>, done.<i>, abort (created only if absent)
 
 A server that joined, whose ``member.<i>`` is gone and that did not finish the generation is
 **lost** (``Generation.lost``). Nothing here blocks the supervisor's loop: three daemon threads keep
 the lease alive, follow the keys (a watch, re-read on every change and at least every
 ``WATCH_IDLE`` seconds) into an in-memory snapshot that :meth:`EtcdStore.read` parses, and write the
-records queued by :meth:`EtcdStore.write` in order, retrying while etcd is away.
+records queued by :meth:`EtcdStore.write` in order, retrying while etcd is away. A lease that etcd
+no longer knows means that etcd lost its data (every launcher puts its records back and the job goes
+on) or that this server's lease expired (the others count it as lost: it leaves without rejoining);
+:mod:`launcher.cluster.etcdreset` tells which.
 """
 
 import dataclasses
@@ -23,11 +27,13 @@ import queue
 import re
 import threading
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections import deque
+from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
 from launcher.cluster.etcdclient import EtcdClient, EtcdError
+from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
 from launcher.common.errors import UsageError
 from launcher.cluster.syncdir import CLOSED, JOIN_NOTE, Generation, collect, stamp, valid
 
@@ -55,10 +61,18 @@ class EtcdStore:
         lease: This server's lease (granted by :meth:`join`).
         write_for: Seconds a record is retried before it is given up (logged).
         address: The address this server gives in ``join.<i>`` (None: none).
+        emit: ``emit(event_name, **fields)`` for events.jsonl, called from :meth:`read` (the
+            supervisor's thread) with what the threads noticed (``coordinator_reset``,
+            ``coordinator_lease_expired``).
+
+    Attributes:
+        expelled: Why this server's lease expired while etcd kept the job's records (None while it is
+            a member): it then reads itself as lost and writes nothing more.
     """
 
     def __init__(self, client: EtcdClient, prefix: str, index: int, names: Sequence[str], ttl: int, lease: int,
-                 write_for: float = 300.0, address: Optional[str] = None):
+                 write_for: float = 300.0, address: Optional[str] = None,
+                 emit: Optional[Callable[..., object]] = None):
         self.client, self.prefix, self.index, self.ttl, self.lease = client, prefix, index, ttl, lease
         self.names = tuple(names)
         self.count = len(self.names)
@@ -74,6 +88,12 @@ class EtcdStore:
         self._outage: Optional[str] = None
         self.running: Optional[int] = None  # the generation this server joined a running job in
         self.address = address  # where this server hosts the master if it comes to host rank 0
+        self.emit = emit
+        self.expelled: Optional[str] = None
+        self._seen = Seen(0, None, 0)
+        self._lock = threading.Lock()  # one reader of etcd at a time decides about lost data
+        self._notices: Deque[Tuple[str, dict]] = deque()  # events the threads noticed, for read()
+        self._announced: set = set()  # the resets this server has logged
 
     def name(self, index: int) -> str:
         """``server 1 (10.0.0.2)``."""
@@ -82,14 +102,15 @@ class EtcdStore:
     @classmethod
     def join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
              write_for: float = 300.0, wait: float = 3.0, elastic: bool = False,
-             address: Optional[str] = None) -> "EtcdStore":
+             address: Optional[str] = None, emit: Optional[Callable[..., object]] = None) -> "EtcdStore":
         """Join the current incarnation of ``run_id`` (or start the next one), as ``SyncDir.join``.
 
         ``write_for``: seconds a record is retried while etcd is away; ``wait``: how long etcd may
         take to answer the first time. With ``elastic``, a server whose place is free (its launcher
         lost) or that arrives after the job's first restart joins the running job instead: see
         :meth:`_join_running`; ``running`` is then the generation it joined in. ``address`` goes into
-        ``join.<i>``: where this server's ranks host the master if it comes to host rank 0.
+        ``join.<i>``: where this server's ranks host the master if it comes to host rank 0. ``emit``:
+        see the class.
 
         Raises:
             EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
@@ -97,18 +118,19 @@ class EtcdStore:
         retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(wait), wait=tenacity.wait_fixed(0.25),
                                      retry=tenacity.retry_if_exception_type(EtcdError), reraise=True,
                                      before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
-        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic, address)
+        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic, address, emit)
 
     @classmethod
     def _join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-              write_for: float, elastic: bool, address: Optional[str] = None) -> "EtcdStore":
+              write_for: float, elastic: bool, address: Optional[str] = None,
+              emit: Optional[Callable[..., object]] = None) -> "EtcdStore":
         root = f"{ROOT}{run_id}/"
         _, keys = client.range(root)
         number = max((int(m.group(1)) for m in map(_INCARNATION.match, (k[len(root):] for k in keys)) if m),
                      default=0)
         lease = client.grant(ttl)
         while True:
-            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address)
+            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address, emit)
             if store.prefix + CLOSED not in keys:
                 if elastic and store._join_running(keys):
                     break
@@ -116,7 +138,8 @@ class EtcdStore:
                                  [(store.prefix + f"member.{index}", b"{}", lease)]):
                     break
             number += 1
-        store._snapshot = client.range(store.prefix)[1]
+        revision, store._snapshot = client.range(store.prefix)
+        store._seen = Seen(revision, client.cluster_id, resets(store.prefix, store._snapshot))
         for thread in store._threads:
             thread.start()
         return store
@@ -162,7 +185,12 @@ class EtcdStore:
         return f"{self.path}gen_{generation}/"
 
     def read(self, generation: int) -> Generation:
-        """Generation ``generation`` as of the last snapshot, with the servers lost so far."""
+        """Generation ``generation`` as of the last snapshot, with the servers lost so far (this one
+        too once it is ``expelled``); emits what the threads noticed since the last read."""
+        while self._notices:
+            event, fields = self._notices.popleft()
+            if self.emit is not None:
+                self.emit(event, **fields)
         snapshot = {**self._mine, **self._snapshot}
         sub = f"{self.prefix}gen_{generation}/"
         names = [key[len(sub):] for key in snapshot if key.startswith(sub)]
@@ -173,6 +201,8 @@ class EtcdStore:
             if match:
                 present[match.group(1)].add(int(match.group(2)))
         lost = present["join"] - present["member"] - set(state.done) - {self.index}
+        if self.expelled:
+            lost.add(self.index)
         return dataclasses.replace(state, lost=frozenset(lost))
 
     def addresses(self) -> Dict[int, str]:
@@ -191,11 +221,15 @@ class EtcdStore:
         return [i for i in range(self.count) if f"{self.prefix}join.{i}" not in snapshot]
 
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
-        """Queue ``gen_<g>/<name>`` for the writer thread (always True: the first ``abort`` wins in etcd).
+        """Queue ``gen_<g>/<name>`` for the writer thread (True: the first ``abort`` wins in etcd).
 
         This node reads its own records before etcd has them, except the ``exclusive`` ones: a
-        proposal (``next.json``, ``start.json``) is read once etcd holds the winning one.
+        proposal (``next.json``, ``start.json``) is read once etcd holds the winning one. Once
+        ``expelled``, nothing is written (False): the others went on without this server, and an
+        ``abort`` of its own would end the job they continue.
         """
+        if self.expelled:
+            return False
         key, value = f"{self.prefix}gen_{generation}/{name}", self._record(data)
         if not exclusive:
             self._mine[key] = value
@@ -203,7 +237,10 @@ class EtcdStore:
         return True
 
     def close(self, reason: str) -> None:
-        """Mark the incarnation as ended: a later start of the job does not join it."""
+        """Mark the incarnation as ended: a later start of the job does not join it (not once
+        ``expelled``: the job goes on, and a new start of this server's launcher may rejoin it)."""
+        if self.expelled:
+            return
         self._writes.put((self.prefix + CLOSED, self._record({"reason": reason}), True))
 
     def shutdown(self, timeout: float = 5.0) -> None:
@@ -211,6 +248,8 @@ class EtcdStore:
         self._writes.put(None)
         self._threads[2].join(timeout)
         self._stop.set()
+        if self.expelled:
+            return  # etcd dropped the lease already
         try:
             self.client.revoke(self.lease)
         except EtcdError as exc:
@@ -226,25 +265,68 @@ class EtcdStore:
         self._outage = problem
 
     def _keep_alive(self) -> None:
-        """Renew the lease every third of its TTL; a lease etcd forgot is granted again."""
-        while not self._stop.wait(self.ttl / 3):
+        """Renew the lease every third of its TTL; a lease etcd no longer knows: see :meth:`_refresh`."""
+        while not self._stop.wait(self.ttl / 3) and not self.expelled:
+            lease = self.lease
             try:
-                if self.client.keepalive(self.lease) <= 0 and not self._stop.is_set():
-                    self.lease = self.client.grant(self.ttl)
-                    self.client.put(f"{self.prefix}member.{self.index}", b"{}", self.lease)
-                    log.warning("etcd: this server's lease had expired; granted a new one")
+                if self.client.keepalive(lease) <= 0 and not self._stop.is_set():
+                    self._refresh(gone=lease)
                 self._reachable(None)
             except EtcdError as exc:
                 self._reachable(str(exc))
+
+    def _refresh(self, gone: Optional[int] = None) -> int:
+        """Read the incarnation into the snapshot, after putting the records back if etcd lost them.
+
+        Args:
+            gone: A lease etcd just said it does not know. Without a sign of lost data it expired
+                while etcd kept the job's records: the others count this server as lost (:meth:`_expel`).
+
+        Returns:
+            The revision read.
+        """
+        with self._lock:
+            if gone is not None and (gone != self.lease or self.expelled):
+                return self._seen.revision  # a reset granted a new lease meanwhile
+            revision, keys = self.client.range(self.prefix)
+            why = lost_data(self._seen, self.prefix, self.index, revision, self.client.cluster_id, keys)
+            if why is not None:
+                self._reset(why, keys)
+                revision, keys = self.client.range(self.prefix)
+            elif gone is not None:
+                self._expel()
+            self._seen = Seen(revision, self.client.cluster_id, max(self._seen.resets, resets(self.prefix, keys)))
+            self._snapshot = keys
+            return revision
+
+    def _reset(self, why: str, keys: Dict[str, bytes]) -> None:
+        """etcd lost its data: put back this server's records and what it knew of the others'."""
+        number = max(resets(self.prefix, keys), self._seen.resets + 1)
+        if number not in self._announced:  # once per reset, even when etcd goes away halfway
+            self._announced.add(number)
+            log.warning("etcd lost this job's records (%s); putting them back, the ranks go on", why)
+            self._notices.append(("coordinator_reset", {"reason": why, "reset": number,
+                                                        "revision_before": self._seen.revision}))
+        before = {**self._mine, **self._snapshot}  # what etcd holds wins over this node's own queued copy
+        marker = self._record({"reason": why, "revision_before": self._seen.revision})
+        self.lease = put_back(self.client, self.prefix, self.index, before, self.ttl, number, marker, self._joined())
+
+    def _expel(self) -> None:
+        """This server's lease expired while etcd kept the job's records: it stays out."""
+        self.expelled = f"{self.name(self.index)}: its lease expired while etcd kept the job's records"
+        log.error("etcd: this server's lease expired (not renewed for %d s) while etcd kept the job's records: "
+                  "the other nodes count it as lost and may go on without it; stopping the local ranks, not "
+                  "rejoining (start the launcher again to rejoin an elastic job)", self.ttl)
+        self._notices.append(("coordinator_lease_expired", {"server": self.index, "ttl": self.ttl}))
 
     def _follow(self) -> None:
         """Keep the snapshot current: read the prefix, then watch it and read again on every change."""
         while not self._stop.is_set():
             try:
-                revision, self._snapshot = self.client.range(self.prefix)
+                revision = self._refresh()
                 opened = time.monotonic()
                 for _ in self.client.watch(self.prefix, revision + 1, WATCH_IDLE):
-                    self._snapshot = self.client.range(self.prefix)[1]
+                    self._refresh()
                     if self._stop.is_set():
                         return
                 if time.monotonic() - opened < MIN_WATCH_ROUND:

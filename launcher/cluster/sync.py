@@ -13,7 +13,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
 
-from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, NEXT, STOPPED, Generation, failure_of
+from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, MASTER, NEXT, STOPPED, Generation, failure_of
+from launcher.cluster.syncmaster import MasterMove
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -75,17 +76,22 @@ class Coordinator(NoSync):
         interval: Seconds between two looks at the store.
         clock: Monotonic clock (tests pass a fake one).
         elastic: Elastic membership, or None: a lost server ends the job.
+        master: Where the master goes when it moves with rank 0 (elastic), or None.
 
     Attributes:
         members: The servers of the current generation (all of the table's unless elastic).
+        endpoint: The master's address and port while it is away from the job's master server, as
+            its new host published them (None: the job's own).
     """
 
     def __init__(self, files: Store, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
                  cancel: Callable[[int], None], post: Callable[[object], None], interval: float = POLL_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None):
+                 clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None,
+                 master: Optional[MasterMove] = None):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
-        self.elastic = elastic
+        self.elastic, self.master = elastic, master
         self.members: Tuple[int, ...] = tuple(range(files.count))
+        self.endpoint: Optional[Tuple[str, int]] = None
         self._call_later, self._cancel, self._post = call_later, cancel, post
         self._timer: Optional[int] = None
         self._generation = 0
@@ -206,7 +212,7 @@ class Coordinator(NoSync):
         if self._waiting(state):
             return self._timed_out(generation, self._waiting(state), STOPPED)
         if self._lost(state):
-            if self.elastic is None:
+            if self.elastic is None or self.files.index in state.lost:  # this one lost: never re-enter
                 return self._end_for_lost(generation, state, code)
             state = self._await_replacement(generation, state, wait)
             if state is None:
@@ -275,6 +281,28 @@ class Coordinator(NoSync):
         self.emit("sync_membership", generation=generation + 1, servers=list(agreed), previous=list(previous))
         log.warning("generation %d runs on %d server(s) (was %d): %s", generation + 1, len(agreed), len(previous),
                     self._names(agreed))
+        return self.move_master(generation, code, wait) if agreed != previous else None
+
+    def move_master(self, generation: int, code: int, wait: Wait) -> Optional[Agreement]:
+        """Elastic: when the master of generation ``generation + 1`` moves with rank 0, wait for its
+        new host's ``gen_<generation>/master.json`` (:mod:`launcher.cluster.syncmaster`, up to
+        ``--sync-timeout``; generation -1: before a generation 0 that starts without the master's
+        server); ``endpoint`` holds it while the membership stays. Returns None to go on, else how
+        the job ends (``code``: the exit code then)."""
+        self.endpoint = None
+        host = self.master.publish(self.files, generation, self.members) if self.master is not None else None
+        if host is None:
+            return None
+        state, _ = self._await(generation, wait, "the new master's endpoint", lambda s: s.master is not None
+                               or s.abort is not None or host in s.lost)
+        if state is None:
+            return Agreement()
+        if state.master is None:  # that server's launcher ended the job, was lost, or never wrote
+            if state.abort is not None:
+                return Agreement(exit_code=code, reason="failed")
+            return self._end_for_lost(generation, state, code) if host in state.lost \
+                else self._timed_out(generation, [host], MASTER)
+        self.endpoint = self.master.agreed(state.master, generation, self.files.name(host), self.emit)
         return None
 
     def join_running(self, generation: int, wait: Wait) -> Agreement:

@@ -34,8 +34,9 @@ from launcher.supervision.states import ExitInfo
 
 log = logging.getLogger(__name__)
 
-CLOSED, ABORT, STOPPED, DONE, NEXT, START = "closed", "abort", "stopped", "done", "next", "start"
-_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next|start)\.json")
+CLOSED, ABORT, STOPPED, DONE = "closed", "abort", "stopped", "done"
+NEXT, START, MASTER = "next", "start", "master"
+_MARKER = re.compile(r"(failed)\.(\d+)\.json|(stopped|done)\.(\d+)|(abort)|(next|start|master)\.json")
 #: What a launcher that joins a running job writes as ``failed.<i>.json``: rank -1, a note, not a failure.
 JOIN_NOTE = {"rank": -1, "ranks": [], "note": "joining", "returncode": 1}
 _INCARNATION = re.compile(r"inc_(\d+)")
@@ -57,6 +58,9 @@ class Generation:
             from this one's (elastic membership; the first writer wins).
         start: Generation 0 only, the ``start.json`` record: the servers it starts on when fewer than
             all had joined (elastic, ``launcher.cluster.syncstart``; the first writer wins).
+        master: The ``master.json`` record: where the master of generation ``number + 1`` listens
+            when it moved with rank 0 to another server (``addr``, ``port``, ``reason``), written by
+            that server's launcher.
     """
 
     number: int
@@ -67,6 +71,7 @@ class Generation:
     lost: FrozenSet[int] = frozenset()
     next: Optional[dict] = None
     start: Optional[dict] = None
+    master: Optional[dict] = None
 
     def failed_ranks(self) -> Tuple[int, ...]:
         """The union of every node's failed ranks: the restore plan's fault ranks."""
@@ -105,7 +110,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
     """What the records ``names`` of generation ``number`` say; ``load(name)`` reads one (None: skip it)."""
     failed: Dict[int, dict] = {}
     marks: Dict[str, Set[int]] = {STOPPED: set(), DONE: set()}
-    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None, START: None}
+    records: Dict[str, Optional[dict]] = {ABORT: None, NEXT: None, START: None, MASTER: None}
     for name in names:
         match = _MARKER.fullmatch(name)
         if match is None:
@@ -119,7 +124,7 @@ def collect(number: int, names: Iterable[str], load: Callable[[str], Optional[di
         elif record is not None:
             records[match.group(5) or match.group(6)] = record
     return Generation(number, failed, frozenset(marks[STOPPED]), frozenset(marks[DONE]), records[ABORT],
-                      next=records[NEXT], start=records[START])
+                      next=records[NEXT], start=records[START], master=records[MASTER])
 
 
 def stamp(index: int, name: str, data: dict) -> dict:

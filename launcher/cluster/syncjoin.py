@@ -9,14 +9,15 @@ than at their ``--sync-timeout``.
 
 import logging
 import time
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
 from launcher.cluster.syncdir import SyncDir
+from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.options import parse_coordinator
-from launcher.jobspec.topology import advertised_address
+from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
 from launcher.supervision.policy import RunResult
@@ -48,7 +49,7 @@ class SyncCoordination(Integration):
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
         files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names,
-                                       advertised_address(topo, ctx.base_env)) if opts.coordinator \
+                                       advertised_address(topo, ctx.base_env), host.emit) if opts.coordinator \
             else self._join_dir(opts.sync_dir, ctx.run_id, topo.server_index, names)
         self.files = files
         host.emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
@@ -58,7 +59,7 @@ class SyncCoordination(Integration):
         elastic = Elastic(opts.min_nodes, opts.elastic_wait) if opts.min_nodes is not None else None
         self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post,
                                        interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL,
-                                       elastic=elastic)
+                                       elastic=elastic, master=self._master_move(topo) if elastic else None)
         running = getattr(files, "running", None)
         if running is not None:
             self._join_running(host, running)
@@ -96,6 +97,8 @@ class SyncCoordination(Integration):
             announce_join(self.coordinator)
             self._join_running(host, 0)
             return
+        if len(servers) < files.count and self.coordinator.move_master(-1, 1, lambda s: _idle(host.group, s)):
+            raise LauncherError("no endpoint agreed for the master of generation 0")  # the reason is logged
         host.emit("sync_start", waited=round(time.monotonic() - start, 3), servers=list(servers))
 
     def _join_running(self, host: Host, generation: int) -> None:
@@ -113,6 +116,17 @@ class SyncCoordination(Integration):
         """The servers of the current generation (elastic membership), or None without coordination."""
         return self.coordinator.members if self.coordinator is not None else None
 
+    def _master_move(self, topo: Topology) -> MasterMove:
+        """Where the master goes when rank 0 moves (elastic): the server that then hosts it, at the
+        address it registered; the port checked on that server's host."""
+        return MasterMove(lambda servers: moved_master(topo, servers, self.addresses()), topo.master_port,
+                          master_port_on)
+
+    def endpoint(self) -> Optional[Tuple[str, int]]:
+        """The master's address and port while it is away from the job's master server, as its new
+        host published them (None: the job's own, or no coordination)."""
+        return self.coordinator.endpoint if self.coordinator is not None else None
+
     def addresses(self) -> Mapping[int, str]:
         """The address each server gave when it joined (etcd), by index: where the master moves if it
         comes to host rank 0 (:func:`launcher.jobspec.topology.regroup`); empty without etcd."""
@@ -129,14 +143,15 @@ class SyncCoordination(Integration):
                              ["it must be a directory every node of the job can write"]) from None
 
     @staticmethod
-    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str) -> Store:
+    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str,
+                   emit: Callable[..., object]) -> Store:
         from launcher.cluster.etcdclient import EtcdClient, EtcdError
         from launcher.cluster.etcdstore import EtcdStore
 
         client = EtcdClient(parse_coordinator(opts.coordinator))
         try:
             return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
-                                  elastic=opts.min_nodes is not None, address=address)
+                                  elastic=opts.min_nodes is not None, address=address, emit=emit)
         except EtcdError as exc:
             raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 

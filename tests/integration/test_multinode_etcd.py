@@ -8,7 +8,9 @@ torch job under ``--sync-dir`` is in test_multinode.py): each node runs 2 ranks 
 
 import os
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import List, Sequence
 
@@ -57,8 +59,9 @@ def events(node: Launcher, name: str) -> List[dict]:
     return [e for e in node.events() if e["event"] == name]
 
 
-def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None, start=start_nodes) -> List[Launcher]:
-    """Two nodes (started by ``start``, as :func:`start_nodes`); once every rank runs, ``before()``,
+def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda nodes: None,
+                start=start_nodes) -> List[Launcher]:
+    """Two nodes (started by ``start``, as :func:`start_nodes`); once every rank runs, ``before(nodes)``,
     then rank 3 (node B) exits 7; returns the finished nodes (both must exit 0: generation 1 runs to
     its end)."""
     trigger = tmp_path / "fail-now"
@@ -67,7 +70,7 @@ def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda: None,
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
-        before()
+        before(nodes)
         assert all(node.proc.poll() is None for node in nodes)
         trigger.touch()
         codes = [node.wait(60) for node in nodes]
@@ -94,13 +97,20 @@ def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, 
 def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
     """Node B's launcher is SIGKILLed (its ranks die with it): its lease expires, node A stops its
     ranks and, without elastic membership, ends the job naming the lost server."""
+    lose_node_b(tmp_path, etcd)
+
+
+def lose_node_b(tmp_path: Path, etcd: EtcdServer, before=lambda nodes: None) -> None:
+    """Two nodes; once every rank runs, ``before(nodes)``, then node B's launcher is SIGKILLed: node A
+    must see it lost and end the job (exit 1)."""
     nodes = start_nodes(tmp_path, etcd, 2, ["--run", "60"], ["--max-restarts", "3"])
     try:
         for node in nodes:
             node.wait_ready(PER_NODE)
+        before(nodes)
         nodes[1].proc.send_signal(signal.SIGKILL)
         nodes[1].proc.wait()
-        code = nodes[0].wait(60)
+        code = nodes[0].wait(30)
     finally:
         stop_all(nodes)
     assert code == 1, nodes[0].stderr
@@ -113,7 +123,43 @@ def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
 def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
     """etcd crashes and comes back on the same data while the ranks run: the job goes on, and a
     failure after that still restarts every node together."""
-    fail_rank_3(tmp_path, etcd, "8", before=etcd.restart)
+    fail_rank_3(tmp_path, etcd, "8", before=lambda nodes: etcd.restart())
+
+
+def await_event(nodes: Sequence[Launcher], name: str, timeout: float = 30) -> None:
+    """Wait until every node's events.jsonl has ``name`` (the test-side wait, no blind sleep)."""
+    deadline = time.monotonic() + timeout
+    while not all(events(node, name) for node in nodes):
+        assert time.monotonic() < deadline, f"no {name} on every node: {[node.stderr for node in nodes]}"
+        assert all(node.proc.poll() is None for node in nodes), [node.stderr for node in nodes]
+        time.sleep(0.05)
+
+
+def wipe_etcd(etcd: EtcdServer, nodes: Sequence[Launcher]) -> None:
+    """etcd restarted on an empty data dir; returns once every node noticed."""
+    etcd.restart(fresh=True)
+    await_event(nodes, "coordinator_reset")
+
+
+def test_etcd_restarted_without_its_data_coordination_resumes(tmp_path, etcd):
+    """etcd crashes and comes back on an empty data dir (no persistent volume): every lease and key
+    is gone. The ranks are not touched; each launcher notices the loss (coordinator_reset), puts its
+    records back, and a failure afterwards still restarts every node together."""
+    nodes = fail_rank_3(tmp_path, etcd, "8", before=lambda nodes: wipe_etcd(etcd, nodes))
+    for node in nodes:
+        assert sorted(int(line[1]) for line in node.ready_lines()) == [0] * PER_NODE + [1] * PER_NODE
+        [reset] = events(node, "coordinator_reset")
+        assert reset["reason"].startswith(("etcd lost its data", "another node"))
+        assert node.stderr.count("etcd lost this job's records") == 1, node.stderr
+    assert [e["reason"] for e in events(nodes[0], "sync_peer_failure")] == \
+        ["rank 3 on server 1 (node1) failed (exit code 7)"]  # nobody seen as lost
+
+
+def test_a_node_lost_after_etcd_lost_its_data_is_still_seen(tmp_path, etcd):
+    """After etcd came back empty and the launchers put their records back, membership works again:
+    node B's launcher SIGKILLed is seen as lost by node A within the TTL (before the fix the
+    records of who joined were gone, so nobody was ever lost: node A ran on)."""
+    lose_node_b(tmp_path, etcd, before=lambda nodes: wipe_etcd(etcd, nodes))
 
 
 def test_etcd_unreachable_at_start_is_one_line_and_exit_1(tmp_path):
@@ -305,6 +351,31 @@ def test_a_failure_after_a_join_still_ends_a_job_with_no_restarts_left(tmp_path,
     assert [e["reason"] for e in events(nodes[0], "job_end")] == ["failed"]
 
 
+def test_a_node_whose_lease_expired_stays_out_of_the_job_that_went_on(tmp_path, etcd):
+    """Node 2's launcher stops (SIGSTOP: a partition, a frozen host) for longer than the TTL while etcd
+    keeps its data: the others count it as lost and run generation 1 without it. When it resumes, its
+    lease is gone as after lost data, but nothing says the data was lost: it stops its ranks and
+    leaves (exit 1), writing nothing (no abort that would end the others' job). Before, it granted
+    itself a new lease and went on with its stale generation-0 ranks."""
+    nodes = start_elastic(tmp_path, etcd, range(3), "60,4")
+    try:
+        for node in nodes:
+            node.wait_ready(PER_NODE)
+        nodes[2].proc.send_signal(signal.SIGSTOP)
+        for node in nodes[:2]:
+            node.wait_ready(2 * PER_NODE)  # generation 1 runs on nodes 0 and 1
+        nodes[2].proc.send_signal(signal.SIGCONT)
+        codes = [node.wait(30) for node in nodes]
+    finally:
+        stop_all(nodes)
+    assert codes == [0, 0, 1], [node.stderr for node in nodes]
+    assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1]]
+    assert len(events(nodes[2], "coordinator_lease_expired")) == 1 and not events(nodes[2], "coordinator_reset")
+    assert "this server's lease expired" in nodes[2].stderr
+    assert attempt_ranks(nodes[2]) == [(0, [4, 5])]
+    assert not any(events(node, "sync_abort") for node in nodes)
+
+
 def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
     """The barrier before the first generation: alone, node A starts nothing and gives up after
     --sync-timeout, naming the node that never joined."""
@@ -332,32 +403,56 @@ def test_elastic_alone_below_min_starts_nothing(tmp_path, etcd):
 ELASTIC_GLOO = str(Path(__file__).resolve().parents[1] / "workers" / "elastic_gloo.py")
 
 
-@pytest.mark.slow
-def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
-    """3 nodes on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1 (node 0): node 0's launcher is
-    SIGKILLed; the two others regroup, their ranks get MASTER_ADDR 127.0.0.2 (node 1, now hosting
-    rank 0, the address it registered in join.1) with the same port, and a real gloo all_reduce
-    of the 4 ranks completes there. On one machine the stale 127.0.0.1 would reach the new rank 0's
-    store too (it listens on every address), so the MASTER_ADDR check is what tells the defect."""
-    port, results = free_port(), tmp_path / "results"
+def start_master_job(tmp_path: Path, etcd: EtcdServer, port: int, results: Path, indices: Sequence[int] = (0, 1, 2),
+                     worker: Sequence[str] = ()) -> List[Launcher]:
+    """Nodes ``indices`` of 3 on 127.0.0.1-3 (XDL_IP), MIN 2, master 127.0.0.1:``port`` (node 0), the
+    ranks ``tests/workers/elastic_gloo.py`` writing to ``results``."""
     nodes = []
-    for index in range(3):
+    for index in indices:
         node = Launcher(tmp_path / f"node{index}")
         node.tmp.mkdir()
         options = ["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", RUN_ID,
                    "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC]
         node.out, node.err = open(node.tmp / "stdout.txt", "wb"), open(node.tmp / "stderr.txt", "wb")
-        node.proc = subprocess.Popen(node.argv(options, ["--result-file", str(results)], worker=ELASTIC_GLOO),
+        node.proc = subprocess.Popen(node.argv(options, ["--result-file", str(results), *worker], worker=ELASTIC_GLOO),
                                      stdout=node.out, stderr=node.err, cwd=str(node.tmp),
                                      env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
         nodes.append(node)
-    lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port)
+    return nodes
 
 
-def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[str], port: int) -> None:
+@pytest.mark.slow
+def test_the_master_node_lost_the_others_rendezvous_at_the_new_rank_0(tmp_path, etcd):
+    """Node 0's launcher (the master's, 127.0.0.1) is SIGKILLed; nodes 1 and 2 regroup, their ranks
+    get MASTER_ADDR 127.0.0.2 (node 1, now hosting rank 0, the address it registered in join.1) with
+    the same port, free there, and a real gloo all_reduce of the 4 ranks completes. On one machine
+    the stale 127.0.0.1 would reach the new rank 0's store too (it listens on every address), so
+    the MASTER_ADDR check is what tells the defect."""
+    port, results = free_port(), tmp_path / "results"
+    nodes = start_master_job(tmp_path, etcd, port, results)
+    assert lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port) == port
+
+
+@pytest.mark.slow
+def test_the_master_moves_to_a_host_where_its_port_is_taken(tmp_path, etcd):
+    """As above, but something listens on 127.0.0.2:PORT (node 1's host) when node 0 is lost: node 1's
+    launcher finds the port taken, picks a free one and publishes it (gen_0/master.json); node 2
+    waits for it, and all 4 ranks get that port and rendezvous. Before, rank 0 could not bind its
+    store (EADDRINUSE) and every generation failed until the budget was spent."""
+    port, results = free_port(), tmp_path / "results"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", port))
+        listener.listen()
+        nodes = start_master_job(tmp_path, etcd, port, results)
+        assert lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port) != port
+    assert all("in use" in e["reason"] for node in nodes[1:] for e in events(node, "master_moved"))
+
+
+def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[str], port: int) -> int:
     """SIGKILL node 0's launcher once every rank runs; nodes 1 and 2 must regroup and their 4 ranks
-    rendezvous (elastic_gloo.py) at ``masters[1]`` (node 1's address) instead of ``masters[0]``."""
+    rendezvous (elastic_gloo.py) at ``masters[1]`` (node 1's address) instead of ``masters[0]``, on
+    the port both nodes' ``master_moved`` events give (``port`` asked for); returns that port."""
     try:
         for node in nodes:
             node.wait_ready(PER_NODE, timeout=60)
@@ -367,10 +462,36 @@ def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[
     finally:
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes[1:]]
+    [(addr, moved, asked)] = {(e["addr"], e["port"], e["requested_port"])
+                              for node in nodes[1:] for e in events(node, "master_moved")}
+    assert (addr, asked) == (masters[1], port)
     ready = sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
     assert ready == sorted([(str(r), "0", masters[0], str(port), "6") for r in (2, 3, 4, 5)]
-                           + [(str(r), "1", masters[1], str(port), "4") for r in range(4)])
+                           + [(str(r), "1", masters[1], str(moved), "4") for r in range(4)])
     assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]
     for node in nodes[1:]:
         [change] = events(node, "world_size_changed")
-        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], masters[1], port)
+        assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], masters[1], moved)
+    return moved
+
+
+@pytest.mark.slow
+def test_a_start_without_the_masters_node_checks_the_port_on_the_new_master_host(tmp_path, etcd):
+    """Elastic start with MIN: only nodes 1 and 2 start (node 0, the master's, never does), and
+    something listens on 127.0.0.2:PORT. Before generation 0, node 1's launcher finds the port
+    taken, publishes another (gen_-1/master.json), and generation 0's 4 ranks rendezvous there."""
+    port, results = free_port(), tmp_path / "results"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", port))
+        listener.listen()
+        nodes = start_master_job(tmp_path, etcd, port, results, (1, 2), ["--first-attempt", "0"])
+        try:
+            codes = [node.wait(120) for node in nodes]
+        finally:
+            stop_all(nodes)
+    assert codes == [0, 0], [node.stderr for node in nodes]
+    [(moved, reason)] = {(e["port"], e["reason"]) for node in nodes for e in events(node, "master_moved")}
+    assert moved != port and "in use" in reason
+    ready = sorted(tuple(line) for node in nodes for line in node.ready_lines())
+    assert ready == [(str(r), "0", "127.0.0.2", str(moved), "4") for r in range(4)]
+    assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]

@@ -64,7 +64,7 @@ def test_the_master_host_lost_the_others_rendezvous_at_node_1(tmp_path, network,
     results = tmp_path / "results"
     nodes = start_all(network, tmp_path, netns_etcd, 3, "2:3", ELASTIC, ["--result-file", str(results)],
                       worker=ELASTIC_GLOO)
-    lose_the_master(nodes, results, [host.address for host in network.hosts[:2]], MASTER_PORT)
+    assert lose_the_master(nodes, results, [host.address for host in network.hosts[:2]], MASTER_PORT) == MASTER_PORT
 
 
 # -- a network partition ------------------------------------------------------------------------
@@ -109,14 +109,6 @@ def test_a_partitioned_host_is_lost_and_the_others_go_on(tmp_path, network, netn
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "launcher defect (launcher/cluster/etcdstore.py, sync.py): when the link comes back, node 2's "
-    "keep-alive finds its lease expired, grants a new one and puts member.2 back ('etcd: this server's "
-    "lease had expired; granted a new one') and the job goes on: its generation-0 ranks keep running "
-    "beside the regrouped job, since gen_0 holds nothing that stops it (the others wrote stopped.0/1 and "
-    "next.json without it). They are stopped only when nodes 0 and 1 finish and revoke their leases: "
-    "node 2 then takes them for lost ('server 0 (node0), server 1 (node1) lost', sync_peer_failure and "
-    "sync_lost) and exits 1 with too few nodes."))
 def test_a_healed_host_neither_rejoins_silently_nor_leaves_ranks_behind(tmp_path, network, netns_etcd,  # noqa: F811
                                                                      record_property):
     """After the regroup, node 2's link comes back. Its launcher learns it was dropped (its lease
@@ -135,8 +127,10 @@ def test_a_healed_host_neither_rejoins_silently_nor_leaves_ranks_behind(tmp_path
     # ... and they were stopped because node 2 came back, not once the regrouped job had ended
     # without it (generation 1's ranks run 12 s; the others' leaving is what stops them today).
     assert max(stale.values()) < min(ts for node in nodes[:2] for ts in exits(node, 1).values()), nodes[2].stderr
-    # It was the one lost: it must not report the healthy nodes as lost.
-    assert not [e for e in events(nodes[2], "sync_peer_failure") if "lost" in e["reason"]], nodes[2].stderr
+    # It was the one lost: it must not report the healthy nodes as lost (itself, it may).
+    assert not [e for e in events(nodes[2], "sync_peer_failure") if "node0" in e["reason"] or "node1" in e["reason"]], \
+        nodes[2].stderr
+    assert len(events(nodes[2], "coordinator_lease_expired")) == 1 and not events(nodes[2], "coordinator_reset")
     later = [e["attempt"] for e in events(nodes[2], "attempt_start")][1:]
     if codes[2] == 0:  # taken in again: at a generation after the regroup, run by every node
         assert later and min(later) >= 2, later
@@ -160,26 +154,19 @@ def alive(proc: psutil.Process) -> bool:
 
 
 @pytest.mark.slow
-def test_the_master_port_busy_on_the_new_master_host_fails_that_generation(tmp_path, network, netns_etcd):  # noqa: F811
-    """The documented limit of "the master follows rank 0", which loopback cannot set up: the master
-    port is free on node 0's host but something else holds it on node 1's. After node 0 is lost,
-    the new rank 0 cannot bind its store on node 1, and the generation fails as any rank failure
-    does (with --max-restarts 1 the job then ends on both nodes), EADDRINUSE in its log."""
+def test_the_master_port_busy_on_the_new_master_host_gets_another_port(tmp_path, network, netns_etcd):  # noqa: F811
+    """What loopback shows only in part: the master port is free on node 0's host but something else
+    holds it on node 1's. After node 0 is lost, node 1's launcher finds the port taken on its host,
+    takes a free one and publishes it; node 2's ranks connect there across the hosts, and the gloo
+    all_reduce completes. (Before, the new rank 0 failed with EADDRINUSE in every generation.)"""
     holder = network.hosts[1].listen(MASTER_PORT, tmp_path / "holder")
+    results = tmp_path / "results"
     nodes = start_all(network, tmp_path, netns_etcd, 3, "2:3", ["--max-restarts", "1", "--elastic-wait", "1"],
-                      ["--result-file", str(tmp_path / "results")], worker=ELASTIC_GLOO)
+                      ["--result-file", str(results)], worker=ELASTIC_GLOO)
     try:
-        for node in nodes:
-            node.wait_ready(PER_NODE, timeout=60)
-        nodes[0].proc.kill()
-        nodes[0].proc.wait()
-        codes = [node.wait(120) for node in nodes[1:]]
+        port = lose_the_master(nodes, results, [host.address for host in network.hosts[:2]], MASTER_PORT)
     finally:
-        stop_all(nodes)
         holder.kill()
         holder.wait()
-    assert codes == [1, 1], codes
-    log = (nodes[1].log_dir / "latest" / "attempt_1" / "rank_0.log").read_text()
-    assert "address already in use" in log.lower(), log[-2000:]
-    assert "rank 0 on server 1 (node1)" in nodes[1].stderr + nodes[2].stderr
-    assert not (tmp_path / "results").exists()
+    assert port != MASTER_PORT
+    assert all("in use" in e["reason"] for node in nodes[1:] for e in events(node, "master_moved"))

@@ -1,6 +1,7 @@
 """The coordination records in etcd (``launcher.cluster.etcdstore``) against a fake client in memory:
-joining an incarnation, membership (who is lost), this node's queued records, shutting down.
-The real server is in tests/integration/test_multinode_etcd.py."""
+joining an incarnation, membership (who is lost), this node's queued records, shutting down, and
+etcd losing its data against this server's lease expiring. The real server is in
+tests/integration/test_multinode_etcd.py."""
 
 import json
 import threading
@@ -15,12 +16,16 @@ NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
 
 
 class FakeEtcd:
-    """The calls ``EtcdStore`` makes, on a dict; leases are ids whose keys ``expire`` deletes."""
+    """The calls ``EtcdStore`` makes, on a dict; leases are ids whose keys ``expire`` deletes; every
+    write moves the revision on, and ``wipe`` is etcd restarted on an empty data dir."""
 
     def __init__(self):
         self.endpoints = [("127.0.0.1", 2379)]
+        self.cluster_id = "7"
         self.kv: Dict[str, bytes] = {}
         self.leases: Dict[str, int] = {}
+        self.live: set = set()
+        self.revision = 1
         self.next_lease = 100
         self.revoked: List[int] = []
         self.down = False
@@ -35,11 +40,13 @@ class FakeEtcd:
     def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
         self._check()
         self.ranges += 1
-        return 1, {k: v for k, v in self.kv.items() if k.startswith(prefix)}
+        return self.revision, {k: v for k, v in self.kv.items() if k.startswith(prefix)}
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         self._check()
+        self.revision += 1
         self.kv[key] = value
+        self.leases.pop(key, None)
         if lease:
             self.leases[key] = lease
 
@@ -54,11 +61,12 @@ class FakeEtcd:
     def grant(self, ttl: int) -> int:
         self._check()
         self.next_lease += 1
+        self.live.add(self.next_lease)
         return self.next_lease
 
     def keepalive(self, lease: int) -> int:
         self._check()
-        return 5
+        return 5 if lease in self.live else 0
 
     def revoke(self, lease: int) -> None:
         self._check()
@@ -66,8 +74,16 @@ class FakeEtcd:
         self.expire(lease)
 
     def expire(self, lease: int) -> None:
+        self.live.discard(lease)
         for key in [k for k, held in self.leases.items() if held == lease]:
             del self.kv[key], self.leases[key]
+
+    def wipe(self) -> None:
+        """etcd restarted on an empty data dir: no key, no lease, the revision back at 1."""
+        self.kv.clear()
+        self.leases.clear()
+        self.live.clear()
+        self.revision = 1
 
     def watch(self, prefix: str, start_revision: int, idle: float):
         self.closing.wait(idle)
@@ -89,8 +105,10 @@ def etcd():
             assert not thread.is_alive(), f"{thread.name} outlived its test"
 
 
-def join(etcd: FakeEtcd, index: int, run_id: str = "job", count: int = 3) -> EtcdStore:
-    store = EtcdStore.join(etcd, run_id, index, NAMES[:count], ttl=5)
+def join(etcd: FakeEtcd, index: int, run_id: str = "job", count: int = 3, emit=None) -> EtcdStore:
+    """A store on the fake; a TTL of 60 s keeps its keep-alive thread out of the test (the test
+    calls what that thread would)."""
+    store = EtcdStore.join(etcd, run_id, index, NAMES[:count], ttl=60, emit=emit)
     etcd.stores.append(store)
     return store
 
@@ -205,3 +223,82 @@ def test_a_watch_closed_at_once_is_not_a_busy_loop(etcd):
     done = threading.Event()
     done.wait(0.5)
     assert etcd.ranges < 20, f"{etcd.ranges} range requests in 0.5 s"
+
+
+# -- etcd restarted without its data, against this server's lease expiring -----------------------
+def test_etcd_that_lost_its_data_gets_the_records_back_and_nobody_is_lost(etcd):
+    """etcd comes back empty: the first launcher to notice (its lease is unknown, its join record is
+    gone) puts back what it knew; every member stays a member, the generation's records are back."""
+    seen = []
+    a = join(etcd, 0, emit=lambda event, **fields: seen.append((event, fields)))
+    b, c = join(etcd, 1), join(etcd, 2)
+    b.write(0, "failed.1.json", {"ranks": [3], "rank": 3, "returncode": 7, "exit_code": 7})
+    b._writes.put(None)
+    b._threads[2].join(5)  # b's record is in etcd
+    for store in (a, b, c):
+        store._refresh()
+    old_lease = a.lease
+    etcd.wipe()
+    a._refresh(gone=old_lease)
+    assert a.lease != old_lease and etcd.leases[a.prefix + "member.0"] == a.lease
+    assert {f"{a.prefix}{name}" for name in ("reset.1", "join.0", "join.1", "join.2", "member.1", "member.2",
+                                             "gen_0/failed.1.json")} <= set(etcd.kv)
+    state = a.read(0)
+    assert state.lost == frozenset() and state.failed_ranks() == (3,)
+    assert [(event, fields["reset"]) for event, fields in seen] == [("coordinator_reset", 1)]
+    assert seen[0][1]["reason"].startswith("etcd lost its data: revision 1 after ")
+    a._refresh(gone=old_lease)  # a keep-alive answered for the old lease: no second reset, no expulsion
+    assert a.expelled is None and len(set(etcd.kv) - {a.prefix + "member.0"}) == 7
+
+
+def test_a_launcher_finds_the_records_put_back_by_another(etcd):
+    """The reset record tells the second launcher that its lease is gone because etcd lost its data
+    (its join record is back already): it takes its member key onto a lease of its own."""
+    a, b = join(etcd, 0), join(etcd, 1)
+    for store in (a, b):
+        store._refresh()
+    etcd.wipe()
+    a._refresh(gone=a.lease)
+    proxy = etcd.leases[b.prefix + "member.1"]
+    b._refresh(gone=b.lease)
+    assert b.expelled is None and etcd.leases[b.prefix + "member.1"] == b.lease != proxy
+    assert b._notices[0][1]["reason"] == "another node found etcd's data lost and put the records back (reset 1)"
+    assert sorted(k[len(b.prefix):] for k in etcd.kv) == ["join.0", "join.1", "member.0", "member.1", "reset.1"]
+
+
+def test_a_member_that_died_while_etcd_was_away_is_lost_once_the_lease_of_the_put_back_key_ends(etcd):
+    a, b = join(etcd, 0), join(etcd, 1)
+    for store in (a, b):
+        store._refresh()
+    etcd.wipe()
+    a._refresh(gone=a.lease)
+    assert a.read(0).lost == frozenset()
+    etcd.expire(etcd.leases[a.prefix + "member.1"])  # nobody renews the put-back key: b is gone
+    a._refresh()
+    assert a.read(0).lost == {1}
+
+
+def test_a_lease_that_expired_while_etcd_kept_the_data_keeps_the_server_out(etcd):
+    """Not lost data (same revision line, join record there, no reset record): the others count
+    this server as lost; it reads itself as lost and writes nothing more, not even ``closed``."""
+    a, b = join(etcd, 0), join(etcd, 1)
+    b._refresh()
+    etcd.expire(b.lease)
+    b._refresh(gone=b.lease)
+    assert [event for event, _ in b._notices] == ["coordinator_lease_expired"]
+    assert b.expelled and b.read(0).lost == {1}
+    assert b.write(0, "abort", {"exit_code": 1, "reason": "lost"}, exclusive=True) is False
+    b.close("failed")
+    b.shutdown()
+    assert sorted(k[len(b.prefix):] for k in etcd.kv) == ["join.0", "join.1", "member.0"]
+    assert b.lease not in etcd.revoked  # etcd dropped it already
+    a._refresh()
+    assert a.read(0).lost == {1}
+
+
+def test_a_changed_cluster_id_is_lost_data(etcd):
+    a = join(etcd, 0)
+    etcd.cluster_id = "8"  # a cluster rebuilt with other peers or another token
+    a._refresh()
+    assert a._notices[0][1]["reason"] == "etcd lost its data: cluster id 7 -> 8"
+    assert a.prefix + "reset.1" in etcd.kv

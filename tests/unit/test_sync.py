@@ -16,6 +16,7 @@ from launcher.jobspec.options import check_sync_options as check_options
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult
 from launcher.supervision.states import ExitInfo
 from launcher.cluster.sync import Coordinator, Elastic
+from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncdir import SyncDir
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
@@ -227,13 +228,16 @@ def test_a_stop_signal_during_the_barrier_ends_the_wait(tmp_path):
 
 # -- a lost node (a store with membership: etcd's leases) --------------------------------------------
 class LeasedDir(SyncDir):
-    """A fake store with membership: the shared directory, plus servers the test declares lost."""
+    """A fake store with membership: the shared directory, plus servers the test declares lost (this
+    one only when ``expelled``: its lease expired while the store kept its records)."""
 
     lost = frozenset()
+    expelled = False
 
     def read(self, generation):
         state = super().read(generation)
-        return dataclasses.replace(state, lost=frozenset(self.lost) - state.done - {self.index})
+        own = set() if self.expelled else {self.index}
+        return dataclasses.replace(state, lost=frozenset(self.lost) - state.done - own)
 
 
 def leased(tmp_path, index: int, count: int = 2, timeout: float = 10.0) -> Node:
@@ -329,6 +333,76 @@ def test_elastic_a_node_left_out_of_the_next_generation_ends(tmp_path, caplog):
     a.files.write(0, "next.json", {"servers": [0, 2]}, exclusive=True)
     assert b.sync.settle(0, None, failure(-1, 9), [], b.waiter()).exit_code == 9
     assert "the other nodes go on without this one" in caplog.text
+
+
+def test_elastic_a_node_that_is_itself_lost_ends_without_waiting_for_a_replacement(tmp_path, caplog):
+    """Its lease expired while etcd kept the records: the others go on without it, and it must not
+    wait to be its own replacement and re-enter. It ends at once, proposing nothing."""
+    a, b = elastic(tmp_path, 0), elastic(tmp_path, 1)
+    elastic(tmp_path, 2).files.write(0, "stopped.2", {})
+    b.files.write(0, "stopped.1", {})
+    a.files.expelled, a.files.lost = True, {0}
+    wait = a.waiter()
+    assert a.sync.settle(0, None, failure(-1), [], wait) == Agreement(exit_code=1, reason="failed")
+    assert not wait.calls and a.files.read(0).next is None
+    assert "server 0 (10.0.0.1) lost in generation 0" in caplog.text
+
+
+def master_moves(tmp_path, index: int, check=lambda address, port: (31000, "port 29400 is in use")) -> Node:
+    """An elastic node whose master moves to server 1 (10.0.0.2) whenever server 0 is not kept."""
+    node = elastic(tmp_path, index)
+    node.sync.master = MasterMove(lambda servers: None if 0 in servers else (min(servers), NAMES[min(servers)]),
+                                  29400, check)
+    return node
+
+
+def test_elastic_the_new_master_publishes_its_endpoint_and_every_node_uses_it(tmp_path):
+    """Server 0 lost: server 1 hosts rank 0 and the master; its launcher checks the port on its host
+    and writes gen_0/master.json; server 2 waits for it at the barrier and takes the same endpoint."""
+    b, c = master_moves(tmp_path, 1), master_moves(tmp_path, 2, check=None)  # only the new host checks
+    b.files.lost = c.files.lost = {0}
+    b.files.write(0, "stopped.1", {})
+    settled = []
+
+    def b_settles_once_c_waits_for_the_master(call):
+        if c.events[-1][1].get("waiting_for") == "the new master's endpoint" and not settled:
+            settled.append(b.sync.settle(0, None, failure(-1), [], b.waiter()))
+    assert c.sync.settle(0, None, failure(-1), [], c.waiter(b_settles_once_c_waits_for_the_master)) == Agreement(())
+    assert settled == [Agreement(())]
+    for node in (b, c):
+        assert node.sync.endpoint == ("10.0.0.2", 31000)
+        assert [kw for name, kw in node.events if name == "master_moved"] == [
+            {"generation": 1, "server": 1, "addr": "10.0.0.2", "port": 31000, "requested_port": 29400,
+             "reason": "port 29400 is in use"}]
+    assert ("sync_wait", {"generation": 0, "waiting_for": "the new master's endpoint", "servers":
+            ["the new master's endpoint"], "timeout": 10.0}) in c.events
+
+
+def test_elastic_a_start_without_the_masters_server_agrees_on_the_endpoint_before_generation_0(tmp_path):
+    """Generation 0 starts on servers 1 and 2 (MIN): the record is written before it, as generation -1's."""
+    b, c = master_moves(tmp_path, 1), master_moves(tmp_path, 2, check=None)
+    b.sync.members = c.sync.members = (1, 2)  # gen_0/start.json agreed
+    assert b.sync.move_master(-1, 1, b.waiter()) is None
+    assert c.sync.move_master(-1, 1, c.waiter()) is None
+    assert b.sync.endpoint == c.sync.endpoint == ("10.0.0.2", 31000)
+    assert [kw["generation"] for name, kw in c.events if name == "master_moved"] == [0]
+
+
+def test_elastic_a_master_that_stays_publishes_nothing(tmp_path):
+    a, c = master_moves(tmp_path, 0), master_moves(tmp_path, 2)
+    c.files.write(0, "stopped.2", {})
+    a.files.lost = {1}
+    assert a.sync.settle(0, None, failure(-1), [], a.waiter()) == Agreement(())
+    assert a.sync.endpoint is None and a.files.read(0).master is None
+
+
+def test_elastic_the_new_masters_host_never_publishes(tmp_path, caplog):
+    c = master_moves(tmp_path, 2, check=None)
+    c.files.write(0, "stopped.2", {})
+    master_moves(tmp_path, 1).files.write(0, "stopped.1", {})
+    c.files.lost = {0}
+    assert c.sync.settle(0, None, failure(-1), [], c.waiter()) == Agreement(exit_code=1, reason="sync-timeout")
+    assert "server 1 (10.0.0.2) did not report generation 0 as master within 10 s" in caplog.text
 
 
 def test_a_launcher_joining_a_running_job_passes_the_barrier_of_its_generation(tmp_path):

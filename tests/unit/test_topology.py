@@ -444,6 +444,56 @@ def test_regroup_of_a_file_table_without_registrations_uses_the_table_address():
     assert regroup(topo, [0, 2]).table.master_addr == "172.16.0.1"
 
 
+def test_regroup_uses_the_endpoint_the_new_master_published_only_when_the_master_moved():
+    table = build_local_table(2, nnodes=3, master_addr="10.0.0.1", master_port=29400)
+    topo = Topology(table, table.servers[2], "--nproc-per-node", None, False, 29400)
+    addresses = {1: "10.0.0.2", 2: "10.0.0.3"}
+    assert topology.moved_master(topo, [1, 2], addresses) == (1, "10.0.0.2")
+    assert topology.moved_master(topo, [0, 2], addresses) is None
+    new = regroup(topo, [1, 2], addresses, ("10.0.0.2", 31000))
+    assert (new.table.master_addr, new.master_port) == ("10.0.0.2", 31000)
+    assert (regroup(topo, [0, 2], addresses, ("10.0.0.2", 31000)).master_port) == 29400
+
+
+# -- the port of a master that moved: a bind test on its new host -------------------------------------
+def test_master_port_kept_when_free():
+    port = topology.free_port("127.0.0.1")
+    assert topology.master_port_on("127.0.0.1", port) == (port, f"port {port} is free on 127.0.0.1")
+
+
+@pytest.mark.parametrize("listen_on", ["127.0.0.1", "0.0.0.0"])
+def test_master_port_taken_on_its_address_or_any_gets_another_free_one(listen_on):
+    """Something listens on the port (on the master's address, or on every address: either keeps a
+    TCPStore, which listens on every address, from binding it): another port, free, and why."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind((listen_on, 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        port, reason = topology.master_port_on("127.0.0.1", taken)
+        assert port != taken and topology.port_in_use("127.0.0.1", port) is None
+        assert reason == f"port {taken} is in use on 127.0.0.1 (Address already in use): took free port {port}"
+
+
+def test_a_port_taken_on_another_address_of_the_host_blocks_the_store_too():
+    """On one machine 127.0.0.2 is this host too: the store's wildcard bind would fail."""
+    import socket
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.2", 0))
+        listener.listen()
+        assert topology.port_in_use("127.0.0.3", listener.getsockname()[1]) == "Address already in use"
+
+
+def test_master_port_of_an_address_not_on_this_host_checks_every_address():
+    """A registered address that is not this host's (NAT, a name that resolves elsewhere): the
+    wildcard bind alone decides."""
+    port = topology.free_port("127.0.0.1")
+    assert topology.port_in_use("192.0.2.1", port) is None
+    assert topology.port_in_use("no-such-host.invalid", port) is None
+
+
 @given(nnodes=st.integers(2, 6), nproc=st.integers(1, 3), data=st.data())
 def test_regroup_master_is_the_host_of_new_rank_0_on_every_node(nnodes, nproc, data):
     """For any kept subset: the master is rank 0's server (the original master while it is kept),

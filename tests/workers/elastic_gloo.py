@@ -2,9 +2,9 @@
 """A rank of an elastic job that really rendezvouses once the job has regrouped.
 
 Every attempt appends ``<rank> <attempt> <MASTER_ADDR> <MASTER_PORT> <WORLD_SIZE>`` to the ready
-file. Attempt 0 then waits to be stopped (the test kills a node meanwhile); a later attempt joins a
-gloo process group at ``MASTER_ADDR:MASTER_PORT``, all-reduces its rank and appends
-``<rank> <world> <sum>`` to ``--result-file``, then exits 0.
+file. An attempt before ``--first-attempt`` (default 1) then waits to be stopped (the test kills a
+node meanwhile); a later attempt joins a gloo process group at ``MASTER_ADDR:MASTER_PORT``,
+all-reduces its rank and appends ``<rank> <world> <sum>`` to ``--result-file``, then exits 0.
 """
 
 import argparse
@@ -26,12 +26,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ready-file", required=True)
     parser.add_argument("--result-file", required=True)
+    parser.add_argument("--first-attempt", type=int, default=1)
     args = parser.parse_args()
     env = os.environ
     attempt = int(env["LAUNCHER_ATTEMPT"])
     append(args.ready_file, " ".join([env["RANK"], str(attempt), env["MASTER_ADDR"], env["MASTER_PORT"],
                                       env["WORLD_SIZE"]]))
-    if attempt == 0:
+    if attempt < args.first_attempt:
         signal.pause()  # stopped by the launcher when the job regroups
         return 1
     import torch
