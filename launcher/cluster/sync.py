@@ -1,7 +1,7 @@
 """Coordinated restarts of one job's launchers: the protocol, over a store of records.
 
 Restart generations (docs/multinode.md): generation ``g`` is the attempt number, the same on every
-node. :class:`Coordinator` runs the protocol behind the supervisor's hooks over a :class:`Store`:
+node. :class:`Coordinator` runs the protocol behind the supervisor's hooks over a :class:`~launcher.cluster.syncstore.Store`:
 the files of :mod:`launcher.cluster.syncdir` (``--sync-dir``) or the keys of
 :mod:`launcher.cluster.etcdstore` (``--coordinator etcd://``, which adds leased membership: a node
 whose launcher dies is *lost*). :mod:`launcher.cluster.syncjoin` joins one for ``launcher run``.
@@ -11,10 +11,11 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Sequence, Set, Tuple
+from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, MASTER, NEXT, STOPPED, Generation, failure_of
 from launcher.cluster.syncmaster import MasterMove
+from launcher.cluster.syncstore import Store
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
@@ -33,36 +34,6 @@ class Elastic:
 
     min_nodes: int
     wait: float
-
-
-class Store(Protocol):
-    """Where the nodes' records live (``SyncDir``, ``EtcdStore``); ``read`` and ``write`` never block long.
-
-    Attributes:
-        index: This server's index; count: how many servers; path: where, for messages.
-    """
-
-    index: int
-    count: int
-    path: str
-
-    def name(self, index: int) -> str:
-        """``server 1 (10.0.0.2)``."""
-
-    def gen_path(self, generation: int) -> str:
-        """Where generation ``generation``'s records are, for messages."""
-
-    def read(self, generation: int) -> Generation:
-        """Every node's records of ``generation``."""
-
-    def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
-        """Publish ``gen_<g>/<name>``; with ``exclusive``, False when it already exists."""
-
-    def close(self, reason: str) -> None:
-        """Mark the incarnation as ended."""
-
-    def shutdown(self) -> None:
-        """Release what the store holds (threads, lease)."""
 
 
 class Coordinator(NoSync):

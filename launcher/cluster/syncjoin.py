@@ -11,7 +11,8 @@ import logging
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
-from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic, Store
+from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic
+from launcher.cluster.syncstore import Store
 from launcher.cluster.syncdir import SyncDir
 from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncstart import announce_join, elastic_start
