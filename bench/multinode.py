@@ -4,7 +4,10 @@
    the last node) crashes once all ranks of every node run; measured from its crash to the last
    attempt-1 rank of any node running user code. Variants: ``--coordinator etcd://`` (a real etcd on
    127.0.0.1, started once for the benchmark), ``--sync-dir`` (tmp dir), and torchrun agents with
-   the c10d rendezvous (``--nnodes N --rdzv-backend c10d``, node 0's agent hosts the store).
+   the c10d rendezvous (``--nnodes N --rdzv-backend c10d``, node 0's agent hosts the store) and,
+   when ``BENCH_PYTHON_ETCD`` names a directory holding the ``python-etcd`` package (``pip install
+   --target DIR python-etcd``: torchrun's etcd rendezvous needs it, the launcher does not), with
+   its etcd rendezvous (``--rdzv-backend etcd``) on the same etcd, which then also serves the v2 API.
 2. **Silent node loss -> the other nodes stopping.** Every process of the last node (launcher or
    agent, and its ranks) is SIGKILLed at once, as a power loss would; measured from the kill to the
    last rank of the other nodes having received its stop signal (the rank records it). With
@@ -28,15 +31,18 @@ NAME = "multinode"
 PER_NODE = 2
 TTL = 2
 LOSS_CAP = 10.0
-KINDS = ("etcd", "sync-dir", "torchrun-c10d")
+KINDS = ("etcd", "sync-dir", "torchrun-c10d", "torchrun-etcd")
+#: Where python-etcd is, for torchrun's etcd rendezvous (the kind is skipped without it).
+PYTHON_ETCD = os.environ.get("BENCH_PYTHON_ETCD", "")
 
 
 def _node_argv(kind: str, nodes: int, node: int, tmp: TempDir, port: int, url: str, options: Sequence[str]) -> List[str]:
     command = [script("crash.py")]
-    if kind == "torchrun-c10d":
+    if kind.startswith("torchrun"):
+        endpoint = url.replace("etcd://", "") if kind == "torchrun-etcd" else f"127.0.0.1:{port}"
         return [PYTHON, "-m", "torch.distributed.run", "--nnodes", str(nodes), "--node-rank", str(node),
-                "--nproc-per-node", str(PER_NODE), "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                f"127.0.0.1:{port}", "--rdzv-id", os.path.basename(tmp.path), *options, *command]
+                "--nproc-per-node", str(PER_NODE), "--rdzv-backend", kind.split("-")[1], "--rdzv-endpoint",
+                endpoint, "--rdzv-id", os.path.basename(tmp.path), *options, *command]
     coordination = ["--coordinator", url, "--coordinator-ttl", str(TTL)] if kind == "etcd" \
         else ["--sync-dir", tmp.sub("sync")]
     return [PYTHON, "-m", "launcher", "run", "--nnodes", str(nodes), "--node-rank", str(node), "--nproc-per-node",
@@ -47,6 +53,8 @@ def _node_argv(kind: str, nodes: int, node: int, tmp: TempDir, port: int, url: s
 
 def _start(kind: str, nodes: int, tmp: TempDir, url: str, env: Dict[str, str], options: Sequence[str]) -> List[Job]:
     port = free_port()
+    if kind == "torchrun-etcd":
+        env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [env.get("PYTHONPATH"), PYTHON_ETCD]))}
     return [Job(_node_argv(kind, nodes, node, tmp, port, url, options), env, stderr=open(tmp.sub(f"err{node}"), "wb"))
             for node in range(nodes)]
 
@@ -82,7 +90,7 @@ def restart_run(kind: str, nodes: int, url: str) -> dict:
 
 def _spawned(kind: str, nodes: int, tmp: TempDir) -> List[float]:
     """When each attempt-1 rank was spawned, from the launchers' events (none for torchrun)."""
-    if kind == "torchrun-c10d":
+    if kind.startswith("torchrun"):
         return []
     return [e["ts"] for node in range(nodes) for e in read_events(tmp.sub(f"run{node}"))
             if e.get("event") == "rank_spawned" and e.get("attempt") == 1]
@@ -141,7 +149,7 @@ def etcd_url(tmp: Path) -> Optional[object]:
 
     if not etcd_binary():
         return None
-    server = EtcdServer(tmp / "etcd").start()
+    server = EtcdServer(tmp / "etcd", v2=bool(PYTHON_ETCD)).start()
     common.KEEP.add(server.proc.pid)
     return server
 
@@ -152,7 +160,7 @@ def run(settings: Settings) -> Result:
     holder = TempDir("multinode-etcd")
     server = etcd_url(Path(holder.path))
     url = server.url if server else ""
-    kinds = KINDS if server else KINDS[1:]
+    kinds = [kind for kind in KINDS if (server or "etcd" not in kind) and (kind != "torchrun-etcd" or PYTHON_ETCD)]
     try:
         for nodes in ((2,) if settings.quick else (2, 4)):
             variants = {kind: (lambda k=kind, n=nodes: restart_run(k, n, url)) for kind in kinds}
@@ -160,7 +168,8 @@ def run(settings: Settings) -> Result:
             raw[f"restart nodes={nodes}"] = runs
             rows.append(_row(f"{nodes} nodes x {PER_NODE}: crash -> every node's ranks restarted", runs,
                              "restart_s", "< 500 ms", lambda v: v is not None and v < 500))
-            spawned = {kind: ms(median(column(runs[kind], "spawned_s"))) for kind in kinds if kind != KINDS[2]}
+            spawned = {kind: ms(median(column(runs[kind], "spawned_s"))) for kind in kinds
+                       if not kind.startswith("torchrun")}
             details.append(f"- {nodes} nodes, crash -> every node's attempt-1 ranks spawned (`rank_spawned`, the "
                            f"launchers' part, medians): " + "; ".join(f"{k} {fmt(v)} ms" for k, v in spawned.items()))
         variants = {kind: (lambda k=kind: loss_run(k, 2, url)) for kind in kinds}

@@ -37,10 +37,12 @@ class EtcdServer:
 
     Args:
         data_dir: Its data directory (kept across :meth:`restart`).
+        v2: Also serve etcd's v2 API (``--enable-v2``), for torchrun's etcd rendezvous in the benchmark.
     """
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, v2: bool = False):
         self.data_dir = data_dir
+        self.v2 = v2
         self.port, self.peer_port = free_port(), free_port()
         self.proc: Optional[subprocess.Popen] = None
 
@@ -56,7 +58,7 @@ class EtcdServer:
         self.proc = subprocess.Popen(
             [etcd_binary(), "--name", "default", "--data-dir", str(self.data_dir), "--listen-client-urls", client,
              "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"default={peer}"], stdout=log, stderr=log)
+             "--initial-cluster", f"default={peer}", *(["--enable-v2"] if self.v2 else [])], stdout=log, stderr=log)
         log.close()
         deadline = time.monotonic() + ETCD_TIMEOUT
         while time.monotonic() < deadline:
