@@ -16,10 +16,13 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   after writing (``IN_CLOSE_WRITE``) or renamed into place (``IN_MOVED_TO``) and not touched since
   counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
   system raise no inotify events: for them the mtime check above applies, and the settle interval.
-* **As files appear.** With the event loop's timer (``call_later``), :meth:`CheckpointIndex.drain`
-  schedules :meth:`CheckpointIndex.update` after a burst of events (local file systems only, never
-  sleeping), and :meth:`CheckpointIndex.poll` reads new reports every ``POLL_SECONDS``, so a save
-  round is indexed while it happens and the plan before the restart finds little left to read.
+* **As files appear, off the event loop.** With ``background``, the index's own thread
+  (:class:`launcher.restore.ckptwatch.Indexer`) drains the inotify events as they come, runs
+  :meth:`CheckpointIndex.update` after a burst (local file systems only, never sleeping) and
+  :meth:`CheckpointIndex.poll` every ``ckptwatch.POLL_SECONDS`` (new reports), so a save round is indexed
+  while it happens and the plan before the restart finds little left to read. One lock guards the
+  index's state: the plan's :meth:`CheckpointIndex.scan` waits for the step the thread is in, then
+  reads whatever is still unabsorbed itself (same result as the full scan either way).
 * **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
   ``<root>/.saves/`` is not stat-ed at each scan, its new files need no listing and no settle sleep;
   ``.saves/`` is followed by inotify on a local file system, else by one ``stat`` per look.
@@ -36,6 +39,7 @@ import functools
 import gc
 import logging
 import os
+import threading
 import time
 from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -45,16 +49,13 @@ from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECON
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
 from launcher.restore.ckptnames import KindIndex, by_kind, classify_name
 from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
-from launcher.restore.ckptwatch import _REPORTS, _ROOT, IndexWatches
+from launcher.restore.ckptwatch import _REPORTS, _ROOT, Indexer, IndexWatches, locked
 from launcher.restore.digests import DigestCache, DigestWorker
 
 logger = logging.getLogger(__name__)
 
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
-#: Seconds between the event loop's looks at the reports directory where inotify does not see every
-#: save (a shared file system, or no inotify): one ``stat`` each when nothing changed.
-POLL_SECONDS = 1.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
@@ -98,7 +99,7 @@ class CheckpointIndex(IndexWatches):
         settle_seconds: as for the full scan.
         watch: use inotify (False: directory mtimes only, as on a shared file system).
         racy_seconds: see ``RACY_SECONDS``.
-        call_later: the event loop's timer; with it, :meth:`drain` schedules :meth:`update`.
+        background: keep the index up to date from its own thread (``ckpt-index``) as files appear.
         hash_ranks: the ranks whose new files the digest worker reads ahead (this node's: every
             node hashing every rank's saves would read each save round once per node); None: all.
     """
@@ -106,8 +107,7 @@ class CheckpointIndex(IndexWatches):
     def __init__(self, root: str, patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
                  settle_seconds: float = DEFAULT_SETTLE_SECONDS, watch: bool = True,
                  racy_seconds: float = RACY_SECONDS,
-                 call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None,
-                 hash_ranks: Optional[AbstractSet[int]] = None):
+                 background: bool = False, hash_ranks: Optional[AbstractSet[int]] = None):
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
         self._hash_ranks = hash_ranks
         self._racy_ns = int(racy_seconds * 1e9)
@@ -120,7 +120,7 @@ class CheckpointIndex(IndexWatches):
         self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
-        self._call_later, self._update_pending, self._closed = call_later, False, False
+        self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
         self.digests = DigestWorker(DigestCache())  # checks completed files' sidecars off the event loop
@@ -129,28 +129,39 @@ class CheckpointIndex(IndexWatches):
         self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
             self._start_inotify()
-        if call_later is not None and self._reports is not None:
-            call_later(POLL_SECONDS, self.poll)
+        self.indexer = Indexer(self) if background else None
 
     def close(self) -> None:
-        """Stop watching (idempotent); the index keeps working from directory mtimes."""
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._closed = None, True
-        self._wds.clear()
-        if self._reports is not None:
-            self._reports.follow(False)
+        """Stop the indexer thread and watching (idempotent); the index keeps working from
+        directory mtimes."""
+        if self.indexer is not None:
+            self.indexer.stop()  # before the descriptor it selects on is closed
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = None
+            self._wds.clear()
+            if self._reports is not None:
+                self._reports.follow(False)
         self.digests.stop()
+
+    def polls(self) -> bool:
+        """Whether :meth:`poll` has anything to look at (saves reported in ``.saves/`` are used)."""
+        return self._reports is not None
 
     def verify_digest(self, rank: int, path: str) -> Optional[bool]:
         """:func:`launcher.restore.ckptnames.verify_digest` of one file of the last scan: None without
-        opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss)."""
+        opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss).
+
+        Called from the planner's threads without the index's lock: the indexer replaces an entry's
+        candidate list, never changes it in place, so the list read here is one listing's."""
         entry = self._ranks.get(rank)
         if entry is not None and any(c.sidecar is False for c in entry.candidates if c.checkpoint.path == path):
             return None
         return self.digests.cache.check(path)
 
     # -- scanning -----------------------------------------------------------------------------
+    @locked
     def scan(self, world_size: int) -> ScanResult:
         """The same result as ``scan_checkpoints(root, world_size, patterns, settle_seconds)``,
         reading only the rank directories that changed since the last scan."""
@@ -180,13 +191,13 @@ class CheckpointIndex(IndexWatches):
             self._ranks[rank].result = None  # a file was still being written: look again next time
         return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
 
+    @locked
     @_collector_paused
     def update(self) -> None:
-        """Read the queued events and list the changed rank directories now, from the event loop,
-        so that the scan before a restart finds little left to do. Only on a local file system (a
-        listing there takes microseconds); never sleeps: files that need settling wait for
-        :meth:`scan`."""
-        self._update_pending = False
+        """Read the queued events and list the changed rank directories now, from the indexer
+        thread, so that the scan before a restart finds little left to do. Only on a local file
+        system (a listing there takes microseconds); never sleeps: files that need settling wait
+        for :meth:`scan`."""
         self.drain()
         if self._shared is not False:
             return
@@ -200,15 +211,13 @@ class CheckpointIndex(IndexWatches):
         self._relist(ranks)
         self._settle_changed(reported.union(ranks))
 
+    @locked
     @_collector_paused
     def poll(self) -> None:
-        """From the event loop's timer, every ``POLL_SECONDS``: absorb the saves reported since the
+        """From the indexer thread, every ``POLL_SECONDS``: absorb the saves reported since the
         last look (one ``stat`` of ``.saves/`` when nothing changed; nothing at all while inotify
         follows it), so that on a shared file system too the plan before a restart reads only what
         changed since. Never lists a rank directory and never sleeps."""
-        if self._closed:
-            return
-        self._call_later(POLL_SECONDS, self.poll)
         if self._ranks:  # before the first scan there is nothing to bring up to date
             self._settle_changed(self._absorb_reports())
 
