@@ -125,6 +125,7 @@ class CheckpointIndex(IndexWatches):
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
         self.digests = DigestWorker(DigestCache())  # checks completed files' sidecars off the event loop
         self._digest_new = False  # after the first listing (that tree is left to the planner, not hashed whole)
+        self._found: List[str] = []  # files new since the last batch for the digest worker
         # Rank-reported saves; a completion marker is proof only the directory listing can give.
         self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
@@ -267,11 +268,14 @@ class CheckpointIndex(IndexWatches):
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
             entry.kinds = by_kind(entry.result)
-            hash_ahead = self._digest_new and (self._hash_ranks is None or rank in self._hash_ranks)
-            for candidate in entry.candidates if hash_ahead else ():  # hashed now, not before the restart
-                if candidate.sidecar is not False:
-                    self.digests.submit(candidate.checkpoint.path)
-        self._digest_new = True
+        self.digests.submit(self._found)  # one batch: hashed now, not before the restart
+        self._found, self._digest_new = [], True
+
+    def _hash_ahead(self, rank: int, candidates: List[Candidate]) -> None:
+        """Queue the new or changed ``candidates`` of ``rank`` for the digest worker (this node's
+        ranks, after the first listing; not files listed without a sidecar)."""
+        if self._digest_new and (self._hash_ranks is None or rank in self._hash_ranks):
+            self._found.extend(c.checkpoint.path for c in candidates if c.sidecar is not False)
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""
@@ -349,10 +353,11 @@ class CheckpointIndex(IndexWatches):
             entry.reported = files
             return
         gone.update(candidate.checkpoint.path for candidate in fresh)
-        noted = {name for names in entry.list_notes.by_reason.values() for name in names}
-        if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
-            self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
-            return
+        if entry.list_notes.by_reason:
+            noted = {name for names in entry.list_notes.by_reason.values() for name in names}
+            if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
+                self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
+                return
         for path in gone:
             self._settled.pop(path, None)
             self.digests.cache.forget(path)
@@ -360,6 +365,7 @@ class CheckpointIndex(IndexWatches):
         self._complete.update(candidate.checkpoint.path for candidate in fresh)
         entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
         entry.reported, entry.result = files, None
+        self._hash_ahead(rank, fresh)
 
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
@@ -382,6 +388,8 @@ class CheckpointIndex(IndexWatches):
                         self._settled.pop(old.checkpoint.path, None)
                         self.digests.cache.forget(old.checkpoint.path)
                         self._complete.discard(old.checkpoint.path)
+                before = {(old.checkpoint.path, old.stamp) for old in entry.candidates}
+                self._hash_ahead(rank, [c for c in candidates if (c.checkpoint.path, c.stamp) not in before])
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
                 entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
                 self._complete.update(c.checkpoint.path for c in candidates  # reported: no settle sleep

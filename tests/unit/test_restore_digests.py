@@ -127,7 +127,7 @@ def test_submit_never_blocks_and_the_worker_stops(tmp_path, monkeypatch):
     _write(path, b"state", "good")
     worker = DigestWorker(DigestCache())
     for _ in range(100):
-        worker.submit(path)  # a full queue drops the path
+        worker.submit([path])  # a full queue drops the batch
     worker.join()
     assert worker.cache.check(path) is True
     worker.stop()
@@ -175,5 +175,24 @@ def test_only_this_nodes_ranks_are_hashed_ahead(tmp_path, monkeypatch):
         index.digests.join()
         assert hashed and all(os.sep + "rank_0" + os.sep in path for path in hashed), hashed
         assert index.verify_digest(1, os.path.join(root, "rank_1", "ckpt-1_20.pt")) is True  # checked when asked
+    finally:
+        index.close()
+
+
+def test_only_the_new_files_of_a_save_round_are_queued_once(tmp_path, monkeypatch):
+    """A rank's files verified before are not queued again when its directory is listed for a new
+    save, and a round is one batch (one queue operation, not one per file)."""
+    root = str(tmp_path)
+    _tree(root, {(0, "ckpt-1_10.pt"): "good", (1, "ckpt-1_10.pt"): "good"})
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    batches = []
+    monkeypatch.setattr(index.digests, "submit", lambda paths: batches.append(list(paths)) if paths else None)
+    try:
+        index.scan(2)
+        _tree(root, {(0, "ckpt-1_20.pt"): "good", (1, "ckpt-1_20.pt"): "good"})
+        os.utime(os.path.join(root, "rank_0"))
+        os.utime(os.path.join(root, "rank_1"))
+        index.scan(2)
+        assert batches == [[os.path.join(root, f"rank_{rank}", "ckpt-1_20.pt") for rank in (0, 1)]]
     finally:
         index.close()
