@@ -322,7 +322,7 @@ class CheckpointIndex(IndexWatches):
         stale = dirty & set(ranks)
         skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
         looked = [rank for rank in ranks if rank not in skip]
-        for batch in probed_map(check, looked)[0]:
+        for batch in probed_map(check, looked, self._shared is not False)[0]:
             stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
         return sorted(stale)
 
@@ -378,7 +378,7 @@ class CheckpointIndex(IndexWatches):
                 out.append((rank, stamp, scan_rank(rank, path, self.patterns, notes), notes))
             return out
 
-        results, parallel = probed_map(scan, ranks)
+        results, parallel = probed_map(scan, ranks, self._shared is not False)
         for batch in results:
             for rank, stamp, candidates, notes in batch:
                 entry = self._ranks[rank]

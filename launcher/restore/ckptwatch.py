@@ -26,8 +26,9 @@ logger = logging.getLogger(__name__)
 #: Seconds from a burst of inotify events to the listing of the directories they changed.
 UPDATE_DELAY = 0.2
 #: Seconds between the indexer's looks at the reports directory where inotify does not see every
-#: save (a shared file system, or no inotify): one ``stat`` each when nothing changed.
-POLL_SECONDS = 1.0
+#: save (a shared file system, or no inotify): one ``stat`` each when nothing changed. Short, so that
+#: a round is absorbed while the ranks are being stopped; it runs in the indexer's thread.
+POLL_SECONDS = 0.25
 _ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
 _READ_SIZE = 64 * 1024
 
@@ -139,6 +140,7 @@ class Indexer:
         self.absorbed = threading.Condition()  # notified after every update and poll
         self.steps = 0  # updates and polls run (under ``absorbed``)
         self.busy_seconds = 0.0  # the last update's or poll's duration
+        self._busy, self._update_at = False, math.inf
         self._thread = threading.Thread(target=self._run, name="ckpt-index", daemon=True)
         self._thread.start()
 
@@ -158,23 +160,34 @@ class Indexer:
         with self.absorbed:
             return self.absorbed.wait_for(lambda: self.steps >= steps, timeout)
 
+    def idle(self) -> bool:
+        """Whether the thread waits with nothing to do: no step running or due, no unread event
+        (benchmarks, tests)."""
+        if self._busy or self._update_at != math.inf:
+            return False
+        fd = self._index.fileno()
+        return fd is None or not select.select([fd], [], [], 0)[0]
+
     def _run(self) -> None:
-        index, update_at = self._index, math.inf
+        index = self._index
         next_poll = time.monotonic() + POLL_SECONDS if index.polls() else math.inf
         while not self._stopped.is_set():
             fd = index.fileno()
             watched = [self._wake_read] if fd is None else [self._wake_read, fd]
-            ready = select.select(watched, [], [], max(0.0, min(update_at, next_poll) - time.monotonic()))[0]
+            due = min(self._update_at, next_poll)
+            self._busy = False
+            ready = select.select(watched, [], [], None if due == math.inf else max(0.0, due - time.monotonic()))[0]
+            self._busy = True
             if self._stopped.is_set():
                 return
             try:
                 if fd is not None and fd in ready:
                     index.drain()
-                    if update_at == math.inf and index.pending():
-                        update_at = time.monotonic() + UPDATE_DELAY  # the rest of the burst comes meanwhile
+                    if self._update_at == math.inf and index.pending():
+                        self._update_at = time.monotonic() + UPDATE_DELAY  # the rest of the burst comes meanwhile
                 now = time.monotonic()
-                if now >= update_at:
-                    update_at = math.inf
+                if now >= self._update_at:
+                    self._update_at = math.inf
                     self._step(index.update)
                 if now >= next_poll:
                     next_poll = now + POLL_SECONDS

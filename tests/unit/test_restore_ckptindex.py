@@ -513,3 +513,32 @@ def test_index_with_a_live_indexer_thread_equals_full_scan(watch, ops):
     concurrently with the writes and the scans."""
     with mock.patch.object(ckptwatch, "UPDATE_DELAY", 0.0), mock.patch.object(ckptwatch, "POLL_SECONDS", 0.002):
         _replay(watch, ops, _apply_reported, background=True)
+
+
+def test_the_indexer_thread_with_nothing_to_watch_or_poll_waits_for_its_stop(tmp_path, monkeypatch):
+    """No inotify and no reports (a completion marker): the thread has no timer and no descriptor,
+    and must still wait (not die) until it is stopped."""
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    patterns = checkpoints.compile_patterns(None, marker="{name}.done")
+    index = CheckpointIndex(str(tmp_path), patterns, watch=False, background=True)
+    assert not index.polls() and index.fileno() is None
+    index.close()
+    assert not index.indexer._thread.is_alive() and not died  # pylint: disable=protected-access
+
+
+def test_a_local_file_system_is_listed_in_one_thread_even_when_the_probe_looks_slow(tmp_path, monkeypatch):
+    """On a local file system threads only contend for the GIL; a CPU-starved probe (a loaded
+    machine, the indexer thread beside the event loop) must not send the listings to the pool."""
+    root = str(tmp_path)
+    if shared_file_system(root):
+        pytest.skip("a shared file system here")
+    _tree(root, ranks=checkpoints.PROBE_RANKS + 8)
+    expected = scan_checkpoints(root, checkpoints.PROBE_RANKS + 8, settle_seconds=0)
+    index = CheckpointIndex(root, settle_seconds=0)
+    monkeypatch.setattr(checkpoints, "SLOW_RANK_SECONDS", 0.0)  # every probe looks slow
+    monkeypatch.setattr(checkpoints, "ThreadPoolExecutor", None)  # the pool is not to be used
+    try:
+        assert index.scan(checkpoints.PROBE_RANKS + 8) == expected
+    finally:
+        index.close()

@@ -1,0 +1,95 @@
+"""Benchmark 7, scale: the checkpoint index's own thread (``ckpt-index``) absorbing save rounds
+while the event loop runs (see :mod:`bench.scale`'s docstring; split out of it for size).
+
+Each round is written by another process (as ranks do), ``SAVERS`` ranks saving and reporting a new
+periodic step. Meanwhile the bench's main thread stands in for the supervisor's event loop: it
+wakes every millisecond and records how late it woke (the GIL held by the indexer thread is what
+can delay it; before issue #19's thread the whole absorption ran in the loop). Measured per round:
+the loop's longest delay, how long after the round's last save the index had absorbed it, and the
+plan then (the indexer had the time a stop of the ranks takes). Separate rounds time the plan
+called the moment the round ends (the plan waits for the step the indexer is in and reads the
+rest itself).
+"""
+
+import os
+import subprocess
+import sys
+import time
+from typing import Callable, Dict, List
+
+from bench.common import REPO, median, progress
+from bench.scale import WORLD
+from bench.scalefs import _slow_fs
+
+_TICK = 0.001
+ROUNDS = 3
+
+
+def _round(root: str, step: int) -> "subprocess.Popen[bytes]":
+    """Start another process saving (and reporting) periodic step ``step`` on ``SAVERS`` ranks."""
+    code = "import sys; from bench.scale import _save_round; _save_round(sys.argv[1], int(sys.argv[2]))"
+    env = {**os.environ, "PYTHONPATH": REPO}
+    return subprocess.Popen([sys.executable, "-c", code, root, str(step)], env=env)
+
+
+def _loop_until(done: Callable[[], bool]) -> float:
+    """Tick every ``_TICK`` seconds, as an idle event loop wakes, until ``done()``; the longest delay."""
+    worst = 0.0
+    while not done():
+        start = time.perf_counter()
+        time.sleep(_TICK)
+        worst = max(worst, time.perf_counter() - start - _TICK)
+    return worst
+
+
+def _absorbed(index) -> Callable[[], bool]:
+    """True once an update or poll that began after this call ended and the thread is idle."""
+    steps = index.indexer.steps
+    return lambda: index.indexer.steps >= steps + 2 and index.indexer.idle()
+
+
+def _rounds(root: str, inputs, index, first_step: int, prefix: str) -> Dict[str, List[float]]:
+    from launcher.restore import compute_plan
+
+    out: Dict[str, List[float]] = {f"{prefix}_loop_lag": [], f"{prefix}_absorbed": [], f"{prefix}_plan_after": [],
+                                   f"{prefix}_plan_at_once": []}
+    for run in range(ROUNDS):
+        proc = _round(root, first_step + 2 * run)
+        lag = _loop_until(lambda: proc.poll() is not None)
+        ended = time.perf_counter()
+        lag = max(lag, _loop_until(_absorbed(index)))
+        out[f"{prefix}_absorbed"].append(time.perf_counter() - ended)
+        out[f"{prefix}_loop_lag"].append(lag)
+        start = time.perf_counter()
+        compute_plan(inputs, index=index)
+        out[f"{prefix}_plan_after"].append(time.perf_counter() - start)
+        proc = _round(root, first_step + 2 * run + 1)
+        proc.wait()
+        start = time.perf_counter()
+        compute_plan(inputs, index=index)
+        out[f"{prefix}_plan_at_once"].append(time.perf_counter() - start)
+        _loop_until(_absorbed(index))  # the next round starts from an absorbed index
+    return out
+
+
+def background_rounds(root: str, inputs) -> Dict[str, List[float]]:
+    """The rounds on the local disk (inotify) and on the simulated shared file system (polls)."""
+    from launcher.restore import CheckpointIndex, compute_plan
+
+    out: Dict[str, List[float]] = {}
+    for prefix, watch, first_step in (("bg_local", True, 400), ("bg_slow_fs", False, 500)):
+        index = CheckpointIndex(root, watch=watch, background=True)
+        try:
+            compute_plan(inputs, index=index)  # the launcher's first plan: a full listing
+            if watch:
+                out.update(_rounds(root, inputs, index, first_step, prefix))
+            else:
+                with _slow_fs():
+                    out.update(_rounds(root, inputs, index, first_step, prefix))
+        finally:
+            index.close()
+    progress("scale: indexer thread: event loop delayed at most "
+             f"{median(out['bg_local_loop_lag']) * 1e3:.1f} / {median(out['bg_slow_fs_loop_lag']) * 1e3:.1f} ms "
+             f"(local / shared FS), rounds absorbed {median(out['bg_local_absorbed']):.2f} / "
+             f"{median(out['bg_slow_fs_absorbed']):.2f} s after their end, {WORLD} ranks")
+    return out
