@@ -330,8 +330,10 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"{SAVERS:,} saves written by another process ({len(times['bg_local_loop_lag'])} rounds each): "
                      "the event loop (a 1 ms ticker in the main thread) woke at most "
                      f"{fmt(ms(median(times['bg_local_loop_lag'])))} ms late on the local disk and "
-                     f"{fmt(ms(median(times['bg_slow_fs_loop_lag'])))} ms on the simulated shared file system "
-                     "(the absorption ran in the loop before: the update and the poll below); the round was "
+                     f"{fmt(ms(median(times['bg_slow_fs_loop_lag'])))} ms on the simulated shared file system, "
+                     f"{fmt(ms(median(times['bg_baseline_loop_lag'])))} ms during a round without any index (the "
+                     "machine's load and the writer); the absorption ran in the loop before (the update and the "
+                     "poll below, then the loop's delay). The round was "
                      f"absorbed {fmt(ms(median(times['bg_local_absorbed'])))} / "
                      f"{fmt(ms(median(times['bg_slow_fs_absorbed'])))} ms after its last save.")
     if "index_update" in times:

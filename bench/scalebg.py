@@ -2,9 +2,11 @@
 while the event loop runs (see :mod:`bench.scale`'s docstring; split out of it for size).
 
 Each round is written by another process (as ranks do), ``SAVERS`` ranks saving and reporting a new
-periodic step. Meanwhile the bench's main thread stands in for the supervisor's event loop: it
-wakes every millisecond and records how late it woke (the GIL held by the indexer thread is what
-can delay it; before issue #19's thread the whole absorption ran in the loop). Measured per round:
+periodic step and deleting (withdrawing the report first) the step of their previous round, as with
+``keep_checkpoint_max``: the rank directories do not grow from round to round. Meanwhile the bench's
+main thread stands in for the supervisor's event loop: it wakes every millisecond and records how
+late it woke (the GIL held by the indexer thread is what can delay it, besides the machine's load;
+before issue #19's thread the whole absorption ran in the loop). Measured per round:
 the loop's longest delay, how long after the round's last save the index had absorbed it, and the
 plan then (the indexer had the time a stop of the ranks takes). Separate rounds time the plan
 called the moment the round ends (the plan waits for the step the indexer is in and reads the
@@ -25,11 +27,24 @@ _TICK = 0.001
 ROUNDS = 3
 
 
+_ROUND = """
+import os, sys
+from bench.scale import SAVERS, WORLD, _save, _saves
+root, step, previous = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+for rank in range(0, WORLD, WORLD // SAVERS):
+    _save(os.path.join(root, f"rank_{rank}", f"ckpt-1_{step}.pt"), b"y" * 64)
+    old = os.path.join(root, f"rank_{rank}", f"ckpt-1_{previous}.pt")
+    if os.path.exists(old):
+        _saves().withdraw(old)
+        os.remove(old)
+"""
+
+
 def _round(root: str, step: int) -> "subprocess.Popen[bytes]":
-    """Start another process saving (and reporting) periodic step ``step`` on ``SAVERS`` ranks."""
-    code = "import sys; from bench.scale import _save_round; _save_round(sys.argv[1], int(sys.argv[2]))"
+    """Start another process saving (and reporting) periodic step ``step`` on ``SAVERS`` ranks and
+    deleting their step ``step - 1``."""
     env = {**os.environ, "PYTHONPATH": REPO}
-    return subprocess.Popen([sys.executable, "-c", code, root, str(step)], env=env)
+    return subprocess.Popen([sys.executable, "-c", _ROUND, root, str(step), str(step - 1)], env=env)
 
 
 def _loop_until(done: Callable[[], bool]) -> float:
@@ -72,12 +87,25 @@ def _rounds(root: str, inputs, index, first_step: int, prefix: str) -> Dict[str,
     return out
 
 
+def _baseline(root: str, first_step: int) -> List[float]:
+    """The event loop's longest delay during a round and the second after it without any index:
+    what the machine's load (and the writer) alone cause."""
+    lags = []
+    for run in range(ROUNDS):
+        proc = _round(root, first_step + run)
+        lag = _loop_until(lambda: proc.poll() is not None)  # pylint: disable=cell-var-from-loop
+        until = time.perf_counter() + 1.0
+        lags.append(max(lag, _loop_until(lambda: time.perf_counter() >= until)))  # pylint: disable=cell-var-from-loop
+    return lags
+
+
 def background_rounds(root: str, inputs) -> Dict[str, List[float]]:
-    """The rounds on the local disk (inotify) and on the simulated shared file system (polls)."""
+    """The rounds on the local disk (inotify) and on the simulated shared file system (polls),
+    and the event loop's delays without an index."""
     from launcher.restore import CheckpointIndex, compute_plan
 
-    out: Dict[str, List[float]] = {}
-    for prefix, watch, first_step in (("bg_local", True, 400), ("bg_slow_fs", False, 500)):
+    out: Dict[str, List[float]] = {"bg_baseline_loop_lag": _baseline(root, 400 - ROUNDS)}
+    for prefix, watch, first_step in (("bg_local", True, 400), ("bg_slow_fs", False, 400 + 2 * ROUNDS)):
         index = CheckpointIndex(root, watch=watch, background=True)
         try:
             compute_plan(inputs, index=index)  # the launcher's first plan: a full listing
@@ -90,6 +118,6 @@ def background_rounds(root: str, inputs) -> Dict[str, List[float]]:
             index.close()
     progress("scale: indexer thread: event loop delayed at most "
              f"{median(out['bg_local_loop_lag']) * 1e3:.1f} / {median(out['bg_slow_fs_loop_lag']) * 1e3:.1f} ms "
-             f"(local / shared FS), rounds absorbed {median(out['bg_local_absorbed']):.2f} / "
+             f"(local / shared FS; {median(out['bg_baseline_loop_lag']) * 1e3:.1f} ms without an index), rounds absorbed {median(out['bg_local_absorbed']):.2f} / "
              f"{median(out['bg_slow_fs_absorbed']):.2f} s after their end, {WORLD} ranks")
     return out
