@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Callable, Dict, List
 
-from bench.common import REPO, median, progress
+from bench.common import GATE, REPO, median, progress
 from bench.scale import WORLD
 from bench.scalefs import _slow_fs
 
@@ -44,6 +44,7 @@ def _round(root: str, step: int) -> "subprocess.Popen[bytes]":
     """Start another process saving (and reporting) periodic step ``step`` on ``SAVERS`` ranks and
     deleting their step ``step - 1``."""
     env = {**os.environ, "PYTHONPATH": REPO}
+    GATE.wait()  # each round starts on a machine the other jobs left mostly idle, as the timed rows do
     return subprocess.Popen([sys.executable, "-c", _ROUND, root, str(step), str(step - 1)], env=env)
 
 

@@ -176,7 +176,10 @@ class Indexer:
             watched = [self._wake_read] if fd is None else [self._wake_read, fd]
             due = min(self._update_at, next_poll)
             self._busy = False
-            ready = select.select(watched, [], [], None if due == math.inf else max(0.0, due - time.monotonic()))[0]
+            try:
+                ready = select.select(watched, [], [], None if due == math.inf else max(0.0, due - time.monotonic()))[0]
+            except (OSError, ValueError):  # closed under us: close() gave up waiting for a long step
+                return
             self._busy = True
             if self._stopped.is_set():
                 return
