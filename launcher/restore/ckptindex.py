@@ -220,18 +220,19 @@ class CheckpointIndex(IndexWatches):
         follows it), so that on a shared file system too the plan before a restart reads only what
         changed since. Never lists a rank directory and never sleeps."""
         if self._ranks:  # before the first scan there is nothing to bring up to date
-            self._settle_changed(self._absorb_reports())
+            self._settle_changed(self._absorb_reports(eager=False))
 
     def _settle_changed(self, ranks: Set[int]) -> None:
         """Recompute the result of those ``ranks`` that changed, without sleeping (see update)."""
         self._settle_pending(sorted(rank for rank in ranks if self._ranks[rank].result is None), Notes(), False,
                              sleep=False)
 
-    def _absorb_reports(self) -> Set[int]:
-        """Read the reports that changed and apply them to the known ranks; returns those ranks."""
+    def _absorb_reports(self, eager: bool = True) -> Set[int]:
+        """Read the reports that changed and apply them to the known ranks; returns those ranks
+        (``eager``: see :meth:`launcher.restore.ckptreports.Reports.refresh`)."""
         if self._reports is None:
             return set()
-        self._reports.refresh(self._trusted)
+        self._reports.refresh(self._trusted, eager)
         ranks = {rank for rank in self._reports.take_changed() if rank in self._ranks}
         for rank in ranks:
             self._apply_reports(rank)

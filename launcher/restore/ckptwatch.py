@@ -47,7 +47,7 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
     """inotify for :class:`launcher.restore.ckptindex.CheckpointIndex` (its attributes, its ``update``)."""
 
     def fileno(self) -> Optional[int]:
-        """The inotify descriptor to drain from an event loop (:meth:`drain`), None without inotify."""
+        """The inotify descriptor the index thread waits on (:meth:`drain`), None without inotify."""
         return self._fd
 
     def _start_inotify(self) -> None:

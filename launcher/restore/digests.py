@@ -7,7 +7,7 @@ checkpoints and 2,048 picks, minutes before every restart, from every node's lau
 both the file and its sidecar at the check, so a file is hashed once; a file or sidecar rewritten,
 replaced or resized since has another key and is hashed again. :class:`DigestWorker`, owned by the
 checkpoint index, hashes files as they complete in one daemon thread at the lowest priority: the
-event loop only queues paths (never blocks: a full queue drops the path, the planner then hashes it).
+index only queues batches of paths (never blocks: a full queue drops them, the planner then hashes them).
 """
 
 import logging

@@ -542,3 +542,21 @@ def test_a_local_file_system_is_listed_in_one_thread_even_when_the_probe_looks_s
         assert index.scan(checkpoints.PROBE_RANKS + 8) == expected
     finally:
         index.close()
+
+
+def test_polls_wait_for_a_recent_reports_directory_to_age_the_plan_does_not(tmp_path, report_reads):
+    """After a round the reports directory's mtime is too recent to prove the next change: the
+    plan lists it again, but the thread's polls (every 0.25 s) need not list 49k names each time."""
+    root = str(tmp_path)
+    _reported_tree(root)
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    index.scan(4)
+    _report_save(tmp_path, 2, "ckpt-1_200.pt")  # the directory's mtime is now
+    index.poll()
+    listed = report_reads["listings"]
+    index.poll()
+    index.poll()
+    assert report_reads["listings"] == listed  # unchanged and still recent: not listed again
+    assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
+    assert report_reads["listings"] == listed + 1  # the plan lists it (a report of the same clock tick)
+    index.close()
