@@ -119,6 +119,7 @@ def background_rounds(root: str, inputs) -> Dict[str, List[float]]:
             index.close()
     progress("scale: indexer thread: event loop delayed at most "
              f"{median(out['bg_local_loop_lag']) * 1e3:.1f} / {median(out['bg_slow_fs_loop_lag']) * 1e3:.1f} ms "
-             f"(local / shared FS; {median(out['bg_baseline_loop_lag']) * 1e3:.1f} ms without an index), rounds absorbed {median(out['bg_local_absorbed']):.2f} / "
-             f"{median(out['bg_slow_fs_absorbed']):.2f} s after their end, {WORLD} ranks")
+             f"(local / shared FS; {median(out['bg_baseline_loop_lag']) * 1e3:.1f} ms without an index), rounds "
+             f"absorbed {median(out['bg_local_absorbed']):.2f} / {median(out['bg_slow_fs_absorbed']):.2f} s after "
+             f"their end, {WORLD} ranks")
     return out
