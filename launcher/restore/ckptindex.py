@@ -61,8 +61,10 @@ _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; nev
 
 
 def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
-    """Run ``method`` without cyclic garbage collection, as the planner does: reading a save round
-    allocates thousands of objects, and each full collection would traverse the whole index."""
+    """Run ``method`` without cyclic garbage collection (a round allocates thousands of objects, and
+    each full collection would traverse the whole index); then collect the young garbage and freeze
+    what survives out of the collector's generations, else the first full collection after a round,
+    in the plan or the event loop, traverses the whole index (0.2-0.4 s at 16,384 ranks)."""
     @functools.wraps(method)
     def paused(*args: Any) -> None:
         enabled = gc.isenabled()
@@ -71,6 +73,8 @@ def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
             method(*args)
         finally:
             if enabled:
+                gc.collect(1)
+                gc.freeze()
                 gc.enable()
     return paused
 
@@ -153,9 +157,7 @@ class CheckpointIndex(IndexWatches):
     def verify_digest(self, rank: int, path: str) -> Optional[bool]:
         """:func:`launcher.restore.ckptnames.verify_digest` of one file of the last scan: None without
         opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss).
-
-        Called from the planner's threads without the index's lock: the indexer replaces an entry's
-        candidate list, never changes it in place, so the list read here is one listing's."""
+        No lock (the planner's threads): an entry's candidate list is replaced, never changed in place."""
         entry = self._ranks.get(rank)
         if entry is not None and any(c.sidecar is False for c in entry.candidates if c.checkpoint.path == path):
             return None
