@@ -56,15 +56,18 @@ logger = logging.getLogger(__name__)
 
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
+#: Objects a step of the index thread leaves tracked (a round's entries) beyond which it freezes them.
+FREEZE_AFTER = 10_000
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
 
 def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
     """Run ``method`` without cyclic garbage collection (a round allocates thousands of objects, and
-    each full collection would traverse the whole index); then collect the young garbage and freeze
-    what survives out of the collector's generations, else the first full collection after a round,
-    in the plan or the event loop, traverses the whole index (0.2-0.4 s at 16,384 ranks)."""
+    each full collection would traverse the whole index); after a step that allocated many, freeze
+    the objects out of the collector's generations (``gc.freeze``: no traversal, no GIL held), else
+    the first full collection after a round, in the plan or the event loop, traverses the whole index
+    (0.2-0.4 s at 16,384 ranks). Cyclic garbage pending at that moment is never collected."""
     @functools.wraps(method)
     def paused(*args: Any) -> None:
         enabled = gc.isenabled()
@@ -73,8 +76,8 @@ def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
             method(*args)
         finally:
             if enabled:
-                gc.collect(1)
-                gc.freeze()
+                if gc.get_count()[0] > FREEZE_AFTER:
+                    gc.freeze()
                 gc.enable()
     return paused
 
