@@ -56,18 +56,13 @@ logger = logging.getLogger(__name__)
 
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
-#: Objects a step of the index thread leaves tracked (a round's entries) beyond which it freezes them.
-FREEZE_AFTER = 10_000
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
 
 def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
-    """Run ``method`` without cyclic garbage collection (a round allocates thousands of objects, and
-    each full collection would traverse the whole index); after a step that allocated many, freeze
-    the objects out of the collector's generations (``gc.freeze``: no traversal, no GIL held), else
-    the first full collection after a round, in the plan or the event loop, traverses the whole index
-    (0.2-0.4 s at 16,384 ranks). Cyclic garbage pending at that moment is never collected."""
+    """Run ``method`` without cyclic garbage collection, as the planner does: reading a save round
+    allocates thousands of objects, and each full collection would traverse the whole index."""
     @functools.wraps(method)
     def paused(*args: Any) -> None:
         enabled = gc.isenabled()
@@ -76,8 +71,6 @@ def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
             method(*args)
         finally:
             if enabled:
-                if gc.get_count()[0] > FREEZE_AFTER:
-                    gc.freeze()
                 gc.enable()
     return paused
 
@@ -160,7 +153,9 @@ class CheckpointIndex(IndexWatches):
     def verify_digest(self, rank: int, path: str) -> Optional[bool]:
         """:func:`launcher.restore.ckptnames.verify_digest` of one file of the last scan: None without
         opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss).
-        No lock (the planner's threads): an entry's candidate list is replaced, never changed in place."""
+
+        Called from the planner's threads without the index's lock: the indexer replaces an entry's
+        candidate list, never changes it in place, so the list read here is one listing's."""
         entry = self._ranks.get(rank)
         if entry is not None and any(c.sidecar is False for c in entry.candidates if c.checkpoint.path == path):
             return None

@@ -1,6 +1,5 @@
 """The checkpoint index: same result as the full scan, reading only what changed, settling for free."""
 
-import gc
 import os
 import shutil
 import tempfile
@@ -561,22 +560,3 @@ def test_polls_wait_for_a_recent_reports_directory_to_age_the_plan_does_not(tmp_
     assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
     assert report_reads["listings"] == listed + 1  # the plan lists it (a report of the same clock tick)
     index.close()
-
-
-def test_the_index_thread_steps_freeze_the_index_out_of_the_collector(tmp_path, monkeypatch):
-    """The entries a step made must not wait in the collector's generations for the first full
-    collection after a round (0.2-0.4 s at 16,384 ranks, in the plan or the event loop)."""
-    root = str(tmp_path)
-    _tree(root)
-    gc.unfreeze()
-    index = CheckpointIndex(root, settle_seconds=0, watch=False)
-    try:
-        index.scan(4)
-        entry = index._ranks[0]  # pylint: disable=protected-access
-        assert gc.get_freeze_count() == 0 and any(obj is entry for obj in gc.get_objects())
-        monkeypatch.setattr(ckptindex, "FREEZE_AFTER", -1)  # 4 ranks allocate little: as if a round of 2,048
-        index.poll()
-        assert gc.get_freeze_count() > 0 and not any(obj is entry for obj in gc.get_objects())
-    finally:
-        index.close()
-        gc.unfreeze()
