@@ -240,8 +240,11 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
         out["plan_env_all_ranks"] = timed(lambda: [plan.env_for(r) for r in range(WORLD)], settings)
         progress(f"scale: plan with checkpoints: {plan.kind} at step {plan.step}, {len(plan.warnings)} warning(s)")
         out.update(_index_times(root, with_ckpt, settings))
-        from bench.scalefs import slow_fs_scan  # pylint: disable=import-outside-toplevel  # it imports this module
+        # pylint: disable=import-outside-toplevel  # both import this module
+        from bench.scalebg import background_rounds
+        from bench.scalefs import slow_fs_scan
 
+        out.update(background_rounds(root, with_ckpt))  # before slow_fs_scan writes digest sidecars
         out.update(slow_fs_scan(root, with_ckpt))
     return out
 
@@ -262,6 +265,11 @@ _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devic
           "and the event loop's poll absorbed it"),
          ("slow_fs_plan_saved", "the same, the failure right after the save round (before the poll: the plan "
           "lists `.saves/` and applies the round)"),
+         ("bg_local_plan_at_once", f"restore plan, the index's thread running, local disk: called the moment a round "
+          f"of {SAVERS:,} saves (another process) ends"),
+         ("bg_local_plan_after", "the same, once the thread absorbed the round"),
+         ("bg_slow_fs_plan_at_once", "the same on the simulated shared file system: called the moment the round ends"),
+         ("bg_slow_fs_plan_after", "the same, once the thread's poll absorbed the round"),
          ("plan_env_all_ranks", f"restore environment of all {WORLD:,} ranks from that plan"))
 
 
@@ -317,6 +325,17 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      f"a loaded machine): after {SAVERS:,} ranks saved, local disk "
                      f"{fmt(ms(median(times['plan_index_saved_cpu'])))} ms; simulated shared file system after "
                      f"the poll {fmt(ms(median(times['slow_fs_plan_polled_cpu'])))} ms.")
+    if "bg_local_loop_lag" in times:
+        lines.append("- The index's thread (`ckpt-index`) absorbing a round of "
+                     f"{SAVERS:,} saves written by another process ({len(times['bg_local_loop_lag'])} rounds each): "
+                     "the event loop (a 1 ms ticker in the main thread) woke at most "
+                     f"{fmt(ms(median(times['bg_local_loop_lag'])))} ms late on the local disk and "
+                     f"{fmt(ms(median(times['bg_slow_fs_loop_lag'])))} ms on the simulated shared file system, "
+                     f"{fmt(ms(median(times['bg_baseline_loop_lag'])))} ms during a round without any index (the "
+                     "machine's load and the writer); the absorption ran in the loop before (the update and the "
+                     "poll below, then the loop's delay). The round was "
+                     f"absorbed {fmt(ms(median(times['bg_local_absorbed'])))} / "
+                     f"{fmt(ms(median(times['bg_slow_fs_absorbed'])))} ms after its last save.")
     if "index_update" in times:
         lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
                      f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "

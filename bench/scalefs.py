@@ -38,7 +38,7 @@ def slow_fs_scan(root: str, inputs) -> Dict[str, List[float]]:
     threshold_before = checkpoints.SLOW_RANK_SECONDS
     out = {}
     # As on NFS: no events from the other nodes' writes; the poll's timer is driven by hand.
-    index = CheckpointIndex(root, watch=False, call_later=lambda _delay, _callback: None)
+    index = CheckpointIndex(root, watch=False)
     index.scan(WORLD)
     try:
         with _slow_fs():
@@ -92,7 +92,7 @@ def _slow_fs_sidecars(root: str, inputs, index) -> Dict[str, List[float]]:
             fh.write(f"{digest}  {os.path.basename(path)}\n")
         for touched in (path + DIGEST_SUFFIX, os.path.dirname(path)):
             os.utime(touched, (old, old))  # saved long before the failure, as the tree
-    index = CheckpointIndex(root, watch=False, call_later=lambda _delay, _callback: None)
+    index = CheckpointIndex(root, watch=False)
     try:
         compute_plan(inputs, index=index)  # the full listing; the picked files hashed
         index.digests.join()

@@ -259,10 +259,14 @@ def unreadable_root(checkpoint_dir: str, world_size: int, exc: OSError) -> ScanR
                       (f"checkpoints: {checkpoint_dir} is unreadable: {exc}",))
 
 
-def probed_map(func: Callable[[List[T]], R], ranks: List[T]) -> Tuple[List[R], bool]:
+def probed_map(func: Callable[[List[T]], R], ranks: List[T], probe: bool = True) -> Tuple[List[R], bool]:
     """``func`` over batches of ``ranks``: the first ``PROBE_RANKS`` in this thread, timed; the rest
     from the thread pool when those were slow (a shared file system). Returns the results and
-    whether the file system was found slow."""
+    whether the file system was found slow. Without ``probe`` (a file system known to be local) all
+    run in this thread: there threads only contend for the GIL, and a probe timed while the CPUs
+    are busy would take a loaded machine for a slow file system."""
+    if not probe:
+        return _map(func, ranks, False), False
     began = time.monotonic()
     results = _map(func, ranks[:PROBE_RANKS], False)
     parallel = len(ranks) > PROBE_RANKS and time.monotonic() - began > SLOW_RANK_SECONDS * PROBE_RANKS

@@ -16,10 +16,13 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   after writing (``IN_CLOSE_WRITE``) or renamed into place (``IN_MOVED_TO``) and not touched since
   counts as reported complete, so it needs no settle sleep. Writes from other nodes of a shared file
   system raise no inotify events: for them the mtime check above applies, and the settle interval.
-* **As files appear.** With the event loop's timer (``call_later``), :meth:`CheckpointIndex.drain`
-  schedules :meth:`CheckpointIndex.update` after a burst of events (local file systems only, never
-  sleeping), and :meth:`CheckpointIndex.poll` reads new reports every ``POLL_SECONDS``, so a save
-  round is indexed while it happens and the plan before the restart finds little left to read.
+* **As files appear, off the event loop.** With ``background``, the index's own thread
+  (:class:`launcher.restore.ckptwatch.Indexer`) drains the inotify events as they come, runs
+  :meth:`CheckpointIndex.update` after a burst (local file systems only, never sleeping) and
+  :meth:`CheckpointIndex.poll` every ``ckptwatch.POLL_SECONDS`` (new reports), so a save round is indexed
+  while it happens and the plan before the restart finds little left to read. One lock guards the
+  index's state: the plan's :meth:`CheckpointIndex.scan` waits for the step the thread is in, then
+  reads whatever is still unabsorbed itself (same result as the full scan either way).
 * **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
   ``<root>/.saves/`` is not stat-ed at each scan, its new files need no listing and no settle sleep;
   ``.saves/`` is followed by inotify on a local file system, else by one ``stat`` per look.
@@ -36,6 +39,7 @@ import functools
 import gc
 import logging
 import os
+import threading
 import time
 from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -45,16 +49,13 @@ from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECON
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
 from launcher.restore.ckptnames import KindIndex, by_kind, classify_name
 from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
-from launcher.restore.ckptwatch import _REPORTS, _ROOT, IndexWatches
+from launcher.restore.ckptwatch import _REPORTS, _ROOT, Indexer, IndexWatches, locked
 from launcher.restore.digests import DigestCache, DigestWorker
 
 logger = logging.getLogger(__name__)
 
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
-#: Seconds between the event loop's looks at the reports directory where inotify does not see every
-#: save (a shared file system, or no inotify): one ``stat`` each when nothing changed.
-POLL_SECONDS = 1.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 
@@ -98,7 +99,7 @@ class CheckpointIndex(IndexWatches):
         settle_seconds: as for the full scan.
         watch: use inotify (False: directory mtimes only, as on a shared file system).
         racy_seconds: see ``RACY_SECONDS``.
-        call_later: the event loop's timer; with it, :meth:`drain` schedules :meth:`update`.
+        background: keep the index up to date from its own thread (``ckpt-index``) as files appear.
         hash_ranks: the ranks whose new files the digest worker reads ahead (this node's: every
             node hashing every rank's saves would read each save round once per node); None: all.
     """
@@ -106,8 +107,7 @@ class CheckpointIndex(IndexWatches):
     def __init__(self, root: str, patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
                  settle_seconds: float = DEFAULT_SETTLE_SECONDS, watch: bool = True,
                  racy_seconds: float = RACY_SECONDS,
-                 call_later: Optional[Callable[[float, Callable[[], None]], Any]] = None,
-                 hash_ranks: Optional[AbstractSet[int]] = None):
+                 background: bool = False, hash_ranks: Optional[AbstractSet[int]] = None):
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
         self._hash_ranks = hash_ranks
         self._racy_ns = int(racy_seconds * 1e9)
@@ -120,37 +120,49 @@ class CheckpointIndex(IndexWatches):
         self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
-        self._call_later, self._update_pending, self._closed = call_later, False, False
+        self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
         self._all_watched = True  # every rank directory has its inotify watch
         self._wds: Dict[int, int] = {}  # watch descriptor -> rank (-1: the root)
         self.digests = DigestWorker(DigestCache())  # checks completed files' sidecars off the event loop
         self._digest_new = False  # after the first listing (that tree is left to the planner, not hashed whole)
+        self._found: List[str] = []  # files new since the last batch for the digest worker
         # Rank-reported saves; a completion marker is proof only the directory listing can give.
         self._reports = Reports(root) if not any(p.marker for p in self.patterns) else None
         if watch:
             self._start_inotify()
-        if call_later is not None and self._reports is not None:
-            call_later(POLL_SECONDS, self.poll)
+        self.indexer = Indexer(self) if background else None
 
     def close(self) -> None:
-        """Stop watching (idempotent); the index keeps working from directory mtimes."""
-        if self._fd is not None:
-            os.close(self._fd)
-        self._fd, self._closed = None, True
-        self._wds.clear()
-        if self._reports is not None:
-            self._reports.follow(False)
+        """Stop the indexer thread and watching (idempotent); the index keeps working from
+        directory mtimes."""
+        if self.indexer is not None:
+            self.indexer.stop()  # before the descriptor it selects on is closed
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = None
+            self._wds.clear()
+            if self._reports is not None:
+                self._reports.follow(False)
         self.digests.stop()
+
+    def polls(self) -> bool:
+        """Whether :meth:`poll` has anything to look at (saves reported in ``.saves/`` are used)."""
+        return self._reports is not None
 
     def verify_digest(self, rank: int, path: str) -> Optional[bool]:
         """:func:`launcher.restore.ckptnames.verify_digest` of one file of the last scan: None without
-        opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss)."""
+        opening anything when its listing had no sidecar, else from the digest cache (hashing on a miss).
+
+        Called from the planner's threads without the index's lock: the indexer replaces an entry's
+        candidate list, never changes it in place, so the list read here is one listing's."""
         entry = self._ranks.get(rank)
         if entry is not None and any(c.sidecar is False for c in entry.candidates if c.checkpoint.path == path):
             return None
         return self.digests.cache.check(path)
 
     # -- scanning -----------------------------------------------------------------------------
+    @locked
     def scan(self, world_size: int) -> ScanResult:
         """The same result as ``scan_checkpoints(root, world_size, patterns, settle_seconds)``,
         reading only the rank directories that changed since the last scan."""
@@ -180,13 +192,13 @@ class CheckpointIndex(IndexWatches):
             self._ranks[rank].result = None  # a file was still being written: look again next time
         return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
 
+    @locked
     @_collector_paused
     def update(self) -> None:
-        """Read the queued events and list the changed rank directories now, from the event loop,
-        so that the scan before a restart finds little left to do. Only on a local file system (a
-        listing there takes microseconds); never sleeps: files that need settling wait for
-        :meth:`scan`."""
-        self._update_pending = False
+        """Read the queued events and list the changed rank directories now, from the indexer
+        thread, so that the scan before a restart finds little left to do. Only on a local file
+        system (a listing there takes microseconds); never sleeps: files that need settling wait
+        for :meth:`scan`."""
         self.drain()
         if self._shared is not False:
             return
@@ -200,28 +212,27 @@ class CheckpointIndex(IndexWatches):
         self._relist(ranks)
         self._settle_changed(reported.union(ranks))
 
+    @locked
     @_collector_paused
     def poll(self) -> None:
-        """From the event loop's timer, every ``POLL_SECONDS``: absorb the saves reported since the
+        """From the indexer thread, every ``POLL_SECONDS``: absorb the saves reported since the
         last look (one ``stat`` of ``.saves/`` when nothing changed; nothing at all while inotify
         follows it), so that on a shared file system too the plan before a restart reads only what
         changed since. Never lists a rank directory and never sleeps."""
-        if self._closed:
-            return
-        self._call_later(POLL_SECONDS, self.poll)
         if self._ranks:  # before the first scan there is nothing to bring up to date
-            self._settle_changed(self._absorb_reports())
+            self._settle_changed(self._absorb_reports(eager=False))
 
     def _settle_changed(self, ranks: Set[int]) -> None:
         """Recompute the result of those ``ranks`` that changed, without sleeping (see update)."""
         self._settle_pending(sorted(rank for rank in ranks if self._ranks[rank].result is None), Notes(), False,
                              sleep=False)
 
-    def _absorb_reports(self) -> Set[int]:
-        """Read the reports that changed and apply them to the known ranks; returns those ranks."""
+    def _absorb_reports(self, eager: bool = True) -> Set[int]:
+        """Read the reports that changed and apply them to the known ranks; returns those ranks
+        (``eager``: see :meth:`launcher.restore.ckptreports.Reports.refresh`)."""
         if self._reports is None:
             return set()
-        self._reports.refresh(self._trusted)
+        self._reports.refresh(self._trusted, eager)
         ranks = {rank for rank in self._reports.take_changed() if rank in self._ranks}
         for rank in ranks:
             self._apply_reports(rank)
@@ -258,11 +269,14 @@ class CheckpointIndex(IndexWatches):
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
             entry.kinds = by_kind(entry.result)
-            hash_ahead = self._digest_new and (self._hash_ranks is None or rank in self._hash_ranks)
-            for candidate in entry.candidates if hash_ahead else ():  # hashed now, not before the restart
-                if candidate.sidecar is not False:
-                    self.digests.submit(candidate.checkpoint.path)
-        self._digest_new = True
+        self.digests.submit(self._found)  # one batch: hashed now, not before the restart
+        self._found, self._digest_new = [], True
+
+    def _hash_ahead(self, rank: int, candidates: List[Candidate]) -> None:
+        """Queue the new or changed ``candidates`` of ``rank`` for the digest worker (this node's
+        ranks, after the first listing; not files listed without a sidecar)."""
+        if self._digest_new and (self._hash_ranks is None or rank in self._hash_ranks):
+            self._found.extend(c.checkpoint.path for c in candidates if c.sidecar is not False)
 
     def _refresh_root(self) -> None:
         """List the checkpoint directory again when it changed: rank directories come and go."""
@@ -309,7 +323,7 @@ class CheckpointIndex(IndexWatches):
         stale = dirty & set(ranks)
         skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
         looked = [rank for rank in ranks if rank not in skip]
-        for batch in probed_map(check, looked)[0]:
+        for batch in probed_map(check, looked, self._shared is not False)[0]:
             stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
         return sorted(stale)
 
@@ -340,10 +354,11 @@ class CheckpointIndex(IndexWatches):
             entry.reported = files
             return
         gone.update(candidate.checkpoint.path for candidate in fresh)
-        noted = {name for names in entry.list_notes.by_reason.values() for name in names}
-        if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
-            self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
-            return
+        if entry.list_notes.by_reason:
+            noted = {name for names in entry.list_notes.by_reason.values() for name in names}
+            if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
+                self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
+                return
         for path in gone:
             self._settled.pop(path, None)
             self.digests.cache.forget(path)
@@ -351,6 +366,7 @@ class CheckpointIndex(IndexWatches):
         self._complete.update(candidate.checkpoint.path for candidate in fresh)
         entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
         entry.reported, entry.result = files, None
+        self._hash_ahead(rank, fresh)
 
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
@@ -363,7 +379,7 @@ class CheckpointIndex(IndexWatches):
                 out.append((rank, stamp, scan_rank(rank, path, self.patterns, notes), notes))
             return out
 
-        results, parallel = probed_map(scan, ranks)
+        results, parallel = probed_map(scan, ranks, self._shared is not False)
         for batch in results:
             for rank, stamp, candidates, notes in batch:
                 entry = self._ranks[rank]
@@ -373,6 +389,8 @@ class CheckpointIndex(IndexWatches):
                         self._settled.pop(old.checkpoint.path, None)
                         self.digests.cache.forget(old.checkpoint.path)
                         self._complete.discard(old.checkpoint.path)
+                before = {(old.checkpoint.path, old.stamp) for old in entry.candidates}
+                self._hash_ahead(rank, [c for c in candidates if (c.checkpoint.path, c.stamp) not in before])
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
                 entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
                 self._complete.update(c.checkpoint.path for c in candidates  # reported: no settle sleep

@@ -45,7 +45,7 @@ class Reports:
 
     Read two ways. By listing (:meth:`refresh`): one ``stat``, and one listing when it changed; a
     listing costs about 35 ms per 49k names on a local disk, more on a shared file system, so the
-    index does it from the event loop between restarts (:meth:`launcher.restore.ckptindex.
+    index does it from its own thread between restarts (:meth:`launcher.restore.ckptindex.
     CheckpointIndex.poll`), not only in the plan. By inotify events (:meth:`follow`, :meth:`event`)
     on a local file system: after one listing, each created or removed report is applied as it
     comes and nothing is listed again. Either way :meth:`take_changed` hands the index only the ranks
@@ -57,7 +57,8 @@ class Reports:
 
     def __init__(self, root: str):
         self.path = os.path.join(root, REPORTS_DIR)
-        self._stamp: DirStamp = None
+        self._stamp: DirStamp = None  # at the last listing
+        self._proven = False  # that stamp was old enough to prove the next change (the racy rule)
         self._names: Set[str] = set()
         self._by_rank: Dict[int, Dict[str, Set[int]]] = {}
         self._changed: Set[int] = set()
@@ -73,22 +74,27 @@ class Reports:
         """Events were lost (queue overflow): list again at the next :meth:`refresh`."""
         self._relist = True
 
-    def refresh(self, trusted: Callable[[DirStamp], DirStamp]) -> None:
+    def refresh(self, trusted: Callable[[DirStamp], DirStamp], eager: bool = True) -> None:
         """List the reports directory again unless events or its unchanged stamp prove nothing new.
 
         Args:
             trusted: the index's racy-stamp rule (a stamp too recent to prove the next change -> None).
+            eager: list again while the unchanged stamp is too recent to prove anything (the plan
+                must); without it (the index thread's polls) such a stamp is listed again once it is
+                old enough, not at every poll: a report made within the last listing's clock tick
+                waits that long, any later one changes the stamp and is listed at once.
         """
         if self._followed and not self._relist:
             return
         stamp = dir_stamp(self.path)
         if not self._relist and stamp is not None and stamp == self._stamp:
-            return
+            if self._proven or (not eager and trusted(stamp) is None):
+                return
         try:
             names = set(os.listdir(self.path))  # names only: about 2x cheaper than scandir's entries
         except OSError:
             names = set()
-        self._stamp, self._relist = trusted(stamp), False
+        self._stamp, self._proven, self._relist = stamp, trusted(stamp) is not None, False
         for name in names - self._names:
             self.event(name, True)
         for name in self._names - names:

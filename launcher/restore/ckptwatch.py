@@ -1,14 +1,22 @@
-"""The inotify half of the checkpoint index (:mod:`launcher.restore.ckptindex`): its watches, and
-the events that mark rank directories for re-listing, files as complete, and ``.saves/`` changes.
+"""The inotify half of the checkpoint index (:mod:`launcher.restore.ckptindex`): its watches, the
+events that mark rank directories for re-listing, files as complete, and ``.saves/`` changes, and
+the background thread that applies them as they come.
 
 Split out of the index for size; :class:`IndexWatches` is a base of
 :class:`launcher.restore.ckptindex.CheckpointIndex` and works on that object's state.
+:class:`Indexer` is the thread (``ckpt-index``) that keeps that index up to date off the
+supervisor's event loop: the loop never reads an event, lists a directory or parses a name.
 """
 
 import errno
+import functools
 import logging
+import math
 import os
-from typing import Optional
+import select
+import threading
+import time
+from typing import Any, Callable, Optional
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
                                        IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events)
@@ -17,15 +25,29 @@ logger = logging.getLogger(__name__)
 
 #: Seconds from a burst of inotify events to the listing of the directories they changed.
 UPDATE_DELAY = 0.2
+#: Seconds between the indexer's looks at the reports directory where inotify does not see every
+#: save (a shared file system, or no inotify): one ``stat`` each when nothing changed. Short, so that
+#: a round is absorbed while the ranks are being stopped; it runs in the indexer's thread.
+POLL_SECONDS = 0.25
 _ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
 _READ_SIZE = 64 * 1024
+
+
+def locked(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``method`` holding the index's lock: the indexer thread and the plan's scan take turns,
+    so the plan waits only for the step the indexer is in (and then reads what is left itself)."""
+    @functools.wraps(method)
+    def holding(self: Any, *args: Any) -> Any:
+        with self._lock:  # pylint: disable=protected-access
+            return method(self, *args)
+    return holding
 
 
 class IndexWatches:  # pylint: disable=too-few-public-methods
     """inotify for :class:`launcher.restore.ckptindex.CheckpointIndex` (its attributes, its ``update``)."""
 
     def fileno(self) -> Optional[int]:
-        """The inotify descriptor to drain from an event loop (:meth:`drain`), None without inotify."""
+        """The inotify descriptor the index thread waits on (:meth:`drain`), None without inotify."""
         return self._fd
 
     def _start_inotify(self) -> None:
@@ -53,6 +75,7 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
             return False
         return True
 
+    @locked
     def drain(self) -> None:
         """Read the queued inotify events: mark changed rank directories, note completed files."""
         while self._fd is not None:
@@ -62,10 +85,10 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
                 return
             for wd, mask, name in parse_events(data):
                 self._event(wd, mask, name)
-            pending = self._dirty or (self._reports is not None and self._reports.pending())
-            if self._call_later is not None and pending and not self._update_pending:
-                self._update_pending = True  # one listing per burst of events, not one per event
-                self._call_later(UPDATE_DELAY, self.update)
+
+    def pending(self) -> bool:
+        """Whether drained events left directories to list or reports to apply (an update is due)."""
+        return bool(self._dirty) or (self._reports is not None and self._reports.pending())
 
     def _event(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:  # events lost: trust nothing that came from them
@@ -96,3 +119,91 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
                 self._complete.add(path)
             elif path is not None:
                 self._complete.discard(path)
+
+
+class Indexer:
+    """The thread that keeps a checkpoint index up to date (issue #19): it waits on the index's
+    inotify descriptor, drains the events as they come, runs the index's ``update`` ``UPDATE_DELAY``
+    after a burst (one listing per burst, not per event) and its ``poll`` every ``POLL_SECONDS``.
+    Each step holds the index's lock; an error is logged and the thread goes on (the plan's scan
+    reads whatever a failed step left).
+
+    Args:
+        index: the :class:`launcher.restore.ckptindex.CheckpointIndex` (``fileno``, ``drain``,
+            ``pending``, ``update``, ``poll``, ``polls``).
+    """
+
+    def __init__(self, index: Any):
+        self._index = index
+        self._wake_read, self._wake_write = os.pipe()  # stop() wakes the thread from its select
+        self._stopped = threading.Event()
+        self.absorbed = threading.Condition()  # notified after every update and poll
+        self.steps = 0  # updates and polls run (under ``absorbed``)
+        self.busy_seconds = 0.0  # the last update's or poll's duration
+        self._busy, self._update_at = False, math.inf
+        self._thread = threading.Thread(target=self._run, name="ckpt-index", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the thread after the step it is in and wait for it (idempotent)."""
+        if not self._stopped.is_set():
+            self._stopped.set()
+            os.write(self._wake_write, b"x")
+        self._thread.join(timeout)
+        if not self._thread.is_alive() and self._wake_read >= 0:
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            self._wake_read = self._wake_write = -1
+
+    def wait_steps(self, steps: int, timeout: Optional[float] = None) -> bool:
+        """Wait until ``steps`` updates and polls ran in all (benchmarks, tests); whether they did."""
+        with self.absorbed:
+            return self.absorbed.wait_for(lambda: self.steps >= steps, timeout)
+
+    def idle(self) -> bool:
+        """Whether the thread waits with nothing to do: no step running or due, no unread event
+        (benchmarks, tests)."""
+        if self._busy or self._update_at != math.inf:
+            return False
+        fd = self._index.fileno()
+        return fd is None or not select.select([fd], [], [], 0)[0]
+
+    def _run(self) -> None:
+        index = self._index
+        next_poll = time.monotonic() + POLL_SECONDS if index.polls() else math.inf
+        while not self._stopped.is_set():
+            fd = index.fileno()
+            watched = [self._wake_read] if fd is None else [self._wake_read, fd]
+            due = min(self._update_at, next_poll)
+            self._busy = False
+            try:
+                ready = select.select(watched, [], [], None if due == math.inf else max(0.0, due - time.monotonic()))[0]
+            except (OSError, ValueError):  # closed under us: close() gave up waiting for a long step
+                return
+            self._busy = True
+            if self._stopped.is_set():
+                return
+            try:
+                if fd is not None and fd in ready:
+                    index.drain()
+                    if self._update_at == math.inf and index.pending():
+                        self._update_at = time.monotonic() + UPDATE_DELAY  # the rest of the burst comes meanwhile
+                now = time.monotonic()
+                if now >= self._update_at:
+                    self._update_at = math.inf
+                    self._step(index.update)
+                if now >= next_poll:
+                    next_poll = now + POLL_SECONDS
+                    self._step(index.poll)
+            except Exception:  # pylint: disable=broad-except  # the thread must outlive one bad step
+                logger.warning("checkpoint index: updating failed; the plan's scan reads it instead", exc_info=True)
+
+    def _step(self, method: Callable[[], None]) -> None:
+        start = time.perf_counter()
+        try:
+            method()
+        finally:
+            with self.absorbed:
+                self.busy_seconds = time.perf_counter() - start
+                self.steps += 1
+                self.absorbed.notify_all()

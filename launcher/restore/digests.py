@@ -7,7 +7,7 @@ checkpoints and 2,048 picks, minutes before every restart, from every node's lau
 both the file and its sidecar at the check, so a file is hashed once; a file or sidecar rewritten,
 replaced or resized since has another key and is hashed again. :class:`DigestWorker`, owned by the
 checkpoint index, hashes files as they complete in one daemon thread at the lowest priority: the
-event loop only queues paths (never blocks: a full queue drops the path, the planner then hashes it).
+index only queues batches of paths (never blocks: a full queue drops them, the planner then hashes them).
 """
 
 import logging
@@ -15,14 +15,15 @@ import os
 import queue
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from launcher.restore.ckptnames import DIGEST_SUFFIX, verify_digest
 
 logger = logging.getLogger(__name__)
 
-#: Paths waiting for the worker; beyond it new ones are dropped (checked by the planner instead).
-QUEUE_SIZE = 65536
+#: Batches of paths waiting for the worker; beyond it new ones are dropped (checked by the planner
+#: instead).
+QUEUE_SIZE = 4096
 #: A file modified this recently (ns) before its hash began could be rewritten within the same
 #: timestamp tick (Linux stamps files with a coarse clock) without changing its key: not kept.
 RACY_NS = 50_000_000
@@ -74,7 +75,8 @@ class DigestCache:
 
 
 class DigestWorker:
-    """One daemon thread that fills a :class:`DigestCache` with the files queued by :meth:`submit`,
+    """One daemon thread that fills a :class:`DigestCache` with the files queued by :meth:`submit`
+    (a batch per call: one queue operation for a save round, not one per file),
     started at the first one, at the lowest CPU priority (``nice`` 19 for that thread on Linux).
 
     Args:
@@ -83,19 +85,19 @@ class DigestWorker:
 
     def __init__(self, cache: DigestCache):
         self.cache = cache
-        self._queue: "queue.Queue[Optional[str]]" = queue.Queue(QUEUE_SIZE)
+        self._queue: "queue.Queue[Optional[Sequence[str]]]" = queue.Queue(QUEUE_SIZE)
         self._stopped = threading.Event()
         self._thread: Optional[threading.Thread] = None
 
-    def submit(self, path: str) -> None:
-        """Queue ``path`` for a check; never blocks (a full queue or a stopped worker drops it)."""
-        if self._stopped.is_set():
+    def submit(self, paths: Sequence[str]) -> None:
+        """Queue ``paths`` for a check; never blocks (a full queue or a stopped worker drops them)."""
+        if self._stopped.is_set() or not paths:
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="ckpt-digest", daemon=True)
             self._thread.start()
         try:
-            self._queue.put_nowait(path)
+            self._queue.put_nowait(paths)
         except queue.Full:
             pass  # the planner checks what the worker did not
 
@@ -122,11 +124,17 @@ class DigestWorker:
         except (AttributeError, OSError):
             pass  # elsewhere it runs at the process's priority; the GIL is released while it hashes
         while not self._stopped.is_set():
-            path = self._queue.get()
+            paths = self._queue.get()
             try:
-                if path is not None and not self._stopped.is_set():
-                    self.cache.check(path)
-            except Exception:  # pylint: disable=broad-except  # a worker must not die on one file
-                logger.debug("digest check of %s failed", path, exc_info=True)
+                for path in paths or ():
+                    if self._stopped.is_set():
+                        break
+                    self._check(path)
             finally:
                 self._queue.task_done()
+
+    def _check(self, path: str) -> None:
+        try:
+            self.cache.check(path)
+        except Exception:  # pylint: disable=broad-except  # a worker must not die on one file
+            logger.debug("digest check of %s failed", path, exc_info=True)

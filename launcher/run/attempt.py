@@ -98,10 +98,9 @@ def error_file_path(log_session: str, attempt: int, rank: int) -> str:
     return os.path.join(log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
 
 
-def checkpoint_index(opts: RunOptions, add_reader: Callable[[int, Callable[[], None]], None],
-                     call_later: Callable[[float, Callable[[], None]], object], local_ranks: Sequence[int]):
-    """The index of ``--checkpoint-dir`` kept for the plans before restarts, fed by the event loop
-    (inotify events are drained as they come), reading ahead the digests of ``local_ranks``' saves;
+def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):
+    """The index of ``--checkpoint-dir`` kept for the plans before restarts, kept up to date by its
+    own thread (never by the event loop), reading ahead the digests of ``local_ranks``' saves;
     None without ``--checkpoint-dir``."""
     if not opts.checkpoint_dir:
         return None
@@ -112,10 +111,7 @@ def checkpoint_index(opts: RunOptions, add_reader: Callable[[int, Callable[[], N
         patterns = compile_patterns(opts.checkpoint_pattern)
     except UsageError:
         return None  # the first plan reports it, as it does without the index
-    index = CheckpointIndex(opts.checkpoint_dir, patterns, call_later=call_later, hash_ranks=frozenset(local_ranks))
-    if index.fileno() is not None:
-        add_reader(index.fileno(), index.drain)
-    return index
+    return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks))
 
 
 def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:

@@ -102,8 +102,7 @@ class Session:
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank),
                                        standby_pool(self.opts, self.log_session, self.emit))
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
-        self.ckpt_index = checkpoint_index(self.opts, self.group.add_reader, self.group.call_later,
-                                           self.ctx.topology.server.ranks)
+        self.ckpt_index = checkpoint_index(self.opts, self.ctx.topology.server.ranks)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
@@ -330,8 +329,6 @@ class Session:
     def __exit__(self, *exc_info: object) -> None:
         self.integrations.stop()
         if self.ckpt_index is not None:
-            if self.ckpt_index.fileno() is not None:
-                self.group.remove_reader(self.ckpt_index.fileno())
             self.ckpt_index.close()
         if self.group is not None:
             self.group.ensure_gone(5.0, final=True)

@@ -53,17 +53,16 @@ def test_restore_inputs_read_the_given_root_once_ranks_wrote_there(tmp_path):
 
 
 def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
-    """With --checkpoint-dir the session's index feeds the plan; its inotify fd goes to the event loop."""
+    """With --checkpoint-dir the session's index feeds the plan, kept up to date by its own thread."""
     ckpt = tmp_path / "ckpt"
     for rank in (0, 1):
         (ckpt / f"rank_{rank}").mkdir(parents=True)
         (ckpt / f"rank_{rank}" / "ckpt-1_5_breakpoint.pt").write_bytes(b"x")
     opts = RunOptions(command=("x",), checkpoint_dir=str(ckpt))
-    readers = {}
-    assert checkpoint_index(RunOptions(command=("x",)), readers.__setitem__, None, (0,)) is None
-    index = checkpoint_index(opts, readers.__setitem__, lambda delay, callback: None, (0,))
+    assert checkpoint_index(RunOptions(command=("x",)), (0,)) is None
+    index = checkpoint_index(opts, (0,))
     try:
-        assert list(readers) == ([index.fileno()] if index.fileno() is not None else [])
+        assert index.indexer is not None  # the event loop is not involved
         ctx = make_ctx(tmp_path, "pytorch")
         _, plan = attempt_specs(opts, ctx, 1, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={},
                                 ckpt_index=index)
@@ -76,4 +75,4 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
 def test_a_bad_checkpoint_pattern_is_left_to_the_plan_to_report(tmp_path):
     """No index (the session must start and stop cleanly); the first plan exits 2 as before."""
     opts = RunOptions(command=("x",), checkpoint_dir=str(tmp_path), checkpoint_pattern="no step group")
-    assert checkpoint_index(opts, {}.__setitem__, None, (0,)) is None
+    assert checkpoint_index(opts, (0,)) is None

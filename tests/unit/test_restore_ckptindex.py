@@ -3,6 +3,8 @@
 import os
 import shutil
 import tempfile
+import threading
+from unittest import mock
 
 import pytest
 from hypothesis import given, settings
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from launcher.common.filewatch import IN_Q_OVERFLOW
 from launcher.restore import PlanInputs, compute_plan
-from launcher.restore import checkpoints, ckptindex, ckptreports
+from launcher.restore import checkpoints, ckptindex, ckptreports, ckptwatch
 from launcher.restore.checkpoints import scan_checkpoints
 from launcher.restore.ckptnames import by_kind
 from launcher.common.filewatch import shared_file_system
@@ -58,11 +60,11 @@ def _apply(root, index, op):
         index.scan(WORLD)
 
 
-def _replay(watch, ops, apply):
+def _replay(watch, ops, apply, background=False):
     """Apply ``ops`` to a fresh tree under an index; the index's scan, per-kind dicts and plan must
     equal the full scan's."""
     with tempfile.TemporaryDirectory() as root:
-        index = CheckpointIndex(root, settle_seconds=0, watch=watch, call_later=lambda _delay, _callback: None)
+        index = CheckpointIndex(root, settle_seconds=0, watch=watch, background=background)
         try:
             assert index.scan(WORLD) == scan_checkpoints(root, WORLD, settle_seconds=0)
             for op in ops:
@@ -376,29 +378,26 @@ def _report_reads(monkeypatch):
 def test_the_event_loop_poll_leaves_the_plan_nothing_to_read(tmp_path, report_reads, listings):
     root = str(tmp_path)
     _reported_tree(root)
-    timers = []
-    index = CheckpointIndex(root, settle_seconds=0, watch=False, call_later=lambda delay, cb: timers.append(cb))
-    assert timers == [index.poll]  # polls from the start, as on a shared file system
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    assert index.polls()  # the indexer thread polls from the start, as on a shared file system
     index.scan(4)
     report_reads.update(listings=0, applied=[])
     _report_save(tmp_path, 2, "ckpt-1_200.pt")  # another node's save: no inotify event
     _age(root)  # the poll comes after the racy window
     os.utime(tmp_path / ".saves", (os.path.getmtime(root),) * 2)
     index.poll()
-    assert timers == [index.poll, index.poll] and report_reads == {"listings": 1, "applied": [2]}
+    assert report_reads == {"listings": 1, "applied": [2]}
     listings.clear()
     result = index.scan(4)
     assert report_reads == {"listings": 1, "applied": [2]} and not listings  # the plan read nothing new
     assert sorted(c.step for c in result.checkpoints[2]) == [100, 150, 200]
     assert result == scan_checkpoints(root, 4, settle_seconds=0)
     index.close()
-    index.poll()
-    assert len(timers) == 2  # a closed index stops polling
 
 
 def test_inotify_follows_the_reports_directory_instead_of_listing_it(tmp_path, report_reads, listings):
     root = str(tmp_path)
-    index = CheckpointIndex(root, settle_seconds=0, call_later=lambda delay, cb: None)
+    index = CheckpointIndex(root, settle_seconds=0)
     try:
         if index.fileno() is None or shared_file_system(root):
             pytest.skip("no inotify, or a shared file system, here")
@@ -418,3 +417,146 @@ def test_inotify_follows_the_reports_directory_instead_of_listing_it(tmp_path, r
         assert report_reads["listings"] == before + 1  # events lost: listed once again
     finally:
         index.close()
+
+
+def _index_thread_only():
+    """Skip unless inotify works here on a local file system (the indexer's update lists nothing
+    elsewhere)."""
+    probe = tempfile.mkdtemp()
+    try:
+        index = CheckpointIndex(probe)
+        if index.fileno() is None or shared_file_system(probe):
+            pytest.skip("no inotify, or a shared file system, here")
+        index.close()
+    finally:
+        shutil.rmtree(probe)
+
+
+def test_the_indexer_thread_absorbs_a_save_round_without_the_event_loop(tmp_path, listings):
+    _index_thread_only()
+    root = str(tmp_path)
+    _reported_tree(root)
+    index = CheckpointIndex(root, settle_seconds=0, background=True)
+    try:
+        index.scan(4)
+        steps = index.indexer.steps
+        listings.clear()
+        (tmp_path / "rank_1" / "ckpt-1_200.pt").write_bytes(b"y" * 8)  # not reported: only a listing finds it
+        _report_save(tmp_path, 2, "ckpt-1_200.pt")
+        while 1 not in listings:  # the thread's update lists rank_1 (or a poll comes first: wait on)
+            assert index.indexer.wait_steps(steps + 1, timeout=30)
+            steps += 1
+        listings.clear()
+        result = index.scan(4)
+        assert not listings  # the plan found the round absorbed
+        assert sorted(c.step for c in result.checkpoints[1]) == sorted(c.step for c in result.checkpoints[2])
+        assert result == scan_checkpoints(root, 4, settle_seconds=0)
+    finally:
+        index.close()
+    assert not index.indexer._thread.is_alive()  # pylint: disable=protected-access
+
+
+class _Arrival:
+    """The index's lock, noting when the thread named ``plan`` asks for it."""
+
+    def __init__(self, lock, arrived):
+        self.lock, self.arrived = lock, arrived
+
+    def __enter__(self):
+        if threading.current_thread().name == "plan":
+            self.arrived.set()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_a_plan_while_the_indexer_is_mid_round_equals_the_full_scan(tmp_path, monkeypatch):
+    """The indexer took the round's events and stopped in the middle of listing the directories:
+    the plan's scan must wait for it (or do the rest), not miss the files not yet listed."""
+    _index_thread_only()
+    root = str(tmp_path)
+    _tree(root)
+    _age(root)
+    paused, plan_arrived = threading.Event(), threading.Event()
+    real = ckptindex.scan_rank
+
+    def pausing(rank, *args):
+        if threading.current_thread().name == "ckpt-index" and not paused.is_set():
+            paused.set()
+            assert plan_arrived.wait(60)
+        return real(rank, *args)
+
+    index = CheckpointIndex(root, settle_seconds=0, background=True)
+    index._lock = _Arrival(index._lock, plan_arrived)  # pylint: disable=protected-access
+    try:
+        index.scan(4)
+        monkeypatch.setattr(ckptindex, "scan_rank", pausing)
+        for rank in (1, 2, 3):  # not reported: only the listings find them
+            (tmp_path / f"rank_{rank}" / "ckpt-1_200.pt").write_bytes(b"y" * 8)
+        assert paused.wait(60)  # the indexer is inside its update, the events drained
+        results = []
+        plan = threading.Thread(target=lambda: results.append(index.scan(4)), name="plan")
+        plan.start()
+        plan.join(60)
+        assert results == [scan_checkpoints(root, 4, settle_seconds=0)]
+    finally:
+        plan_arrived.set()
+        index.close()
+
+
+@pytest.mark.parametrize("watch", [True, False], ids=["inotify", "mtimes"])
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(REPORTED_OPS, max_size=25))
+def test_index_with_a_live_indexer_thread_equals_full_scan(watch, ops):
+    """The same cross-check with the indexer thread updating and polling as fast as it can,
+    concurrently with the writes and the scans."""
+    with mock.patch.object(ckptwatch, "UPDATE_DELAY", 0.0), mock.patch.object(ckptwatch, "POLL_SECONDS", 0.002):
+        _replay(watch, ops, _apply_reported, background=True)
+
+
+def test_the_indexer_thread_with_nothing_to_watch_or_poll_waits_for_its_stop(tmp_path, monkeypatch):
+    """No inotify and no reports (a completion marker): the thread has no timer and no descriptor,
+    and must still wait (not die) until it is stopped."""
+    died = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    patterns = checkpoints.compile_patterns(None, marker="{name}.done")
+    index = CheckpointIndex(str(tmp_path), patterns, watch=False, background=True)
+    assert not index.polls() and index.fileno() is None
+    index.close()
+    assert not index.indexer._thread.is_alive() and not died  # pylint: disable=protected-access
+
+
+def test_a_local_file_system_is_listed_in_one_thread_even_when_the_probe_looks_slow(tmp_path, monkeypatch):
+    """On a local file system threads only contend for the GIL; a CPU-starved probe (a loaded
+    machine, the indexer thread beside the event loop) must not send the listings to the pool."""
+    root = str(tmp_path)
+    if shared_file_system(root):
+        pytest.skip("a shared file system here")
+    _tree(root, ranks=checkpoints.PROBE_RANKS + 8)
+    expected = scan_checkpoints(root, checkpoints.PROBE_RANKS + 8, settle_seconds=0)
+    index = CheckpointIndex(root, settle_seconds=0)
+    monkeypatch.setattr(checkpoints, "SLOW_RANK_SECONDS", 0.0)  # every probe looks slow
+    monkeypatch.setattr(checkpoints, "ThreadPoolExecutor", None)  # the pool is not to be used
+    try:
+        assert index.scan(checkpoints.PROBE_RANKS + 8) == expected
+    finally:
+        index.close()
+
+
+def test_polls_wait_for_a_recent_reports_directory_to_age_the_plan_does_not(tmp_path, report_reads):
+    """After a round the reports directory's mtime is too recent to prove the next change: the
+    plan lists it again, but the thread's polls (every 0.25 s) need not list 49k names each time."""
+    root = str(tmp_path)
+    _reported_tree(root)
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    index.scan(4)
+    _report_save(tmp_path, 2, "ckpt-1_200.pt")  # the directory's mtime is now
+    index.poll()
+    listed = report_reads["listings"]
+    index.poll()
+    index.poll()
+    assert report_reads["listings"] == listed  # unchanged and still recent: not listed again
+    assert index.scan(4) == scan_checkpoints(root, 4, settle_seconds=0)
+    assert report_reads["listings"] == listed + 1  # the plan lists it (a report of the same clock tick)
+    index.close()

@@ -127,12 +127,21 @@ def test_submit_never_blocks_and_the_worker_stops(tmp_path, monkeypatch):
     _write(path, b"state", "good")
     worker = DigestWorker(DigestCache())
     for _ in range(100):
-        worker.submit(path)  # a full queue drops the path
+        worker.submit([path])  # a full queue drops the batch
     worker.join()
     assert worker.cache.check(path) is True
     worker.stop()
     worker.join(timeout=10)
     assert not worker._thread.is_alive()  # pylint: disable=protected-access
+
+
+def _save_step_20(root, index, rank_1_sidecar="good"):
+    """Ranks 0 and 1 save step 20 and the index scans: their directories touched, as a new file
+    does, within the racy window, so they are listed again."""
+    _tree(root, {(0, "ckpt-1_20.pt"): "good", (1, "ckpt-1_20.pt"): rank_1_sidecar})
+    os.utime(os.path.join(root, "rank_0"))
+    os.utime(os.path.join(root, "rank_1"))
+    index.scan(2)
 
 
 def test_the_worker_hashes_files_saved_after_the_first_listing(tmp_path, monkeypatch):
@@ -145,10 +154,7 @@ def test_the_worker_hashes_files_saved_after_the_first_listing(tmp_path, monkeyp
         index.scan(2)
         index.digests.join()
         assert index.digests._thread is None  # pylint: disable=protected-access  # the first tree: nothing queued
-        _tree(root, {(0, "ckpt-1_20.pt"): "good", (1, "ckpt-1_20.pt"): "bad"})
-        os.utime(os.path.join(root, "rank_0"))  # as a new file does, within the racy window: listed again
-        os.utime(os.path.join(root, "rank_1"))
-        index.scan(2)
+        _save_step_20(root, index, "bad")
         index.digests.join()
         monkeypatch.setattr(digests, "verify_digest", lambda _path: 1 / 0)  # the planner must not hash
         assert index.verify_digest(0, os.path.join(root, "rank_0", "ckpt-1_20.pt")) is True
@@ -168,12 +174,25 @@ def test_only_this_nodes_ranks_are_hashed_ahead(tmp_path, monkeypatch):
     monkeypatch.setattr(digests, "verify_digest", lambda path: hashed.append(path) or real(path))
     try:
         index.scan(2)
-        _tree(root, {(0, "ckpt-1_20.pt"): "good", (1, "ckpt-1_20.pt"): "good"})
-        os.utime(os.path.join(root, "rank_0"))
-        os.utime(os.path.join(root, "rank_1"))
-        index.scan(2)
+        _save_step_20(root, index)
         index.digests.join()
         assert hashed and all(os.sep + "rank_0" + os.sep in path for path in hashed), hashed
         assert index.verify_digest(1, os.path.join(root, "rank_1", "ckpt-1_20.pt")) is True  # checked when asked
+    finally:
+        index.close()
+
+
+def test_only_the_new_files_of_a_save_round_are_queued_once(tmp_path, monkeypatch):
+    """A rank's files verified before are not queued again when its directory is listed for a new
+    save, and a round is one batch (one queue operation, not one per file)."""
+    root = str(tmp_path)
+    _tree(root, {(0, "ckpt-1_10.pt"): "good", (1, "ckpt-1_10.pt"): "good"})
+    index = CheckpointIndex(root, settle_seconds=0, watch=False)
+    batches = []
+    monkeypatch.setattr(index.digests, "submit", lambda paths: batches.append(list(paths)) if paths else None)
+    try:
+        index.scan(2)
+        _save_step_20(root, index)
+        assert batches == [[os.path.join(root, f"rank_{rank}", "ckpt-1_20.pt") for rank in (0, 1)]]
     finally:
         index.close()
