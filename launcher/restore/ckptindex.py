@@ -35,15 +35,14 @@ fallback (``launcher plan`` is one-shot and uses it) and the cross-check in the 
 half lives in :mod:`launcher.restore.ckptwatch`; digest checks in :mod:`launcher.restore.digests`.
 """
 
-import functools
-import gc
 import logging
 import os
 import threading
 import time
-from typing import AbstractSet, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import shared_file_system
+from launcher.common.gcpause import paused
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
@@ -58,21 +57,6 @@ logger = logging.getLogger(__name__)
 RACY_SECONDS = 2.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 _NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
-
-
-def _collector_paused(method: Callable[..., None]) -> Callable[..., None]:
-    """Run ``method`` without cyclic garbage collection, as the planner does: reading a save round
-    allocates thousands of objects, and each full collection would traverse the whole index."""
-    @functools.wraps(method)
-    def paused(*args: Any) -> None:
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            method(*args)
-        finally:
-            if enabled:
-                gc.enable()
-    return paused
 
 
 class _RankEntry:
@@ -193,7 +177,7 @@ class CheckpointIndex(IndexWatches):
         return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
 
     @locked
-    @_collector_paused
+    @paused  # reading a save round allocates thousands of objects: see launcher.common.gcpause
     def update(self) -> None:
         """Read the queued events and list the changed rank directories now, from the indexer
         thread, so that the scan before a restart finds little left to do. Only on a local file
@@ -213,7 +197,7 @@ class CheckpointIndex(IndexWatches):
         self._settle_changed(reported.union(ranks))
 
     @locked
-    @_collector_paused
+    @paused  # reading a save round allocates thousands of objects: see launcher.common.gcpause
     def poll(self) -> None:
         """From the indexer thread, every ``POLL_SECONDS``: absorb the saves reported since the
         last look (one ``stat`` of ``.saves/`` when nothing changed; nothing at all while inotify

@@ -20,15 +20,14 @@
 Every choice depends only on sorted data, never on listing order or modification times.
 """
 
-import gc
 import logging
 import os
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
+from launcher.common.gcpause import collector_paused
 from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX, KIND_BREAKPOINT,
                                           KIND_PERIODIC, Checkpoint, ScanResult, compile_patterns,
                                           probed_map, scan_checkpoints, verify_digest)
@@ -98,20 +97,6 @@ class _Choice:
     picks: Tuple[Checkpoint, ...]
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """No cyclic garbage collection meanwhile: the plan allocates tens of thousands of short-lived
-    containers (none in cycles), and each full collection they trigger would traverse every object of
-    the long-lived checkpoint index (16,384 ranks: 180 -> 105 ms per plan on a loaded machine)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex] = None) -> RestorePlan:
     """Read every input and compute the plan. Bad file contents only add warnings.
 
@@ -125,7 +110,7 @@ def compute_plan(inputs: PlanInputs, index: Optional[CheckpointIndex] = None) ->
         UsageError: the options themselves are wrong (world size < 1, two group sources, a layout that
             does not match the world size, ``--fault-ranks`` out of range, a bad pattern).
     """
-    with _collector_paused():
+    with collector_paused():  # tens of thousands of short-lived containers, none in cycles
         return _compute_plan(inputs, index)
 
 
