@@ -39,14 +39,15 @@ import logging
 import os
 import threading
 import time
-from typing import AbstractSet, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from launcher.common.filewatch import shared_file_system
 from launcher.common.gcpause import paused
 from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECONDS, Candidate, Checkpoint,
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
-from launcher.restore.ckptnames import KindIndex, by_kind, classify_name
+from launcher.restore.ckptentry import NO_KINDS, QUIET, RankEntry, View, kept, same_kinds
+from launcher.restore.ckptnames import by_kind, classify_name
 from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
 from launcher.restore.ckptwatch import _REPORTS, _ROOT, Indexer, IndexWatches, locked
 from launcher.restore.digests import DigestCache, DigestWorker
@@ -56,22 +57,6 @@ logger = logging.getLogger(__name__)
 #: A directory modified this recently (seconds) at the look is listed again at the next scan.
 RACY_SECONDS = 2.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
-_NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
-
-
-class _RankEntry:
-    """What the last listing of one rank directory found, and its result once every file settled."""
-
-    __slots__ = ("path", "stamp", "candidates", "list_notes", "notes", "result", "kinds", "reported")
-
-    def __init__(self, path: str):
-        self.path = path
-        self.reported: Dict[str, Optional[int]] = {}  # the rank's reports the candidates account for
-        self.stamp: DirStamp = None
-        self.candidates: List[Candidate] = []
-        self.list_notes = self.notes = Notes()  # of the listing; of the listing and the result
-        self.result: Optional[Tuple[Checkpoint, ...]] = None
-        self.kinds: KindIndex = _NO_KINDS  # by_kind(result), kept for the planner
 
 
 class CheckpointIndex(IndexWatches):
@@ -97,11 +82,13 @@ class CheckpointIndex(IndexWatches):
         self._racy_ns = int(racy_seconds * 1e9)
         self._root_stamp: DirStamp = None
         self._root_notes = Notes()
-        self._ranks: Dict[int, _RankEntry] = {}
+        self._ranks: Dict[int, RankEntry] = {}
         self._dirty: Set[int] = set()  # ranks with inotify events since their last listing
         self._complete: Set[str] = set()  # paths closed after writing or renamed in, untouched since
         self._settled: Dict[str, Tuple[int, int]] = {}  # path -> (size, mtime_ns) seen settled
         self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
+        self._unresolved: Set[int] = set()  # ranks whose entry has no result (to compute at the next scan)
+        self._view: Optional[View] = None  # the last scan's per-rank lists, updated for changed ranks only
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
         self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
@@ -154,27 +141,42 @@ class CheckpointIndex(IndexWatches):
         try:
             self._refresh_root()
         except OSError as exc:
-            self._root_stamp, self._ranks = None, {}
+            self._root_stamp, self._ranks, self._unresolved, self._view = None, {}, set(), None
             return unreadable_root(self.root, world_size, exc)
-        ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
         self._absorb_reports()
-        parallel = self._relist(self._stale(ranks))
+        parallel = self._relist(self._stale(world_size))
         notes = Notes()
         notes.merge(self._root_notes)
-        for rank in self._ranks:
-            if rank >= world_size:
-                notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
-        self._settle_pending([rank for rank in ranks if self._ranks[rank].result is None], notes, parallel)
-        per_rank: List[Tuple[Checkpoint, ...]] = [()] * world_size
-        kinds: List[KindIndex] = [_NO_KINDS] * world_size
-        for rank in ranks:
-            entry = self._ranks[rank]
-            per_rank[rank], kinds[rank] = entry.result, entry.kinds
-            if entry.notes.by_reason:
-                notes.merge(entry.notes)
+        if self._ranks and max(self._ranks) >= world_size:
+            for rank in sorted(self._ranks):
+                if rank >= world_size:
+                    notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
+        self._settle_pending(sorted(rank for rank in self._unresolved if rank < world_size), notes, parallel)
+        view = self._current_view(world_size)
+        for rank in sorted(view.noted):
+            notes.merge(self._ranks[rank].notes)
         for rank in self._unsettled:
             self._ranks[rank].result = None  # a file was still being written: look again next time
-        return ScanResult(tuple(per_rank), notes.lines(), kinds=tuple(kinds))
+            self._unresolved.add(rank)
+        return ScanResult(tuple(view.per_rank), notes.lines(), kinds=tuple(view.kinds))
+
+    def _current_view(self, world_size: int) -> "View":
+        """The per-rank lists of the scan result, brought up to date for the ranks that changed since
+        the last scan (all 16,384 only when the world size changed)."""
+        view = self._view
+        if view is None or len(view.per_rank) != world_size:
+            view = self._view = View(world_size)
+            changed: Iterable[int] = self._ranks
+        else:
+            changed = view.changed
+        for rank in changed:
+            if rank >= world_size:
+                continue
+            entry = self._ranks.get(rank)
+            view.per_rank[rank], view.kinds[rank] = (entry.result, entry.kinds) if entry else ((), NO_KINDS)
+            (view.noted.add if entry is not None and entry.notes.by_reason else view.noted.discard)(rank)
+        view.changed = set()
+        return view
 
     @locked
     @paused  # reading a save round allocates thousands of objects: see launcher.common.gcpause
@@ -207,9 +209,12 @@ class CheckpointIndex(IndexWatches):
             self._settle_changed(self._absorb_reports(eager=False))
 
     def _settle_changed(self, ranks: Set[int]) -> None:
-        """Recompute the result of those ``ranks`` that changed, without sleeping (see update)."""
+        """Recompute the result of those ``ranks`` that changed, without sleeping (see update), and
+        bring the scan's lists up to date for them here rather than in the plan."""
         self._settle_pending(sorted(rank for rank in ranks if self._ranks[rank].result is None), Notes(), False,
                              sleep=False)
+        if self._view is not None:
+            self._current_view(len(self._view.per_rank))
 
     def _absorb_reports(self, eager: bool = True) -> Set[int]:
         """Read the reports that changed and apply them to the known ranks; returns those ranks
@@ -252,7 +257,10 @@ class CheckpointIndex(IndexWatches):
             entry.notes = Notes()
             entry.notes.merge(entry.list_notes)
             entry.result = rank_checkpoints(known[rank], entry.notes)
-            entry.kinds = by_kind(entry.result)
+            self._resolved(rank)
+            if not entry.notes.by_reason:
+                entry.notes = QUIET
+            entry.kinds = same_kinds(entry.kinds, by_kind(entry.result))
         self.digests.submit(self._found)  # one batch: hashed now, not before the restart
         self._found, self._digest_new = [], True
 
@@ -278,14 +286,22 @@ class CheckpointIndex(IndexWatches):
         self._root_stamp, self._root_notes = self._trusted(stamp), notes
         for rank in set(self._ranks) - set(dirs):
             del self._ranks[rank]
+            self._resolved(rank)
         watched = set(self._wds.values())
         for rank, path in dirs.items():
             if rank not in self._ranks or self._ranks[rank].path != path:
-                self._ranks[rank] = _RankEntry(path)
+                self._ranks[rank] = RankEntry(path)
+                self._unresolved.add(rank)
                 self._dirty.add(rank)
             elif self._fd is not None and rank not in watched:
                 self._dirty.add(rank)  # re-created since its watch was lost: what happened before is unseen
             self._watch(path, rank)
+
+    def _resolved(self, rank: int) -> None:
+        """``rank``'s entry got its result, or was removed: the scan's view of it changes."""
+        self._unresolved.discard(rank)
+        if self._view is not None:
+            self._view.changed.add(rank)
 
     def _trusted(self, stamp: DirStamp) -> DirStamp:
         """``stamp``, or None when the directory changed too recently for its mtime to prove the
@@ -294,12 +310,14 @@ class CheckpointIndex(IndexWatches):
             return None
         return stamp
 
-    def _stale(self, ranks: List[int]) -> List[int]:
-        """The ranks whose directory must be listed again: inotify events, and, where inotify cannot
-        see every write (a shared file system, or no watches), a changed directory mtime."""
+    def _stale(self, world_size: int) -> List[int]:
+        """The ranks below ``world_size`` whose directory must be listed again: inotify events, and,
+        where inotify cannot see every write (a shared file system, or no watches), a changed
+        directory mtime."""
         dirty, self._dirty = self._dirty, set()
         if self._fd is not None and self._all_watched and not self._shared:
-            return sorted(dirty & set(ranks))
+            return sorted(rank for rank in dirty if rank < world_size and rank in self._ranks)
+        ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
 
         def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:
             return [(rank, dir_stamp(self._ranks[rank].path)) for rank in batch]
@@ -350,6 +368,7 @@ class CheckpointIndex(IndexWatches):
         self._complete.update(candidate.checkpoint.path for candidate in fresh)
         entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
         entry.reported, entry.result = files, None
+        self._unresolved.add(rank)
         self._hash_ahead(rank, fresh)
 
     def _relist(self, ranks: List[int]) -> bool:
@@ -367,6 +386,8 @@ class CheckpointIndex(IndexWatches):
         for batch in results:
             for rank, stamp, candidates, notes in batch:
                 entry = self._ranks[rank]
+                candidates = kept(entry.candidates, candidates)
+                notes = notes if notes.by_reason else QUIET
                 present = {candidate.checkpoint.path for candidate in candidates}
                 for old in entry.candidates:  # forget deleted files (rotation): the index stays bounded
                     if old.checkpoint.path not in present:
@@ -376,8 +397,8 @@ class CheckpointIndex(IndexWatches):
                 before = {(old.checkpoint.path, old.stamp) for old in entry.candidates}
                 self._hash_ahead(rank, [c for c in candidates if (c.checkpoint.path, c.stamp) not in before])
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None
+                self._unresolved.add(rank)
                 entry.reported = self._reports.files(rank) if self._reports else {}  # the listing saw them
                 self._complete.update(c.checkpoint.path for c in candidates  # reported: no settle sleep
                                       if entry.reported.get(os.path.basename(c.checkpoint.path)) == c.stamp[0])
         return parallel
-

@@ -11,7 +11,6 @@ import os
 import re
 import string
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Dict, FrozenSet, Optional, Pattern, Sequence, Tuple
 
 from launcher.common.errors import UsageError
@@ -62,11 +61,13 @@ class Checkpoint:
     epoch: Optional[int]
     step: int
     size: int
+    #: Order of recency: ``(epoch, step)``, a missing epoch counting as 0. Set once here: the planner
+    #: reads it several times per file, and a ``cached_property`` would give each of the index's
+    #: 49k checkpoints an instance dict for the garbage collector to traverse.
+    key: Tuple[int, int] = field(init=False, repr=False, compare=False)
 
-    @cached_property  # the planner reads it several times per file, 16,384 ranks x files per plan
-    def key(self) -> Tuple[int, int]:
-        """Order of recency: ``(epoch, step)``, a missing epoch counting as 0."""
-        return (self.epoch or 0, self.step)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.epoch or 0, self.step))
 
 
 @dataclass(frozen=True)
