@@ -16,7 +16,7 @@ import os
 import select
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional, Set
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
                                        IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events)
@@ -166,7 +166,7 @@ class Indexer:
         if self._busy or self._update_at != math.inf:
             return False
         fd = self._index.fileno()
-        return fd is None or not select.select([fd], [], [], 0)[0]
+        return fd is None or not _ready([fd], 0.0)
 
     def _run(self) -> None:
         index = self._index
@@ -176,9 +176,11 @@ class Indexer:
             watched = [self._wake_read] if fd is None else [self._wake_read, fd]
             due = min(self._update_at, next_poll)
             self._busy = False
-            try:
-                ready = select.select(watched, [], [], None if due == math.inf else max(0.0, due - time.monotonic()))[0]
-            except (OSError, ValueError):  # closed under us: close() gave up waiting for a long step
+            ready = _ready(watched, None if due == math.inf else max(0.0, due - time.monotonic()))
+            if ready is None:  # closed under us: close() gave up waiting for a long step
+                if not self._stopped.is_set():
+                    logger.warning("checkpoint index: its descriptor was closed; the thread stops and the "
+                                   "plan's scan reads what changed instead")
                 return
             self._busy = True
             if self._stopped.is_set():
@@ -199,6 +201,7 @@ class Indexer:
                 logger.warning("checkpoint index: updating failed; the plan's scan reads it instead", exc_info=True)
 
     def _step(self, method: Callable[[], None]) -> None:
+        """Run one update or poll and count it."""
         start = time.perf_counter()
         try:
             method()
@@ -207,3 +210,20 @@ class Indexer:
                 self.busy_seconds = time.perf_counter() - start
                 self.steps += 1
                 self.absorbed.notify_all()
+
+
+def _ready(fds: List[int], timeout: Optional[float]) -> Optional[Set[int]]:
+    """The ``fds`` readable within ``timeout`` seconds (None: no limit); None when one is closed.
+
+    ``poll``, not ``select``: ``select`` cannot take a descriptor numbered 1024 or more (a launcher
+    with many ranks' pipes and log files open reaches that), and raised then, ending the thread."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    try:
+        events = poller.poll(None if timeout is None else math.ceil(timeout * 1000))
+    except OSError:
+        return None
+    if any(mask & select.POLLNVAL for _, mask in events):
+        return None
+    return {fd for fd, mask in events if mask & (select.POLLIN | select.POLLERR | select.POLLHUP)}

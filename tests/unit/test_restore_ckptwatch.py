@@ -1,0 +1,72 @@
+"""The indexer thread's wait (``launcher.restore.ckptwatch``): descriptors of any number."""
+
+import os
+import resource
+
+import pytest
+
+from launcher.restore.ckptindex import CheckpointIndex
+from launcher.restore.ckptwatch import _ready
+
+FD_SETSIZE = 1024  # select()'s limit on descriptor numbers
+
+
+@pytest.fixture(name="high_fds")
+def _high_fds():
+    """Every descriptor below ``FD_SETSIZE`` taken while the test opens its own, then freed."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < FD_SETSIZE + 64:
+        if hard != resource.RLIM_INFINITY and hard < FD_SETSIZE + 64:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below {FD_SETSIZE + 64}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FD_SETSIZE + 64, hard))
+    fillers = []
+    try:
+        while True:
+            fd = os.open(os.devnull, os.O_RDONLY)
+            fillers.append(fd)
+            if fd >= FD_SETSIZE - 1:
+                break
+
+        def release():
+            for fd in fillers:
+                os.close(fd)
+            fillers.clear()
+
+        yield release
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_indexer_thread_works_with_descriptors_numbered_above_fd_setsize(tmp_path, high_fds):
+    """A launcher with many ranks' pipes and log files open gives the index descriptors numbered
+    1024 and up. ``select.select`` raised ValueError on them and the thread ended silently."""
+    (tmp_path / "rank_0").mkdir()
+    index = CheckpointIndex(str(tmp_path), settle_seconds=0, background=True)
+    try:
+        high_fds()
+        if index.fileno() is None:
+            pytest.skip("no inotify here")
+        assert index.fileno() >= FD_SETSIZE
+        index.scan(1)
+        steps = index.indexer.steps
+        (tmp_path / "rank_0" / "ckpt-1_100.pt").write_bytes(b"x" * 8)
+        assert index.indexer.wait_steps(steps + 1, timeout=30)
+        assert index.indexer._thread.is_alive()  # pylint: disable=protected-access
+    finally:
+        index.close()
+
+
+def test_ready_says_which_descriptors_can_be_read_and_when_one_is_closed():
+    read_a, write_a = os.pipe()
+    read_b, write_b = os.pipe()
+    try:
+        assert _ready([read_a, read_b], 0) == set()
+        os.write(write_b, b"x")
+        assert _ready([read_a, read_b], 1.0) == {read_b}
+        os.close(read_a)
+        assert _ready([read_a, read_b], 0) is None
+    finally:
+        for fd in (write_a, read_b, write_b):
+            os.close(fd)
