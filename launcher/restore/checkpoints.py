@@ -183,6 +183,8 @@ def _drop_ambiguous(checkpoints: List[Checkpoint], notes: Notes) -> List[Checkpo
     Two files for one step (e.g. MindSpore's ``prefix_1-`` files from a rerun) cannot both be the
     state at that step, and nothing in the names says which is.
     """
+    if len({(ckpt.rank, ckpt.kind, ckpt.key) for ckpt in checkpoints}) == len(checkpoints):
+        return checkpoints  # the usual case, before every restart for each rank that saved
     counts: Dict[Tuple[int, str, Tuple[int, int]], int] = {}
     for ckpt in checkpoints:
         ident = (ckpt.rank, ckpt.kind, ckpt.key)

@@ -61,6 +61,7 @@ class Reports:
         self._proven = False  # that stamp was old enough to prove the next change (the racy rule)
         self._names: Set[str] = set()
         self._by_rank: Dict[int, Dict[str, Set[int]]] = {}
+        self._files: Dict[int, Dict[str, Optional[int]]] = {}  # what files() returns, kept as events come
         self._changed: Set[int] = set()
         self._followed = False  # inotify watches the directory and every event reaches event()
         self._relist = True  # the names may be out of date whatever the directory's stamp says
@@ -113,9 +114,11 @@ class Reports:
         sizes = files.setdefault(file_name, set())
         (sizes.add if present else sizes.discard)(size)
         if not sizes:
-            del files[file_name]
+            del files[file_name], self._files[rank][file_name]
             if not files:
-                del self._by_rank[rank]
+                del self._by_rank[rank], self._files[rank]
+        else:
+            self._files.setdefault(rank, {})[file_name] = next(iter(sizes)) if len(sizes) == 1 else None
         self._changed.add(rank)
 
     def pending(self) -> bool:
@@ -133,5 +136,5 @@ class Reports:
 
     def files(self, rank: int) -> Dict[str, Optional[int]]:
         """``file name -> size`` reported by ``rank`` (None: reported with different sizes)."""
-        return {name: next(iter(sizes)) if len(sizes) == 1 else None
-                for name, sizes in self._by_rank.get(rank, {}).items()}
+        files = self._files.get(rank)
+        return dict(files) if files else {}  # a copy: the index compares it with later reports
