@@ -25,6 +25,8 @@ from bench.scalefs import _slow_fs
 
 _TICK = 0.001
 ROUNDS = 3
+#: The launcher's setting (``launcher/run/attempt.py``); BENCH_GC_FREEZE=0 measures without it (A/B).
+FREEZE = os.environ.get("BENCH_GC_FREEZE", "1") != "0"
 
 
 _ROUND = """
@@ -49,12 +51,16 @@ def _round(root: str, step: int) -> "subprocess.Popen[bytes]":
 
 
 def _loop_until(done: Callable[[], bool]) -> float:
-    """Tick every ``_TICK`` seconds, as an idle event loop wakes, until ``done()``; the longest delay."""
-    worst = 0.0
+    """Tick every ``_TICK`` seconds, as an idle event loop wakes, until ``done()``; the longest delay.
+    Each tick allocates a container, as the loop's handlers do: a collection that the index's thread
+    left due runs here, as it would in the launcher's loop."""
+    worst, held = 0.0, []
     while not done():
         start = time.perf_counter()
         time.sleep(_TICK)
+        held = [start]  # a tracked object; the previous one freed
         worst = max(worst, time.perf_counter() - start - _TICK)
+    del held
     return worst
 
 
@@ -107,7 +113,7 @@ def background_rounds(root: str, inputs) -> Dict[str, List[float]]:
 
     out: Dict[str, List[float]] = {"bg_baseline_loop_lag": _baseline(root, 400 - ROUNDS)}
     for prefix, watch, first_step in (("bg_local", True, 400), ("bg_slow_fs", False, 400 + 2 * ROUNDS)):
-        index = CheckpointIndex(root, watch=watch, background=True)
+        index = CheckpointIndex(root, watch=watch, background=True, gc_freeze=FREEZE)
         try:
             compute_plan(inputs, index=index)  # the launcher's first plan: a full listing
             if watch:

@@ -5,6 +5,8 @@ collector around work that allocates tens of thousands of short-lived containers
 would traverse the whole long-lived index). Each restoring the state *it* saw is wrong with two
 threads: the index's step ending in the middle of a plan re-enabled the collector there, and the
 plan paid the full pass (432 of 570 ms profiled). One count for the process fixes that.
+
+:func:`freeze_survivors` takes a long-lived structure out of the collector's passes altogether.
 """
 
 import functools
@@ -45,3 +47,40 @@ def paused(function: F) -> F:
         with collector_paused():
             return function(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
+
+
+#: A full pass when the frozen objects grew by this share since the last one (CPython's own rule for
+#: its oldest generation: ``long_lived_pending > long_lived_total / 4``).
+FULL_PASS_GROWTH = 0.25
+_frozen_after_full = -1  # freeze count right after the last full pass; -1: none yet
+
+
+def freeze_survivors() -> bool:
+    """Collect, then move every surviving object to the permanent generation (``gc.freeze``): later
+    collections no longer traverse them. Meant for a long-lived structure just grown (the checkpoint
+    index after a save round: a full collection of its 300k objects takes 0.3 s of GIL at 16,384
+    ranks, in whichever thread allocates when it falls due, the plan before a restart included).
+
+    The collection is young: it traverses only what is not frozen yet (what the process allocated
+    since the last call), a few ms. What is frozen is never reclaimed by it if it later becomes
+    unreachable *in a cycle* (reference counting still frees the rest); so once the frozen objects
+    grew by ``FULL_PASS_GROWTH`` since the last full pass (and on the first call), the pass is full:
+    unfreeze, collect everything, freeze again. That bounds such garbage as CPython bounds its own.
+
+    Returns:
+        False, having done nothing, while a thread is inside :func:`collector_paused` (a plan) or
+        the collector is disabled: the caller tries again later.
+    """
+    global _frozen_after_full
+    with _lock:
+        if _holders or not gc.isenabled():
+            return False
+        gc.collect()  # young: traverses only what is not frozen (everything, the first time)
+        gc.freeze()
+        if _frozen_after_full < 0 or gc.get_freeze_count() > _frozen_after_full * (1 + FULL_PASS_GROWTH):
+            if _frozen_after_full >= 0:
+                gc.unfreeze()
+                gc.collect()
+                gc.freeze()
+            _frozen_after_full = gc.get_freeze_count()
+        return True

@@ -71,12 +71,14 @@ class CheckpointIndex(IndexWatches):
         background: keep the index up to date from its own thread (``ckpt-index``) as files appear.
         hash_ranks: the ranks whose new files the digest worker reads ahead (this node's: every
             node hashing every rank's saves would read each save round once per node); None: all.
+        gc_freeze: with ``background``, the thread takes each absorbed round out of the garbage
+            collector's passes (:meth:`launcher.restore.ckptwatch.IndexWatches.refreeze`; process-wide).
     """
 
     def __init__(self, root: str, patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS,
                  settle_seconds: float = DEFAULT_SETTLE_SECONDS, watch: bool = True,
                  racy_seconds: float = RACY_SECONDS,
-                 background: bool = False, hash_ranks: Optional[AbstractSet[int]] = None):
+                 background: bool = False, hash_ranks: Optional[AbstractSet[int]] = None, gc_freeze: bool = False):
         self.root, self.patterns, self.settle_seconds = root, tuple(patterns), settle_seconds
         self._hash_ranks = hash_ranks
         self._racy_ns = int(racy_seconds * 1e9)
@@ -89,6 +91,7 @@ class CheckpointIndex(IndexWatches):
         self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
         self._unresolved: Set[int] = set()  # ranks whose entry has no result (to compute at the next scan)
         self._view: Optional[View] = None  # the last scan's per-rank lists, updated for changed ranks only
+        self._gc_freeze, self._freeze_due = gc_freeze and background, False
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
         self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
@@ -213,6 +216,7 @@ class CheckpointIndex(IndexWatches):
         bring the scan's lists up to date for them here rather than in the plan."""
         self._settle_pending(sorted(rank for rank in ranks if self._ranks[rank].result is None), Notes(), False,
                              sleep=False)
+        self._freeze_due = self._freeze_due or (self._gc_freeze and bool(ranks))
         if self._view is not None:
             self._current_view(len(self._view.per_rank))
 

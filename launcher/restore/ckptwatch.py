@@ -20,6 +20,7 @@ from typing import Any, Callable, List, Optional, Set
 
 from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
                                        IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events)
+from launcher.common.gcpause import freeze_survivors
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,8 @@ UPDATE_DELAY = 0.2
 #: save (a shared file system, or no inotify): one ``stat`` each when nothing changed. Short, so that
 #: a round is absorbed while the ranks are being stopped; it runs in the indexer's thread.
 POLL_SECONDS = 0.25
+#: Seconds between tries of a collect-and-freeze pass that a plan in progress put off.
+REFREEZE_RETRY = 0.5
 _ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
 _READ_SIZE = 64 * 1024
 
@@ -49,6 +52,16 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
     def fileno(self) -> Optional[int]:
         """The inotify descriptor the index thread waits on (:meth:`drain`), None without inotify."""
         return self._fd
+
+    @locked
+    def refreeze(self) -> bool:
+        """After a step that absorbed a save round, take what it added out of the garbage collector's
+        passes (:func:`launcher.common.gcpause.freeze_survivors`). Returns False when that was put off
+        (a plan is running)."""
+        if not self._freeze_due:
+            return True
+        self._freeze_due = not freeze_survivors()
+        return not self._freeze_due
 
     def _start_inotify(self) -> None:
         from launcher.common.filewatch import _load_inotify  # pylint: disable=import-outside-toplevel
@@ -135,12 +148,12 @@ class Indexer:
 
     def __init__(self, index: Any):
         self._index = index
-        self._wake_read, self._wake_write = os.pipe()  # stop() wakes the thread from its select
+        self._wake_read, self._wake_write = os.pipe()  # stop() wakes the thread from its wait
         self._stopped = threading.Event()
         self.absorbed = threading.Condition()  # notified after every update and poll
         self.steps = 0  # updates and polls run (under ``absorbed``)
         self.busy_seconds = 0.0  # the last update's or poll's duration
-        self._busy, self._update_at = False, math.inf
+        self._busy, self._update_at, self._refreeze_at = False, math.inf, math.inf
         self._thread = threading.Thread(target=self._run, name="ckpt-index", daemon=True)
         self._thread.start()
 
@@ -174,7 +187,7 @@ class Indexer:
         while not self._stopped.is_set():
             fd = index.fileno()
             watched = [self._wake_read] if fd is None else [self._wake_read, fd]
-            due = min(self._update_at, next_poll)
+            due = min(self._update_at, next_poll, self._refreeze_at)
             self._busy = False
             ready = _ready(watched, None if due == math.inf else max(0.0, due - time.monotonic()))
             if ready is None:  # closed under us: close() gave up waiting for a long step
@@ -197,6 +210,8 @@ class Indexer:
                 if now >= next_poll:
                     next_poll = now + POLL_SECONDS
                     self._step(index.poll)
+                # After every step (nothing to do when nothing was absorbed), and again when put off.
+                self._refreeze_at = math.inf if index.refreeze() else now + REFREEZE_RETRY
             except Exception:  # pylint: disable=broad-except  # the thread must outlive one bad step
                 logger.warning("checkpoint index: updating failed; the plan's scan reads it instead", exc_info=True)
 

@@ -111,7 +111,8 @@ def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):
         patterns = compile_patterns(opts.checkpoint_pattern)
     except UsageError:
         return None  # the first plan reports it, as it does without the index
-    return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks))
+    return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks),
+                           gc_freeze=True)
 
 
 def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:

@@ -2,10 +2,12 @@
 
 import gc
 import threading
+import weakref
 
 import pytest
 
-from launcher.common.gcpause import collector_paused, paused
+from launcher.common import gcpause
+from launcher.common.gcpause import collector_paused, freeze_survivors, paused
 
 
 @pytest.fixture(autouse=True)
@@ -13,6 +15,7 @@ def collector_on():
     was = gc.isenabled()
     gc.enable()
     yield
+    gc.unfreeze()  # the tests freeze; the rest of the suite's process must not stay frozen
     if not was:
         gc.disable()
 
@@ -72,3 +75,66 @@ def test_an_exception_still_restores_it():
         with collector_paused():
             raise ValueError("boom")
     assert gc.isenabled()
+
+
+class _Node:
+    """A weak-referenceable object that can sit in a reference cycle."""
+
+    def __init__(self):
+        self.other = None
+
+
+def _cycle():
+    a, b = _Node(), _Node()
+    a.other, b.other = b, a
+    return a, weakref.ref(a)
+
+
+@pytest.fixture(name="fresh_freeze")
+def _fresh_freeze(monkeypatch):
+    """The module's record of the last full pass as in a new process."""
+    monkeypatch.setattr(gcpause, "_frozen_after_full", -1)
+
+
+def test_freeze_survivors_takes_what_is_alive_out_of_later_collections(fresh_freeze):
+    keep = [_Node() for _ in range(100)]
+    assert freeze_survivors()
+    assert gc.get_freeze_count() >= len(keep)
+    ids = {id(o) for o in gc.get_objects()}
+    assert not any(id(o) in ids for o in keep)  # in the permanent generation: no pass traverses them
+
+
+def test_a_cycle_frozen_alive_is_reclaimed_once_the_frozen_objects_grew_by_a_quarter(fresh_freeze):
+    """What is frozen and later becomes cyclic garbage stays until a full pass (young passes do not
+    see it); the full pass comes when the frozen objects grew by FULL_PASS_GROWTH since the last."""
+    assert freeze_survivors()  # the first pass is full
+    node, ref = _cycle()
+    assert freeze_survivors()  # young: the cycle is alive, now frozen
+    del node
+    assert freeze_survivors()  # young again: nothing grew
+    assert ref() is not None
+    grown = [_Node() for _ in range(int(gc.get_freeze_count() * gcpause.FULL_PASS_GROWTH) + 10)]
+    assert freeze_survivors()  # full: unfreezes, collects everything
+    assert ref() is None
+    del grown
+
+
+def test_freeze_survivors_is_put_off_while_a_thread_has_the_collector_paused(fresh_freeze):
+    inside, leave = threading.Event(), threading.Event()
+
+    def plan():
+        with collector_paused():
+            inside.set()
+            leave.wait(5)
+
+    thread = threading.Thread(target=plan)
+    thread.start()
+    try:
+        assert inside.wait(5)
+        before = gc.get_freeze_count()
+        assert not freeze_survivors()
+        assert gc.get_freeze_count() == before
+    finally:
+        leave.set()
+        thread.join()
+    assert freeze_survivors()

@@ -1,7 +1,9 @@
-"""The indexer thread's wait (``launcher.restore.ckptwatch``): descriptors of any number."""
+"""The indexer thread (``launcher.restore.ckptwatch``): its wait, on descriptors of any number, and\nthe collect-and-freeze passes it runs for the index."""
 
+import gc
 import os
 import resource
+import time
 
 import pytest
 
@@ -70,3 +72,36 @@ def test_ready_says_which_descriptors_can_be_read_and_when_one_is_closed():
     finally:
         for fd in (write_a, read_b, write_b):
             os.close(fd)
+
+
+def _until(condition, timeout=30.0):
+    """Wait for the indexer thread to make ``condition()`` true (checked as its steps end)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the indexer thread did not get there"
+        time.sleep(0.01)
+
+
+@pytest.fixture(name="unfrozen")
+def _unfrozen():
+    yield
+    gc.unfreeze()  # the rest of the suite's process must not stay frozen
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_a_save_round_absorbed_by_the_thread_leaves_the_collectors_passes(tmp_path, unfrozen, freeze):
+    """With ``gc_freeze`` (the launcher's setting) the round's new records are frozen by the thread
+    after its step: no later collection, in the event loop or a plan, traverses them."""
+    (tmp_path / "rank_0").mkdir()
+    index = CheckpointIndex(str(tmp_path), settle_seconds=0, background=True, gc_freeze=freeze)
+    try:
+        if index.fileno() is None:
+            pytest.skip("no inotify here")
+        index.scan(1)
+        (tmp_path / "rank_0" / "ckpt-1_100.pt").write_bytes(b"x" * 8)
+        entry = index._ranks[0]  # pylint: disable=protected-access
+        _until(lambda: entry.result and not index._freeze_due)  # pylint: disable=protected-access
+        [checkpoint] = entry.result
+        assert all(o is not checkpoint for o in gc.get_objects()) is freeze
+    finally:
+        index.close()
