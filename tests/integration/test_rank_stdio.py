@@ -37,10 +37,10 @@ def test_a_files_only_rank_writes_its_log_file_itself_unbuffered(tmp_path):
         "binary_layer": "FileIO", "write_through": True, "line_buffering": False}
 
 
-def test_an_empty_pythonunbuffered_leaves_a_rank_block_buffered(tmp_path):
-    # The opt-out docs/benchmarks.md names: the launcher keeps a user's value, Python reads "" as unset
-    # (while "0" still means unbuffered).
-    report = files_only_rank(tmp_path, dict(without_pythonunbuffered(), PYTHONUNBUFFERED=""))
+@pytest.mark.parametrize("value", ["0", ""])
+def test_a_pythonunbuffered_of_0_or_empty_leaves_a_rank_block_buffered(tmp_path, value):
+    # The opt-out the README names: the launcher keeps a user's value, CPython reads "0" and "" as off.
+    report = files_only_rank(tmp_path, dict(without_pythonunbuffered(), PYTHONUNBUFFERED=value))
     assert (report["binary_layer"], report["write_through"]) == ("BufferedWriter", False)
 
 
