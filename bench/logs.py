@@ -1,14 +1,22 @@
 """Benchmark 6: log throughput of 8 ranks printing as fast as they can.
 
-Each rank (``scripts/spam.py``) writes ``<rank> <seq>`` lines with Python's default buffering for
-10 s after a file barrier, then reports how many it wrote. Throughput = lines found in the rank files
-/ the ranks' common writing window. Variants, alternated run by run:
+Each rank (``scripts/spam.py``) writes ``<rank> <seq>`` lines with ``sys.stdout.write`` for 10 s after a
+file barrier, then reports how many it wrote. Throughput = lines found in the rank files / the ranks'
+common writing window. Variants, alternated run by run:
 
 * ours: ranks write into pipes; the launcher tees them to ``rank_<r>.log`` and to the console with a
   ``[rank N]`` prefix (console -> /dev/null);
 * ours with ``--console-ranks none``: ranks write their files directly;
-* direct: the same 8 processes started by the bench with stdout to files (the baseline);
+* direct: the same 8 processes started by the bench, with the stdio the launcher's files-only mode
+  gives a rank (the log file opened as the launcher opens it, stderr into it, ``PYTHONUNBUFFERED=1``):
+  the baseline, everything but the launcher;
 * torchrun ``--tee 3 --log-dir D``: ranks write files, torchrun tails them to the console.
+
+The launcher runs ranks unbuffered, as torchrun does (``python -u``): every line is one ``write``
+system call. So the baseline is unbuffered too, and the three ``, block-buffered`` variants repeat
+ours and direct with ``PYTHONUNBUFFERED=`` (empty: the launcher keeps a user's value, Python reads
+empty as unset), Python's default 8 KiB buffer. A baseline buffered unlike the ranks under the
+launcher measures the buffering, not the launcher (it hid here as a 5.6x "gap" on 2026-11-23).
 
 Every run checks that the files hold as many lines as the ranks wrote. One extra, unmeasured run of
 ours sends the console to a file and verifies every rank file (sequence numbers contiguous) and every
@@ -26,23 +34,42 @@ import psutil
 
 from bench.common import (PYTHON, Job, Result, Row, Settings, TempDir, alternate, cleanup, column, fmt,
                           job_env, launcher_argv, median, progress, read_lines, script, torchrun_argv)
+from launcher.common.envnames import PYTHONUNBUFFERED
+from launcher.supervision.output import open_log
 
 NAME = "logs"
 NPROC = 8
-KINDS = ("ours", "ours --console-ranks none", "direct", "torchrun --tee 3")
+BUFFERED = ", block-buffered"  # suffix of the variants run with PYTHONUNBUFFERED= (empty)
+KINDS = ("ours", "ours --console-ranks none", "direct", "torchrun --tee 3",
+         "ours" + BUFFERED, "ours --console-ranks none" + BUFFERED, "direct" + BUFFERED)
 TARGET = 0.9  # at most 10 % slower than direct file output
 
 
-def _start(kind: str, tmp: TempDir, env: Dict[str, str], console) -> List[subprocess.Popen]:
-    command = [PYTHON, script("spam.py")]
-    logs = tmp.sub("logs")
-    if kind == "direct":
+def rank_env(kind: str, env: Dict[str, str]) -> Dict[str, str]:
+    """The job's environment for ``kind``: the block-buffered variants set ``PYTHONUNBUFFERED=`` (empty),
+    which the launcher keeps; the unbuffered direct baseline gets the ``PYTHONUNBUFFERED=1`` the launcher
+    adds to a rank's environment (torchrun runs ``python -u`` instead)."""
+    if kind.endswith(BUFFERED):
+        return dict(env, **{PYTHONUNBUFFERED: ""})
+    return dict(env, **{PYTHONUNBUFFERED: "1"}) if kind == "direct" else env
+
+
+def start(kind: str, tmp: TempDir, env: Dict[str, str], console, command: Optional[List[str]] = None
+          ) -> List[subprocess.Popen]:
+    """Start one job of ``kind`` running ``command`` (default: ``scripts/spam.py``) as its ranks; returns
+    the launcher / torchrun process, or the 8 ranks for direct."""
+    command = command or [PYTHON, script("spam.py")]
+    logs, env = tmp.sub("logs"), rank_env(kind, env)
+    if kind.startswith("direct"):
         os.makedirs(logs)
         procs = []
         for rank in range(NPROC):
-            with open(os.path.join(logs, f"rank_{rank}.log"), "wb") as out:
+            out = open_log(os.path.join(logs, f"rank_{rank}.log"))  # O_APPEND, as the launcher opens it
+            try:
                 procs.append(subprocess.Popen(command, env=dict(env, RANK=str(rank)), stdin=subprocess.DEVNULL,
-                                              stdout=out, stderr=subprocess.DEVNULL, start_new_session=True))
+                                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            finally:
+                os.close(out)
         return procs
     if kind.startswith("ours"):
         extra = ["--console-ranks", "none"] if "none" in kind else []
@@ -57,7 +84,7 @@ def rank_files(kind: str, logs: str) -> Dict[int, str]:
     if kind.startswith("ours"):
         paths = glob.glob(os.path.join(logs, "latest", "attempt_0", "rank_*.log"))
         return {int(re.search(r"rank_(\d+)", p).group(1)): p for p in paths}
-    if kind == "direct":
+    if kind.startswith("direct"):
         return {r: os.path.join(logs, f"rank_{r}.log") for r in range(NPROC)}
     paths = glob.glob(os.path.join(logs, "**", "attempt_0", "*", "stdout.log"), recursive=True)
     return {int(os.path.basename(os.path.dirname(p))): p for p in paths}
@@ -79,8 +106,8 @@ def one_run(kind: str, seconds: float, console_path: Optional[str] = None) -> di
         env = job_env(ready=tmp.sub("ready"), stats=tmp.sub("stats"), nproc=NPROC, seconds=seconds)
         console = open(console_path, "wb") if console_path else None
         try:
-            procs = _start(kind, tmp, env, console)
-            cpu = _wait_sampling(procs, kind != "direct", seconds + 90)
+            procs = start(kind, tmp, env, console)
+            cpu = _wait_sampling(procs, not kind.startswith("direct"), seconds + 90)
         finally:
             if console:
                 console.close()
@@ -185,14 +212,17 @@ def _rows(runs: Dict[str, List[dict]], check: dict) -> List[Row]:
     rate = {kind: median(column(runs[kind], "lines_per_s")) for kind in KINDS}
     count = len(runs["ours"])
     rows = []
-    for kind, label in (("ours", "tee'd to files + console"), ("ours --console-ranks none", "files only")):
-        share = rate[kind] / rate["direct"] if rate[kind] and rate["direct"] else None
-        anchors = {"direct": rate["direct"]}
+    for kind, label in (("ours", "tee'd to files + console"), ("ours --console-ranks none", "files only"),
+                        ("ours" + BUFFERED, "block-buffered, tee'd to files + console"),
+                        ("ours --console-ranks none" + BUFFERED, "block-buffered, files only")):
+        base = "direct" + BUFFERED if kind.endswith(BUFFERED) else "direct"  # the same buffering
+        share = rate[kind] / rate[base] if rate[kind] and rate[base] else None
+        anchors = {base: rate[base]}
         if kind == "ours":
             anchors["torchrun --tee 3"] = rate["torchrun --tee 3"]
         rows.append(Row(NAME, f"{NPROC} ranks, {label}: lines/s reaching the files", "lines/s", rate[kind],
-                        anchors, f"{fmt(share)}x the direct rate" if share else "-", "ranks slowed <= 10 % vs direct",
-                        share is not None and share >= TARGET, count))
+                        anchors, f"{fmt(share)}x {base}" if share else "-",
+                        "ranks slowed <= 10 % vs direct, same buffering", share is not None and share >= TARGET, count))
     lost = sum(r.get("lost", 0) for kind in KINDS if kind.startswith("ours") for r in runs[kind])
     lost += check.get("bad_rank_files", 1)
     broken = check.get("console_lines_malformed", 1) + check.get("console_ranks_out_of_order", 1)
@@ -204,9 +234,15 @@ def _rows(runs: Dict[str, List[dict]], check: dict) -> List[Row]:
 
 
 def _details(runs: Dict[str, List[dict]], check: dict, seconds: float, cost: Dict[str, float]) -> List[str]:
-    lines = [f"- {NPROC} ranks x {seconds:.0f} s, default (block) buffering of stdout. Lines written per run "
-             "(median): " + "; ".join(f"{k} {fmt(median(column(runs[k], 'written')))}" for k in KINDS) + "."]
-    cpu = {k: median(column(runs[k], "supervisor_cpu_s")) for k in KINDS if k != "direct"}
+    rate = {k: median(column(runs[k], "lines_per_s")) for k in ("direct", "direct" + BUFFERED)}
+    lines = [f"- {NPROC} ranks x {seconds:.0f} s; stdout unbuffered as the launcher and torchrun run ranks (one "
+             "`write` per line), `, block-buffered` variants with `PYTHONUNBUFFERED=` (empty). Lines written per "
+             "run (median): " + "; ".join(f"{k} {fmt(median(column(runs[k], 'written')))}" for k in KINDS) + "."]
+    if all(rate.values()):
+        lines.append(f"- Unbuffered output itself, without any launcher: the direct writers at {fmt(rate['direct'])} "
+                     f"lines/s unbuffered, {fmt(rate['direct' + BUFFERED])} block-buffered "
+                     f"({fmt(rate['direct' + BUFFERED] / rate['direct'])}x).")
+    cpu = {k: median(column(runs[k], "supervisor_cpu_s")) for k in KINDS if not k.startswith("direct")}
     lines.append("- CPU used by the supervising process itself during a run (median, of the "
                  f"{2 * seconds:.0f} CPU-seconds {os.cpu_count()} cores offer in {seconds:.0f} s): "
                  + "; ".join(f"{k} {fmt(v)} s" for k, v in cpu.items()) + ".")

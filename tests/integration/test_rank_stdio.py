@@ -1,0 +1,69 @@
+"""What a rank's stdout is under the launcher, and whether the log benchmark's direct baseline gives
+its writers the same (``bench/logs.py``: a baseline buffered unlike the ranks measured the buffering,
+a 5.6x "gap", not the launcher)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from bench import logs as bench_logs
+from bench.common import TempDir, job_env
+
+REPO = Path(__file__).resolve().parents[2]
+PROBE = [sys.executable, str(REPO / "tests" / "workers" / "stdio_probe.py")]
+
+
+def files_only_rank(tmp: Path, env: Dict[str, str]) -> dict:
+    """The probe's report as rank 0 of ``launcher run --console-ranks none``."""
+    argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir", str(tmp / "run"),
+            "--log-dir", str(tmp / "logs"), "--console-ranks", "none", "--", *PROBE]
+    done = subprocess.run(argv, env=env, cwd=str(tmp), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads((tmp / "logs" / "latest" / "attempt_0" / "rank_0.log").read_text())
+
+
+def without_pythonunbuffered() -> Dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # the user did not ask
+
+
+def test_a_files_only_rank_writes_its_log_file_itself_unbuffered(tmp_path):
+    assert files_only_rank(tmp_path, without_pythonunbuffered()) == {
+        "type": "file", "o_append": True, "tty": False, "stderr_is_stdout": True,
+        "binary_layer": "FileIO", "write_through": True, "line_buffering": False}
+
+
+@pytest.mark.parametrize("value", ["0", ""])
+def test_a_pythonunbuffered_of_0_or_empty_leaves_a_rank_block_buffered(tmp_path, value):
+    # The opt-out the README names: the launcher keeps a user's value, CPython reads "0" and "" as off.
+    report = files_only_rank(tmp_path, dict(without_pythonunbuffered(), PYTHONUNBUFFERED=value))
+    assert (report["binary_layer"], report["write_through"]) == ("BufferedWriter", False)
+
+
+def bench_ranks(kind: str) -> List[dict]:
+    """The probe's reports as the ranks of one bench job of ``kind``."""
+    tmp = TempDir("stdio")
+    with tmp:
+        procs = bench_logs.start(kind, tmp, job_env(), None, PROBE)
+        try:
+            for proc in procs:
+                assert proc.wait(60) == 0
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        files = bench_logs.rank_files(kind, tmp.sub("logs"))
+        return [json.loads(Path(files[rank]).read_text()) for rank in sorted(files)]
+
+
+@pytest.mark.parametrize("suffix", ["", bench_logs.BUFFERED])
+def test_the_log_benchmarks_direct_writers_get_the_stdout_of_a_files_only_rank(suffix):
+    ours = bench_ranks("ours --console-ranks none" + suffix)
+    direct = bench_ranks("direct" + suffix)
+    assert len(ours) == len(direct) == bench_logs.NPROC
+    assert direct == ours
