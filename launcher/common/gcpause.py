@@ -49,10 +49,11 @@ def paused(function: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-#: A full pass when the frozen objects grew by this share since the last one (CPython's own rule for
-#: its oldest generation: ``long_lived_pending > long_lived_total / 4``).
+#: A full pass when the objects frozen since the last one reach this share of those frozen then
+#: (CPython's own rule for its oldest generation: ``long_lived_pending > long_lived_total / 4``).
 FULL_PASS_GROWTH = 0.25
-_frozen_after_full = -1  # freeze count right after the last full pass; -1: none yet
+_at_full = -1  # objects frozen right after the last full pass; -1: none yet
+_since_full = 0  # objects frozen by young passes since
 
 
 def freeze_survivors() -> bool:
@@ -63,24 +64,26 @@ def freeze_survivors() -> bool:
 
     The collection is young: it traverses only what is not frozen yet (what the process allocated
     since the last call), a few ms. What is frozen is never reclaimed by it if it later becomes
-    unreachable *in a cycle* (reference counting still frees the rest); so once the frozen objects
-    grew by ``FULL_PASS_GROWTH`` since the last full pass (and on the first call), the pass is full:
-    unfreeze, collect everything, freeze again. That bounds such garbage as CPython bounds its own.
+    unreachable *in a cycle* (reference counting still frees the rest); so once the objects frozen
+    since the last full pass reach ``FULL_PASS_GROWTH`` of those frozen then (and on the first call),
+    the pass is full: unfreeze, collect everything, freeze again. That bounds such garbage as CPython
+    bounds its own. (``gc.get_freeze_count`` walks all frozen objects: only full passes call it.)
 
     Returns:
         False, having done nothing, while a thread is inside :func:`collector_paused` (a plan) or
         the collector is disabled: the caller tries again later.
     """
-    global _frozen_after_full
+    global _at_full, _since_full
     with _lock:
         if _holders or not gc.isenabled():
             return False
         gc.collect()  # young: traverses only what is not frozen (everything, the first time)
+        _since_full += len(gc.get_objects())  # the survivors, about to be frozen
         gc.freeze()
-        if _frozen_after_full < 0 or gc.get_freeze_count() > _frozen_after_full * (1 + FULL_PASS_GROWTH):
-            if _frozen_after_full >= 0:
+        if _at_full < 0 or _since_full > _at_full * FULL_PASS_GROWTH:
+            if _at_full >= 0:
                 gc.unfreeze()
                 gc.collect()
                 gc.freeze()
-            _frozen_after_full = gc.get_freeze_count()
+            _at_full, _since_full = gc.get_freeze_count(), 0
         return True

@@ -92,6 +92,7 @@ class CheckpointIndex(IndexWatches):
         self._unresolved: Set[int] = set()  # ranks whose entry has no result (to compute at the next scan)
         self._view: Optional[View] = None  # the last scan's per-rank lists, updated for changed ranks only
         self._gc_freeze, self._freeze_due = gc_freeze and background, False
+        self.absorbed_steps = 0  # updates and polls that changed some rank (the indexer thread reads it)
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
         self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
@@ -216,7 +217,9 @@ class CheckpointIndex(IndexWatches):
         bring the scan's lists up to date for them here rather than in the plan."""
         self._settle_pending(sorted(rank for rank in ranks if self._ranks[rank].result is None), Notes(), False,
                              sleep=False)
-        self._freeze_due = self._freeze_due or (self._gc_freeze and bool(ranks))
+        if ranks:
+            self.absorbed_steps += 1
+            self._freeze_due = self._gc_freeze
         if self._view is not None:
             self._current_view(len(self._view.per_rank))
 

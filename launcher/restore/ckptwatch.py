@@ -30,6 +30,8 @@ UPDATE_DELAY = 0.2
 #: save (a shared file system, or no inotify): one ``stat`` each when nothing changed. Short, so that
 #: a round is absorbed while the ranks are being stopped; it runs in the indexer's thread.
 POLL_SECONDS = 0.25
+#: Seconds without a step that absorbed anything before the collect-and-freeze pass (once per round).
+REFREEZE_QUIET = 1.0
 #: Seconds between tries of a collect-and-freeze pass that a plan in progress put off.
 REFREEZE_RETRY = 0.5
 _ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
@@ -55,9 +57,9 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
 
     @locked
     def refreeze(self) -> bool:
-        """After a step that absorbed a save round, take what it added out of the garbage collector's
-        passes (:func:`launcher.common.gcpause.freeze_survivors`). Returns False when that was put off
-        (a plan is running)."""
+        """Once a save round was absorbed, take what it added out of the garbage collector's passes
+        (:func:`launcher.common.gcpause.freeze_survivors`). Returns False when that was put off (a
+        plan is running)."""
         if not self._freeze_due:
             return True
         self._freeze_due = not freeze_survivors()
@@ -203,6 +205,7 @@ class Indexer:
                     index.drain()
                     if self._update_at == math.inf and index.pending():
                         self._update_at = time.monotonic() + UPDATE_DELAY  # the rest of the burst comes meanwhile
+                absorbed = index.absorbed_steps
                 now = time.monotonic()
                 if now >= self._update_at:
                     self._update_at = math.inf
@@ -210,8 +213,10 @@ class Indexer:
                 if now >= next_poll:
                     next_poll = now + POLL_SECONDS
                     self._step(index.poll)
-                # After every step (nothing to do when nothing was absorbed), and again when put off.
-                self._refreeze_at = math.inf if index.refreeze() else now + REFREEZE_RETRY
+                if index.absorbed_steps != absorbed:  # once the round is over, not after each of its steps
+                    self._refreeze_at = time.monotonic() + REFREEZE_QUIET
+                elif now >= self._refreeze_at:
+                    self._refreeze_at = math.inf if index.refreeze() else now + REFREEZE_RETRY
             except Exception:  # pylint: disable=broad-except  # the thread must outlive one bad step
                 logger.warning("checkpoint index: updating failed; the plan's scan reads it instead", exc_info=True)
 

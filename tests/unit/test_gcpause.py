@@ -93,7 +93,8 @@ def _cycle():
 @pytest.fixture(name="fresh_freeze")
 def _fresh_freeze(monkeypatch):
     """The module's record of the last full pass as in a new process."""
-    monkeypatch.setattr(gcpause, "_frozen_after_full", -1)
+    monkeypatch.setattr(gcpause, "_at_full", -1)
+    monkeypatch.setattr(gcpause, "_since_full", 0)
 
 
 def test_freeze_survivors_takes_what_is_alive_out_of_later_collections(fresh_freeze):
@@ -106,7 +107,8 @@ def test_freeze_survivors_takes_what_is_alive_out_of_later_collections(fresh_fre
 
 def test_a_cycle_frozen_alive_is_reclaimed_once_the_frozen_objects_grew_by_a_quarter(fresh_freeze):
     """What is frozen and later becomes cyclic garbage stays until a full pass (young passes do not
-    see it); the full pass comes when the frozen objects grew by FULL_PASS_GROWTH since the last."""
+    see it); the full pass comes when the objects frozen since the last one reach FULL_PASS_GROWTH
+    of those frozen then."""
     assert freeze_survivors()  # the first pass is full
     node, ref = _cycle()
     assert freeze_survivors()  # young: the cycle is alive, now frozen
