@@ -3,8 +3,8 @@
 Owns: ``errors`` (UsageError / LauncherError), ``envnames`` (every env var name), ``inputfiles``
 (bounded reads of user files), ``resources`` (shipped schemas), ``rundir`` and ``jobs`` (the run dir
 and the jobs under the base dir), ``signals`` (handlers that only record), ``warnonce``,
-``filewatch`` and ``gcpause`` (the cyclic collector paused while any thread asks, and long-lived objects frozen out of
-its passes).
+``filewatch`` and ``gcpause`` (the cyclic collector paused while any thread asks, and long-lived
+objects frozen out of its passes).
 
 May import: the standard library and third-party packages only; nothing else from ``launcher``.
 """
