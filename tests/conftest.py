@@ -14,6 +14,10 @@ from launcher.supervision.guard import become_subreaper
 
 become_subreaper()
 
+# The chaos suite's summary must run in the process that prints the terminal summary, which under
+# pytest-xdist never loads tests/chaos/conftest.py (see tests/chaos/report.py).
+pytest_plugins = ("tests.chaos.report",)
+
 #: How long a test's processes get to finish exiting after the test body returns.
 SETTLE_SECONDS = 5.0
 
