@@ -14,6 +14,8 @@ from launcher.restore.checkpoints import Candidate, Checkpoint, Notes
 from launcher.restore.ckptnames import KindIndex
 from launcher.restore.ckptreports import DirStamp
 
+Key = Tuple[int, int]
+StepIndex = Dict[Key, Checkpoint]
 NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 QUIET = Notes()  # shared by every entry with nothing to say; never written to
 
@@ -34,15 +36,44 @@ class RankEntry:
 
 
 class View:
-    """The scan result's per-rank lists as of the last scan, and the ranks changed since."""
+    """The scan result's per-rank lists as of the last scan, and the ranks changed since.
 
-    __slots__ = ("per_rank", "kinds", "noted", "changed")
+    It also counts, per kind, how many ranks hold each ``(epoch, step)``: the planner needs every
+    step of the world newest first, a union of 16,384 dicts per plan otherwise.
+    """
+
+    __slots__ = ("per_rank", "kinds", "by_kind", "noted", "changed", "counts")
 
     def __init__(self, world_size: int):
         self.per_rank: List[Tuple[Checkpoint, ...]] = [()] * world_size
         self.kinds: List[KindIndex] = [NO_KINDS] * world_size
+        # The same dicts as two lists, breakpoints and periodics: what the planner takes.
+        self.by_kind: Tuple[List[StepIndex], List[StepIndex]] = ([NO_KINDS[0]] * world_size,
+                                                                 [NO_KINDS[1]] * world_size)
         self.noted: Set[int] = set()  # ranks whose entry has notes (warnings)
         self.changed: Set[int] = set()  # ranks whose entry changed since the lists were updated
+        self.counts: Tuple[Dict[Key, int], Dict[Key, int]] = ({}, {})  # per kind: step -> ranks having it
+
+    def set_kinds(self, rank: int, kinds: KindIndex) -> None:
+        """Record ``rank``'s per-kind dicts, keeping :attr:`counts` in step."""
+        old = self.kinds[rank]
+        for kind, counts in enumerate(self.counts):
+            if old[kind] is kinds[kind]:
+                continue  # the index keeps an unchanged dict (same_kinds): nothing to count
+            self.by_kind[kind][rank] = kinds[kind]
+            for key in old[kind]:
+                left = counts[key] - 1
+                if left:
+                    counts[key] = left
+                else:
+                    del counts[key]
+            for key in kinds[kind]:
+                counts[key] = counts.get(key, 0) + 1
+        self.kinds[rank] = kinds
+
+    def keys(self) -> Tuple[Tuple[Key, ...], Tuple[Key, ...]]:
+        """Per kind (breakpoint, periodic), every step some rank holds, newest first."""
+        return tuple(tuple(sorted(counts, reverse=True)) for counts in self.counts)  # type: ignore[return-value]
 
 
 def kept(old: List[Candidate], new: List[Candidate]) -> List[Candidate]:

@@ -162,7 +162,8 @@ class CheckpointIndex(IndexWatches):
         for rank in self._unsettled:
             self._ranks[rank].result = None  # a file was still being written: look again next time
             self._unresolved.add(rank)
-        return ScanResult(tuple(view.per_rank), notes.lines(), kinds=tuple(view.kinds))
+        return ScanResult(tuple(view.per_rank), notes.lines(), kinds=(tuple(view.by_kind[0]), tuple(view.by_kind[1])),
+                          keys=view.keys())
 
     def _current_view(self, world_size: int) -> "View":
         """The per-rank lists of the scan result, brought up to date for the ranks that changed since
@@ -177,7 +178,8 @@ class CheckpointIndex(IndexWatches):
             if rank >= world_size:
                 continue
             entry = self._ranks.get(rank)
-            view.per_rank[rank], view.kinds[rank] = (entry.result, entry.kinds) if entry else ((), NO_KINDS)
+            view.per_rank[rank] = entry.result if entry else ()
+            view.set_kinds(rank, entry.kinds if entry else NO_KINDS)
             (view.noted.add if entry is not None and entry.notes.by_reason else view.noted.discard)(rank)
         view.changed = set()
         return view

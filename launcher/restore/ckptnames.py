@@ -81,12 +81,18 @@ class ScanResult:
     checkpoints: Tuple[Tuple[Checkpoint, ...], ...]
     warnings: Tuple[str, ...] = ()
     absent: str = ""
-    #: ``by_kind`` of each rank's checkpoints when the producer kept it (the index does, per rank,
-    #: so the planner does not rebuild 16,384 ranks' dicts before every restart); derived data.
-    kinds: Optional[Tuple["KindIndex", ...]] = field(default=None, compare=False, repr=False)
+    #: Breakpoints and periodics: per rank, ``by_kind`` of its checkpoints, when the producer kept it
+    #: (the index does, per rank, so the planner does not rebuild 16,384 ranks' dicts before every
+    #: restart); derived data.
+    kinds: Optional[Tuple[Tuple["StepIndex", ...], Tuple["StepIndex", ...]]] = field(
+        default=None, compare=False, repr=False)
+    #: With ``kinds``: per kind (breakpoint, periodic), every ``(epoch, step)`` of some rank, newest first.
+    keys: Optional[Tuple[Tuple[Tuple[int, int], ...], Tuple[Tuple[int, int], ...]]] = field(
+        default=None, compare=False, repr=False)
 
 
-KindIndex = Tuple[Dict[Tuple[int, int], Checkpoint], Dict[Tuple[int, int], Checkpoint]]
+StepIndex = Dict[Tuple[int, int], Checkpoint]
+KindIndex = Tuple[StepIndex, StepIndex]
 
 
 def by_kind(items: Sequence[Checkpoint]) -> KindIndex:

@@ -3,7 +3,7 @@
 import json
 import os
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any, Dict, List, Optional, Tuple
 
 from launcher.common import envnames
@@ -123,7 +123,7 @@ class RestorePlan:
         """``{"0,8,16": 8, ...}``: each replica group (ranks joined by commas) to its source."""
         if self.kind != KIND_BREAKPOINT:
             return {}
-        return {_join(group): self.sources[group[0]] for group in self.groups}
+        return dict(zip(_group_names(self.groups), (self.sources[group[0]] for group in self.groups)))
 
     @cached_property
     def _group_of(self) -> Tuple[Tuple[int, ...], ...]:
@@ -276,6 +276,13 @@ class RestorePlan:
 
 def _join(group: Tuple[int, ...]) -> str:
     return ",".join(str(rank) for rank in group)
+
+
+# The groups rarely change between plans (the same tuple when they come from a layout): their
+# names are joined once, not 16,384 ranks' worth per plan.
+@lru_cache(maxsize=4)
+def _group_names(groups: Tuple[Tuple[int, ...], ...]) -> Tuple[str, ...]:
+    return tuple(_join(group) for group in groups)
 
 
 def _shorten(text: str, limit: int = 60) -> str:

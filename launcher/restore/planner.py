@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 
 Key = Tuple[int, int]
 Group = Tuple[int, ...]
-Index = List[Dict[Key, Checkpoint]]
+Index = Sequence[Dict[Key, Checkpoint]]
 _EXAMPLES = 3
 
 
@@ -196,9 +196,9 @@ def build_plan(world_size: int, groups: ReplicaGroups, faults: FaultReport,
     if scan.absent:
         return RestorePlan(kind=KIND_NONE, reason=f"no checkpoints: {scan.absent}", epoch=None, step=None,
                            sources=(), files=(), warnings=tuple(warnings), **base)
-    breakpoint_index, periodic_index = _index(scan)
-    breakpoint_choice, reason = _breakpoint(groups.groups, faults, breakpoint_index, warnings)
-    periodic = _periodic(groups.groups, faults.ranks, periodic_index, warnings,
+    (breakpoint_index, breakpoint_keys), (periodic_index, periodic_keys) = _index(scan)
+    breakpoint_choice, reason = _breakpoint(groups.groups, faults, breakpoint_index, breakpoint_keys, warnings)
+    periodic = _periodic(groups.groups, faults.ranks, periodic_index, periodic_keys, warnings,
                          breakpoint_choice.key if breakpoint_choice else None)
     choice = breakpoint_choice
     if periodic and (not choice or periodic.key > choice.key):
@@ -234,18 +234,24 @@ def _groups_text(groups: Sequence[Group]) -> str:
     return shown + (f" and {len(groups) - _EXAMPLES} more" if len(groups) > _EXAMPLES else "")
 
 
-def _index(scan: ScanResult) -> Tuple[Index, Index]:
-    """Per rank, ``(epoch, step) -> checkpoint``: breakpoint and periodic (keys are unique per kind)."""
-    kinds = scan.kinds if scan.kinds is not None else [by_kind(items) for items in scan.checkpoints]
-    return [pair[0] for pair in kinds], [pair[1] for pair in kinds]
+def _index(scan: ScanResult) -> Tuple[Tuple[Index, Sequence[Key]], Tuple[Index, Sequence[Key]]]:
+    """Breakpoint and periodic: per rank ``(epoch, step) -> checkpoint`` (keys are unique per kind),
+    and every key of any rank, newest first (the index keeps both as ranks change)."""
+    if scan.kinds is None:
+        kinds = [by_kind(items) for items in scan.checkpoints]
+        indexes: Tuple[Index, Index] = ([pair[0] for pair in kinds], [pair[1] for pair in kinds])
+    else:
+        indexes = scan.kinds  # type: ignore[assignment]
+    keys = scan.keys if scan.keys is not None and scan.kinds is not None else tuple(map(_keys, indexes))
+    return (indexes[0], keys[0]), (indexes[1], keys[1])
 
 
 def _keys(index: Index) -> List[Key]:
-    """Every key of ``index``, newest first (one union of 16,384 dicts: computed once per kind)."""
+    """Every key of ``index``, newest first (one union of 16,384 dicts per kind)."""
     return sorted(set().union(*index), reverse=True)
 
 
-def _common_keys(members: Sequence[Sequence[int]], index: Index, keys: List[Key]) -> Iterator[Key]:
+def _common_keys(members: Sequence[Sequence[int]], index: Index, keys: Sequence[Key]) -> Iterator[Key]:
     """Keys, newest first, that at least one rank of every member list has. Lazy: the caller
     usually takes the first (the newest step, complete), and a key is rejected at the first member
     list without it; unions of every rank's keys per group cost 16,384 set operations per plan."""
@@ -280,10 +286,9 @@ def _sizes_text(files: Sequence[Checkpoint]) -> str:
     return ", ".join(f"rank {c.rank}: {c.size} B" for c in files)
 
 
-def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
+def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index, keys: Sequence[Key],
                 warnings: List[str]) -> Tuple[Optional[_Choice], str]:
-    """The breakpoint choice, or None and the reason there is none."""
-    keys = _keys(index)
+    """The breakpoint choice, or None and the reason there is none (``keys``: ``index``'s, newest first)."""
     newest = keys[0] if keys else None
     if newest is None:
         return None, "no breakpoint checkpoints"
@@ -295,7 +300,7 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
     for key in _common_keys(usable, index, keys):
         picks: List[Optional[Checkpoint]] = [None] * len(index)
         for group, ranks in zip(groups, usable):
-            having = [index[r][key] for r in ranks if key in index[r]]
+            having = [steps[key] for steps in map(index.__getitem__, ranks) if key in steps]
             kept, dropped = _majority(having)
             if not kept:
                 warnings.append(f"breakpoint checkpoints at {_at(key)} differ in size within replica "
@@ -318,11 +323,11 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index,
     return None, "breakpoint checkpoints incomplete"
 
 
-def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index,
+def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index, keys: Sequence[Key],
               warnings: List[str], newer_than: Optional[Key] = None) -> Optional[_Choice]:
-    """The newest periodic choice, or None; only steps after ``newer_than`` (the breakpoint choice:
-    an older periodic step would not be used, and its warnings would describe a plan not taken)."""
-    keys = _keys(index)
+    """The newest periodic choice, or None (``keys``: ``index``'s, newest first); only steps after
+    ``newer_than`` (the breakpoint choice: an older periodic step would not be used, and its warnings
+    would describe a plan not taken)."""
     newest = keys[0] if keys else None
     if newer_than is not None and (newest is None or newest <= newer_than):
         return None  # the common case at scale: no pass over every group for a choice not taken

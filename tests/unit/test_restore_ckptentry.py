@@ -4,9 +4,11 @@ import gc
 import os
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from launcher.restore.checkpoints import Candidate, scan_checkpoints
-from launcher.restore.ckptentry import NO_KINDS, kept, same_kinds
+from launcher.restore.ckptentry import NO_KINDS, View, kept, same_kinds
 from launcher.restore.ckptindex import CheckpointIndex
 from launcher.restore.ckptnames import Checkpoint
 
@@ -69,9 +71,11 @@ def test_a_save_round_keeps_what_did_not_change(tmp_path, index):
     index.update()
     after = index.scan(RANKS)
     assert after == scan_checkpoints(str(tmp_path), RANKS, settle_seconds=0)
-    assert after.kinds[3][0] is before.kinds[3][0]  # only a periodic file was added: same breakpoint dict
-    assert after.kinds[3][1] is not before.kinds[3][1]
-    assert all(after.kinds[r] is before.kinds[r] for r in range(RANKS) if r != 3)
+    breakpoints, periodics = 0, 1  # ScanResult.kinds: per kind, per rank
+    assert after.kinds[breakpoints][3] is before.kinds[breakpoints][3]  # only a periodic was added
+    assert after.kinds[periodics][3] is not before.kinds[periodics][3]
+    assert all(after.kinds[kind][r] is before.kinds[kind][r] for kind in (0, 1) for r in range(RANKS) if r != 3)
+    assert after.keys == (((1, 150),), ((1, 200), (1, 100)))
     unchanged = [c for c in after.checkpoints[3] if c.step != 200]
     assert all(any(c is old for old in before.checkpoints[3]) for c in unchanged)
 
@@ -104,3 +108,21 @@ def test_the_scan_lists_follow_a_changed_world_size(tmp_path, index):
         (tmp_path / "rank_1" / f"ckpt-1_{300 + world}.pt").write_bytes(b"z" * 8)
         index.update()
         assert index.scan(world) == scan_checkpoints(root, world, settle_seconds=0)
+
+
+_STEPS = st.frozensets(st.tuples(st.integers(1, 2), st.integers(0, 5)), max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), _STEPS, _STEPS, st.booleans()), max_size=30))
+def test_the_view_counts_every_step_some_rank_holds(changes):
+    """``View.keys`` is the union of every rank's steps, newest first, after any sequence of changes,
+    including dicts the index kept unchanged (the same object handed again)."""
+    view = View(6)
+    for rank, breakpoints, periodics, keep_breakpoints in changes:
+        old = view.kinds[rank]
+        new_breakpoints = old[0] if keep_breakpoints else dict.fromkeys(breakpoints)
+        view.set_kinds(rank, same_kinds(old, (new_breakpoints, dict.fromkeys(periodics))))
+        for kind in (0, 1):
+            union = set().union(*(kinds[kind] for kinds in view.kinds))
+            assert view.keys()[kind] == tuple(sorted(union, reverse=True))

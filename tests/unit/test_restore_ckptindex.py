@@ -71,7 +71,9 @@ def _replay(watch, ops, apply, background=False):
                 apply(root, index, op)
             result = index.scan(WORLD)
             assert result == scan_checkpoints(root, WORLD, settle_seconds=0)
-            assert result.kinds == tuple(by_kind(items) for items in result.checkpoints)
+            per_rank = [by_kind(items) for items in result.checkpoints]
+            assert result.kinds == (tuple(p[0] for p in per_rank), tuple(p[1] for p in per_rank))
+            assert result.keys == tuple(tuple(sorted(set().union(*kind), reverse=True)) for kind in result.kinds)
             inputs = PlanInputs(world_size=WORLD, dp=WORLD, checkpoint_dir=root, settle_seconds=0)
             assert compute_plan(inputs, index=index) == compute_plan(inputs)  # the planner uses the kinds
             assert index.scan(WORLD - 1) == scan_checkpoints(root, WORLD - 1, settle_seconds=0)
