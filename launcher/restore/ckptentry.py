@@ -42,12 +42,11 @@ class View:
     step of the world newest first, a union of 16,384 dicts per plan otherwise.
     """
 
-    __slots__ = ("per_rank", "kinds", "by_kind", "noted", "changed", "counts")
+    __slots__ = ("per_rank", "by_kind", "noted", "changed", "counts")
 
     def __init__(self, world_size: int):
         self.per_rank: List[Tuple[Checkpoint, ...]] = [()] * world_size
-        self.kinds: List[KindIndex] = [NO_KINDS] * world_size
-        # The same dicts as two lists, breakpoints and periodics: what the planner takes.
+        # Per kind (breakpoint, periodic), each rank's ``(epoch, step) -> checkpoint``: what the planner takes.
         self.by_kind: Tuple[List[StepIndex], List[StepIndex]] = ([NO_KINDS[0]] * world_size,
                                                                  [NO_KINDS[1]] * world_size)
         self.noted: Set[int] = set()  # ranks whose entry has notes (warnings)
@@ -56,12 +55,12 @@ class View:
 
     def set_kinds(self, rank: int, kinds: KindIndex) -> None:
         """Record ``rank``'s per-kind dicts, keeping :attr:`counts` in step."""
-        old = self.kinds[rank]
         for kind, counts in enumerate(self.counts):
-            if old[kind] is kinds[kind]:
+            old = self.by_kind[kind][rank]
+            if old is kinds[kind]:
                 continue  # the index keeps an unchanged dict (same_kinds): nothing to count
             self.by_kind[kind][rank] = kinds[kind]
-            for key in old[kind]:
+            for key in old:
                 left = counts[key] - 1
                 if left:
                     counts[key] = left
@@ -69,11 +68,14 @@ class View:
                     del counts[key]
             for key in kinds[kind]:
                 counts[key] = counts.get(key, 0) + 1
-        self.kinds[rank] = kinds
+
+    def scan_kinds(self) -> Tuple[Tuple[StepIndex, ...], Tuple[StepIndex, ...]]:
+        """``ScanResult.kinds``: per kind, each rank's dict."""
+        return tuple(self.by_kind[0]), tuple(self.by_kind[1])
 
     def keys(self) -> Tuple[Tuple[Key, ...], Tuple[Key, ...]]:
         """Per kind (breakpoint, periodic), every step some rank holds, newest first."""
-        return tuple(tuple(sorted(counts, reverse=True)) for counts in self.counts)  # type: ignore[return-value]
+        return tuple(sorted(self.counts[0], reverse=True)), tuple(sorted(self.counts[1], reverse=True))
 
 
 def kept(old: List[Candidate], new: List[Candidate]) -> List[Candidate]:

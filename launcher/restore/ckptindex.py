@@ -162,8 +162,7 @@ class CheckpointIndex(IndexWatches):
         for rank in self._unsettled:
             self._ranks[rank].result = None  # a file was still being written: look again next time
             self._unresolved.add(rank)
-        return ScanResult(tuple(view.per_rank), notes.lines(), kinds=(tuple(view.by_kind[0]), tuple(view.by_kind[1])),
-                          keys=view.keys())
+        return ScanResult(tuple(view.per_rank), notes.lines(), kinds=view.scan_kinds(), keys=view.keys())
 
     def _current_view(self, world_size: int) -> "View":
         """The per-rank lists of the scan result, brought up to date for the ranks that changed since

@@ -119,10 +119,13 @@ def test_the_view_counts_every_step_some_rank_holds(changes):
     """``View.keys`` is the union of every rank's steps, newest first, after any sequence of changes,
     including dicts the index kept unchanged (the same object handed again)."""
     view = View(6)
+    model = [(set(), set()) for _ in range(6)]  # what each rank holds, kept apart from the view
     for rank, breakpoints, periodics, keep_breakpoints in changes:
-        old = view.kinds[rank]
+        old = (view.by_kind[0][rank], view.by_kind[1][rank])
         new_breakpoints = old[0] if keep_breakpoints else dict.fromkeys(breakpoints)
         view.set_kinds(rank, same_kinds(old, (new_breakpoints, dict.fromkeys(periodics))))
+        model[rank] = (set(new_breakpoints), set(periodics))
         for kind in (0, 1):
-            union = set().union(*(kinds[kind] for kinds in view.kinds))
+            union = set().union(*(held[kind] for held in model))
             assert view.keys()[kind] == tuple(sorted(union, reverse=True))
+            assert [set(steps) for steps in view.by_kind[kind]] == [held[kind] for held in model]
