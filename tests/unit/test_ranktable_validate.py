@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from launcher.common.errors import UsageError
 from launcher.jobspec.ranktable import RankTableError, generate_rank_table, load_rank_table, validate_rank_table
-from launcher.jobspec.ranktable.validate import _passes, _validator, draft7_compatible, json_path
+from launcher.jobspec.ranktable.validate import (_compiled, _passes, _validator, draft7_compatible, inline_refs,
+                                                 json_path)
 from launcher.common.resources import load_schema
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
@@ -141,6 +142,33 @@ def test_schemas_mean_the_same_compiled_as_draft_7(version):
 ])
 def test_schemas_with_draft_specific_keywords_are_not_draft_7_compatible(schema):
     assert not draft7_compatible(schema)
+
+
+def test_inline_refs_replaces_local_references_and_leaves_values_alone():
+    defs = {"uint": {"type": "string", "pattern": "^[0-9]+$"},
+            "device": {"type": "object", "properties": {"rank_id": {"$ref": "#/$defs/uint"}}}}
+    schema = {"type": "array", "items": {"$ref": "#/$defs/device"},
+              "const": {"$ref": "#/$defs/uint"}, "$defs": defs}
+    out = inline_refs(schema, defs)
+    assert out["items"] == {"type": "object", "properties": {"rank_id": defs["uint"]}}  # nested too
+    assert out["const"] == {"$ref": "#/$defs/uint"}  # a value, not a schema
+    assert out["$defs"] is defs
+    assert inline_refs({"$ref": "#/$defs/missing"}, defs) == {"$ref": "#/$defs/missing"}
+    looping = {"a": {"$ref": "#/$defs/a"}}
+    assert "$ref" in str(inline_refs({"$ref": "#/$defs/a"}, looping))  # a cycle stops, left as a $ref
+
+
+@pytest.mark.parametrize("version", ["1.0", "1.2", "2.0"])
+def test_the_compiled_schemas_have_no_references_left_and_the_shared_schema_is_untouched(version):
+    """Inlined, fastjsonschema makes no call per device (each built its error path eagerly). It
+    rewrites the references of the schema it compiles in place: never those of the shared one."""
+    before = json.dumps(load_schema(f"ranktable-{version}.schema.json"), sort_keys=True)
+    _compiled.cache_clear()
+    _compiled(version)
+    schema = load_schema(f"ranktable-{version}.schema.json")
+    assert json.dumps(schema, sort_keys=True) == before
+    assert "#/$defs/" in before and "https://" not in before.split('"$ref"', 1)[1][:40]
+    assert "$ref" not in json.dumps({k: v for k, v in inline_refs(schema, schema["$defs"]).items() if k != "$defs"})
 
 
 _GOOD = sorted((DATA / "good").glob("*.json"))
