@@ -8,6 +8,11 @@ import sys
 import time
 from typing import List
 
+#: The job token of tests that build a ``JobTree`` by hand. A sweep kills every process carrying its
+#: token anywhere in /proc, and pytest-xdist runs test files side by side: a token shared between
+#: files let one file's sweep kill another's process (seen in CI). One per test process.
+TOKEN = f"t0k3n{os.getpid()}"
+
 # argv: <on-signal: exit|ignore> <ready file> [<signal name> [child]]; "exit" exits with code 7 on the
 # signal. With "child" it first starts a `sleep` (in the rank's process group) and writes its pid to the
 # ready file. The ready file appears only once the handler is in place.

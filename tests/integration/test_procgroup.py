@@ -9,7 +9,7 @@ from launcher.supervision.cgroup import Cgroup
 from launcher.supervision.jobtree import JobTree
 from launcher.supervision.procgroup import LocalProcessGroup, RankExited
 from launcher.jobspec.rankenv import WorkerSpec
-from tests.helpers.procs import pid_alive, wait_until
+from tests.helpers.procs import TOKEN, pid_alive, wait_until
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_respawn_and_ensure_gone_kill_what_left_the_group(tmp_path, job):
 
 def test_a_rank_the_cgroup_refuses_starts_without_it(tmp_path):
     """Moving into the attempt's cgroup fails (no cgroup.procs here): the rank runs, the job goes on uncontained."""
-    tree = JobTree("t0k3n", Cgroup(str(tmp_path / "job")))
+    tree = JobTree(TOKEN, Cgroup(str(tmp_path / "job")))
     tree._created = True
     grp = LocalProcessGroup(lambda spec, attempt: str(tmp_path / "r.log"), lambda spec: False, tree=tree)
     try:

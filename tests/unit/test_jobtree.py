@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 
 from launcher.supervision import jobtree
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
-from tests.helpers.procs import pid_alive, wait_until
+from tests.helpers.procs import TOKEN, pid_alive, wait_until
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -55,12 +55,12 @@ def test_kill_verified_checks_the_start_time(procs):
 
 
 def tree(adopt_orphans=False):
-    return JobTree("t0k3n", None, adopt_orphans)
+    return JobTree(TOKEN, None, adopt_orphans)
 
 
 def test_sweep_kills_the_job_token_carriers_only(procs):
     job = tree()
-    mine = procs(Leaf("t0k3n.a0-r0").env)
+    mine = procs(Leaf(f"{TOKEN}.a0-r0").env)
     other_job = procs({"LAUNCHER_JOB_TOKEN": "other.a0-r0"})
     plain = procs()
     strays = job.sweep(time.monotonic() + 10, lambda: None)
@@ -71,7 +71,7 @@ def test_sweep_kills_the_job_token_carriers_only(procs):
 
 def test_sweep_of_one_leaf_spares_the_other_leaves(procs):
     job = tree()
-    leaf0, leaf10 = Leaf("t0k3n.a0-r1"), Leaf("t0k3n.a0-r10")
+    leaf0, leaf10 = Leaf(f"{TOKEN}.a0-r1"), Leaf(f"{TOKEN}.a0-r10")
     first, second = procs(leaf0.env), procs(leaf10.env)
     assert [s.pid for s in job.sweep(time.monotonic() + 10, lambda: None, leaf=leaf0)] == [first.pid]
     assert first.wait(10) == -9 and second.poll() is None
@@ -79,7 +79,7 @@ def test_sweep_of_one_leaf_spares_the_other_leaves(procs):
 
 def test_sweep_skips_exempt_pids_and_process_groups(procs):
     job = tree()
-    exempt, grouped = procs(Leaf("t0k3n.x").env), procs(Leaf("t0k3n.y").env)
+    exempt, grouped = procs(Leaf(f"{TOKEN}.x").env), procs(Leaf(f"{TOKEN}.y").env)
     assert job.sweep(time.monotonic() + 10, lambda: None, exempt=[exempt.pid], skip_pgids=[grouped.pid]) == []
 
 
@@ -95,14 +95,14 @@ def test_sweep_adopts_orphans_that_dropped_the_token(procs):
 
 def test_a_cgroup_that_refuses_us_leaves_the_job_uncontained(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="launcher.supervision.cgroup")
-    job = JobTree("t0k3n", jobtree.Cgroup(str(tmp_path / "job")))
+    job = JobTree(TOKEN, jobtree.Cgroup(str(tmp_path / "job")))
     job._created = True  # as if created: its attempt cgroups have no cgroup.procs to write
     with job.inside("a0") as cgroup:
         assert cgroup is None
     assert not job.contained and not (tmp_path / "job" / "a0").exists()
     with job.inside("a1") as cgroup:
         assert cgroup is None
-    assert job.leaf("a1-r0", None) == Leaf("t0k3n.a1-r0")
+    assert job.leaf("a1-r0", None) == Leaf(f"{TOKEN}.a1-r0")
     assert caplog.text.count("job cgroup not used") == 1
 
 

@@ -10,6 +10,7 @@ import pytest
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.jobtree import JobTree
 from launcher.supervision.standby import StandbyPool
+from tests.helpers.procs import TOKEN
 
 SCRIPT = os.path.abspath(__file__)
 
@@ -58,7 +59,7 @@ def pool(tmp_path):
     events = []
     made = StandbyPool(("json",), 0, str(tmp_path / "standby"), lambda name, **fields: events.append((name, fields)))
     loop = Loop()
-    made.attach(loop, JobTree("t0k3n", None), None)
+    made.attach(loop, JobTree(TOKEN, None), None)
     made.events, made.test_loop = events, loop
     yield made
     made.close()
