@@ -11,11 +11,10 @@ rebuilt: a listing's unchanged candidates, a rank's unchanged per-kind dicts, on
 from typing import Dict, List, Optional, Set, Tuple
 
 from launcher.restore.checkpoints import Candidate, Checkpoint, Notes
-from launcher.restore.ckptnames import KindIndex
+from launcher.restore.ckptnames import KindIndex, StepIndex
 from launcher.restore.ckptreports import DirStamp
 
 Key = Tuple[int, int]
-StepIndex = Dict[Key, Checkpoint]
 NO_KINDS: KindIndex = ({}, {})  # shared by every rank without checkpoints; never written to
 QUIET = Notes()  # shared by every entry with nothing to say; never written to
 

@@ -300,7 +300,7 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index, keys
     for key in _common_keys(usable, index, keys):
         picks: List[Optional[Checkpoint]] = [None] * len(index)
         for group, ranks in zip(groups, usable):
-            having = [steps[key] for steps in map(index.__getitem__, ranks) if key in steps]
+            having = [index[r][key] for r in ranks if key in index[r]]
             kept, dropped = _majority(having)
             if not kept:
                 warnings.append(f"breakpoint checkpoints at {_at(key)} differ in size within replica "

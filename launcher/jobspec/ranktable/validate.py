@@ -7,10 +7,10 @@ The structure is checked against the JSON Schema of the table's version (``schem
 Validate fast, explain slowly: the schema is first compiled to Python code by fastjsonschema
 (pass/fail, about 30 ms for a 512 x 16 table with the schema's ``$ref``s inlined, where jsonschema's
 interpreter takes about a second); only a table that fails is walked again by jsonschema, whose
-errors give the messages. fastjsonschema knows
-drafts 4, 6 and 7, not the schemas' 2020-12, so it compiles them as draft 7: the keywords they use
-(type, const, required, properties, items as one schema, minItems, minLength, pattern, minimum,
-``$ref`` alone in its object) mean the same in both, which :func:`draft7_compatible` checks.
+errors give the messages. fastjsonschema knows drafts 4, 6 and 7, not the schemas' 2020-12, so it
+compiles them as draft 7: the keywords they use (type, const, required, properties, items as one
+schema, minItems, minLength, pattern, minimum, ``$ref`` alone in its object) mean the same in both,
+which :func:`draft7_compatible` checks.
 Both libraries are imported only here, and only when a table is validated.
 """
 
@@ -95,7 +95,7 @@ def _compiled(version: str) -> Any:
     # A copy: fastjsonschema rewrites the ``$ref``s of the schema it is given in place, and
     # load_schema's result is shared (jsonschema reads it too).
     schema = copy.deepcopy(load_schema(f"ranktable-{version}.schema.json"))
-    schema = {**inline_refs(schema, schema.get("$defs", {})), "$defs": schema.get("$defs", {})}
+    schema = inline_refs(schema, schema.get("$defs", {}))  # keeps $defs as they are
     schema["$schema"] = "http://json-schema.org/draft-07/schema#"  # see the module docstring
     return fastjsonschema.compile(schema, use_default=False)
 
