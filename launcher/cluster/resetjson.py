@@ -1,7 +1,7 @@
 """``reset.json``: MindCluster's recovery instructions for the job, read and parsed.
 
 MindCluster (ClusterD / the Volcano plugin) writes the ``reset-config-<job>`` ConfigMap, mounted at
-``/user/restore/reset/config/``: key ``reset.json`` (ascend-contracts.md section 3), key ``checkCode``
+``/user/restore/reset/config/``: key ``reset.json`` (docs/ascend-reference.md section 3), key ``checkCode``
 and, beside them, ``restartType`` (``podReschedule`` | ``hotReset``). Here:
 :func:`parse_reset` / :func:`read_reset`: content -> :class:`ResetState` (ValueError if malformed).
 Following the file during a run and deciding on its changes is :mod:`launcher.cluster.resetfollow`.

@@ -1,6 +1,6 @@
 """MindCluster TaskD support: what the vendor's ``train_start.sh`` + ``manager.py`` did, as functions.
 
-The legacy set-up (``shared/docs/ascend-contracts.md`` section 6) was: export ``LD_PRELOAD`` with
+The legacy set-up (``docs/ascend-reference.md`` section 6) was: export ``LD_PRELOAD`` with
 ``libtaskd.so`` and ``TASKD_PROCESS_ENABLE=on`` for every rank, and on the server hosting global
 rank 0 run ``python manager.py &`` (``init_taskd_manager(config)`` then the blocking
 ``start_taskd_manager()``), unsupervised. The launcher replaces that with:

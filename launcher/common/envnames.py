@@ -2,7 +2,7 @@
 
 Names are grouped by who defines the contract: the legacy Ascend scripts, torchrun, msrun (MindSpore
 dynamic cluster), MindCluster / the Ascend Operator, and the launcher itself. See
-``shared/docs/ascend-contracts.md`` sections 1, 2 and 6 for where each comes from.
+``docs/ascend-reference.md`` sections 1, 2 and 6 for where each comes from.
 """
 
 # --- Legacy Ascend per-rank variables (train_start.sh / utils.sh) --------------------------------

@@ -1,6 +1,6 @@
 """Fault ranks: merged from the cluster's reports, the previous attempt and the command line.
 
-Sources (ascend-contracts.md section 3):
+Sources (docs/ascend-reference.md section 3):
 
 * ``fault-npus`` (the ``fault-config-<job>`` ConfigMap): ``{"status": "initializing"}`` (no faults
   yet), ``{"FaultRankIds": ["0", "3"], "CreatTime": ...}`` (either time spelling) or
