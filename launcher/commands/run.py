@@ -12,7 +12,7 @@ from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FR
 log = logging.getLogger(__name__)
 
 #: ``launcher run --help`` in sections: title -> the options it shows, by their long name. Every shown
-#: option is in exactly one section (tests/unit/test_cli.py checks it).
+#: option is in exactly one section (tests/unit/commands/test_cli.py checks it).
 HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Where the ranks come from", ("--rank-table", "--rank-table-timeout", "--server-id", "--framework")),
     ("Local runs, torchrun style (no rank table)", ("--nproc-per-node", "--nnodes", "--node-rank",

@@ -4,7 +4,7 @@ The message definition lives in ``schemas/group_info.proto``. Rather than commit
 output (whose generated code is tied to a protobuf runtime range), the ``.proto`` is parsed here into a
 ``FileDescriptorProto`` and the message classes are built at runtime, so the ``.proto`` stays the single
 source of truth and any protobuf >= 4.21 works. The parser accepts only the subset that file uses;
-``tests/unit/test_restore_groupinfo.py`` checks the result against ``protoc``'s own descriptor.
+``tests/unit/restore/test_groupinfo.py`` checks the result against ``protoc``'s own descriptor.
 """
 
 import re

@@ -8,7 +8,7 @@ import sys
 import time
 
 from tests.integration.conftest import REPO, Launcher
-from tests.unit.test_timeline import drawn as timeline_elements
+from tests.unit.monitoring.test_timeline import drawn as timeline_elements
 
 
 def status(run_dir):

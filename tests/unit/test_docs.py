@@ -46,3 +46,15 @@ def test_every_docs_page_is_in_the_index():
 
 def test_the_readme_reads_in_five_minutes():
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) < 200
+
+
+def test_every_file_path_named_in_the_docs_exists():
+    """Pages name tests and modules by path (`tests/unit/cluster/test_sync.py`); a moved file must
+    take its mentions along."""
+    named = re.compile(r"`((?:launcher|tests|bench|examples|schemas)/[\w./-]+\.(?:py|json|proto|yaml|md))`")
+    missing = []
+    for page in PAGES:
+        for path in named.findall(page.read_text(encoding="utf-8")):
+            if not (ROOT / path).exists() and not path.startswith("bench/results/"):  # generated, ignored
+                missing.append(f"{page.relative_to(ROOT)}: {path}")
+    assert missing == []

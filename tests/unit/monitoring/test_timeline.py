@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 from launcher.commands.cli import main
 from launcher.monitoring.timeline import render
-from tests.unit.test_goodput import ev, one_failure_run, hangwatch_run
+from tests.unit.monitoring.test_goodput import ev, one_failure_run, hangwatch_run
 
 SVG = "{http://www.w3.org/2000/svg}"
 

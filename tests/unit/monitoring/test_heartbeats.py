@@ -2,7 +2,6 @@
 
 import importlib
 import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import given, strategies as st
@@ -10,8 +9,9 @@ from hypothesis import given, strategies as st
 from launcher.jobspec.options import parse_section_timeouts
 from launcher.monitoring import heartbeats
 from launcher.monitoring.heartbeats import Beat, HangRules, judge, read_slot
+from tests.helpers.paths import REPO
 
-HOOKS = str(Path(__file__).resolve().parents[2] / "launcher" / "rankhooks")
+HOOKS = str(REPO / "launcher" / "rankhooks")
 
 
 @pytest.fixture

@@ -16,7 +16,11 @@ def collector_on():
     gc.enable()
     yield
     gc.unfreeze()  # the tests freeze; the rest of the suite's process must not stay frozen
-    if not was:
+    # Put back what the process had: a test that disables the collector must not leave it off for
+    # the files that run after this one in the same worker (the index's freeze waits for it).
+    if was:
+        gc.enable()
+    else:
         gc.disable()
 
 

@@ -14,7 +14,7 @@ from launcher.common.errors import UsageError
 from launcher.supervision.policy import RestartPolicy
 from launcher.supervision.procgroup import ControlRequest, SignalReceived
 from launcher.supervision.supervisor import Supervisor
-from tests.unit.test_supervisor import ScriptedGroup, exited, specs_for
+from tests.unit.supervision.test_supervisor import ScriptedGroup, exited, specs_for
 
 SOCKET = "/run/x/control.sock"
 

@@ -2,7 +2,6 @@
 
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -14,8 +13,9 @@ from launcher.jobspec.ranktable import RankTableError, generate_rank_table, load
 from launcher.jobspec.ranktable.validate import (_compiled, _passes, _validator, draft7_compatible, inline_refs,
                                                  json_path)
 from launcher.common.resources import load_schema
+from tests.helpers.paths import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
+DATA = TEST_DATA / "ranktables"
 BAD = DATA / "bad"
 EXPECTED = json.loads((BAD / "expected.json").read_text())
 PATH_PREFIX = re.compile(r"^\$(\.[A-Za-z_]\w*|\[\d+\])*: ")

@@ -9,8 +9,9 @@ from click.testing import CliRunner
 from launcher.commands.ranktable import format_ranks, ranktable
 from launcher.common.errors import UsageError
 from launcher.jobspec.ranktable import RankTableError, RankTableNotReady, load_rank_table
+from tests.helpers.paths import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
+DATA = TEST_DATA / "ranktables"
 TWO = str(DATA / "good" / "v1.0-two-servers.json")
 BAD = str(DATA / "bad" / "duplicate-rank-id.json")
 

@@ -1,6 +1,5 @@
 """group_info.pb reading: the runtime descriptor, real protoc-encoded bytes, and corrupt input."""
 
-from pathlib import Path
 
 import pytest
 from google.protobuf import descriptor_pb2
@@ -8,8 +7,9 @@ from google.protobuf import descriptor_pb2
 from launcher.restore import groupinfo
 from launcher.restore.groupinfo import (ProtoSyntaxError, file_descriptor_proto,
                                         parallel_group_map_class, parse_restore_rank_list)
+from tests.helpers.paths import DATA as TEST_DATA
 
-DATA = Path(__file__).resolve().parent.parent / "data" / "restore"
+DATA = TEST_DATA / "restore"
 REAL = DATA / "group_info_dp2_tp2"
 
 

@@ -11,7 +11,7 @@ from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.cluster.resetfollow import ResetChange, ResetFollower, changes
 from launcher.cluster.resetjson import ResetState, parse_reset
 from tests.helpers.configmap import ConfigMapDir
-from tests.unit.test_resetjson import FULL
+from tests.unit.cluster.test_resetjson import FULL
 
 def state(statuses=(), **fields):
     return ResetState(statuses=tuple(sorted(statuses)), **fields)

@@ -11,7 +11,7 @@ from launcher.restore.dcpsteps import FROM_MANIFEST, FROM_SHARD_NAMES, SavedStep
 from launcher.restore.plan import KIND_BREAKPOINT, KIND_NONE, KIND_PERIODIC, RestorePlan
 from launcher.restore.reshard import DCP_METHOD, target_layout, with_dcp
 
-from tests.unit.test_restore_dcpsteps import make_step, manifest
+from tests.unit.restore.test_dcpsteps import make_step, manifest
 
 
 def per_rank_plan(world, kind=KIND_NONE, step=None):

@@ -10,8 +10,9 @@ from launcher.common.errors import UsageError
 from launcher.restore.groupinfo import parallel_group_map_class
 from launcher.restore.groups import (NO_GROUPS, ReplicaGroups, groups_from_layout, partition,
                                      resolve_groups, singletons)
+from tests.helpers.paths import DATA
 
-REAL = Path(__file__).resolve().parent.parent / "data" / "restore" / "group_info_dp2_tp2"
+REAL = DATA / "restore" / "group_info_dp2_tp2"
 
 
 def write_pb(root: Path, rank: int, ranks) -> None:

@@ -15,8 +15,8 @@ from launcher.common.errors import LauncherError
 from launcher.restore.mstransform import CONVERTED_DIR, convert, is_cached, plan_job
 
 from tests.helpers.procs import wait_until
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 FAKE = REPO / "tests" / "workers" / "fake_transform.py"
 
 

@@ -17,7 +17,7 @@ from launcher.commands.cli import main as click_main
 from launcher.commands.status import status as status_command
 from launcher.common import rundir as rundir_mod
 
-from tests.unit.test_status import EVENTS, write_run_dir
+from tests.unit.monitoring.test_status import EVENTS, write_run_dir
 
 
 @pytest.mark.parametrize("args, parsed", [

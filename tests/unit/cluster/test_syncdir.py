@@ -1,6 +1,6 @@
 """The shared directory of restart generations (``launcher.cluster.syncdir``): joining, the files.
 
-The nodes are :class:`Coordinator` objects on one tmp dir (``tests.unit.test_sync.Node``), as a job's
+The nodes are :class:`Coordinator` objects on one tmp dir (``tests.unit.cluster.test_sync.Node``), as a job's
 launchers would use the directory.
 """
 
@@ -9,7 +9,7 @@ import os
 
 from launcher.cluster.syncdir import Generation
 from launcher.supervision.policy import RunResult
-from tests.unit.test_sync import Node, failure, gen_files
+from tests.unit.cluster.test_sync import Node, failure, gen_files
 
 
 # -- joining: incarnations and stale directories ---------------------------------------------------

@@ -1,15 +1,15 @@
 """`launcher plan`: option parsing, table and JSON output, option mistakes as UsageError."""
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from launcher.commands.plan import parse_rank_list, plan
 from launcher.common.errors import UsageError
+from tests.helpers.paths import DATA
 
-GROUP_INFO = Path(__file__).resolve().parent.parent / "data" / "restore" / "group_info_dp2_tp2"
+GROUP_INFO = DATA / "restore" / "group_info_dp2_tp2"
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import threading
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -13,8 +12,9 @@ from hypothesis import strategies as st
 from launcher.common import inputfiles
 from launcher.common.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, InputFileError,
                                         loads_json, nests_too_deep, read_bytes, read_json, read_line, read_yaml)
+from tests.helpers.paths import DATA
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "malformed"
+CORPUS = DATA / "malformed"
 CORPUS_FILES = sorted(p.name for p in CORPUS.iterdir() if p.name != "README.md")
 
 

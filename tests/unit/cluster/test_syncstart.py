@@ -6,7 +6,7 @@ import pytest
 from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError
 from launcher.supervision.policy import Agreement
-from tests.unit.test_sync import elastic
+from tests.unit.cluster.test_sync import elastic
 
 
 def joined_by_time(node, schedule):

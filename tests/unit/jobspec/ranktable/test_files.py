@@ -2,13 +2,13 @@
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
 from launcher.jobspec.ranktable import RankTableError, load_rank_table
+from tests.helpers.paths import DATA
 
-GOOD = Path(__file__).resolve().parents[1] / "data" / "ranktables" / "good"
+GOOD = DATA / "ranktables" / "good"
 
 
 def good(name):

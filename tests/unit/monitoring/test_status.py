@@ -73,7 +73,7 @@ def test_status_of_a_live_job_in_its_second_attempt(live_job):
 
 
 def test_steps_recomputed_per_failure_are_shown(tmp_path):
-    from tests.unit.test_goodput import hangwatch_run
+    from tests.unit.monitoring.test_goodput import hangwatch_run
 
     doc = job_status(write_run_dir(tmp_path / "job", 1, 2 ** 22 + 1, hangwatch_run(), ended=233.0))
     assert doc["goodput"]["steps_recomputed"] == 15

@@ -5,7 +5,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,8 +14,9 @@ from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.ranktable import (RankTableError, RankTableNotReady, generate_rank_table, load_rank_table,
                                         parse_rank_table, validate_rank_table)
 from launcher.jobspec.ranktable import parse as parse_module
+from tests.helpers.paths import DATA as TEST_DATA, REPO
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "ranktables"
+DATA = TEST_DATA / "ranktables"
 GOOD = DATA / "good"
 
 
@@ -159,7 +159,7 @@ def test_parse_does_not_import_jsonschema():
     code = ("import sys, json; from launcher.jobspec.ranktable import load_rank_table; "
             f"load_rank_table({str(GOOD / 'v1.2-superpod.json')!r}); "
             "assert 'jsonschema' not in sys.modules and 'tenacity' not in sys.modules")
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2])
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
 def test_large_table_parses_fast():

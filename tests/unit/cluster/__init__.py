@@ -1,0 +1,1 @@
+"""Unit tests of cluster integrations and multi-node coordination (launcher.cluster)."""

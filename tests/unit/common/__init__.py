@@ -1,0 +1,1 @@
+"""Unit tests of shared low-level pieces (launcher.common)."""

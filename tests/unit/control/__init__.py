@@ -1,0 +1,1 @@
+"""Unit tests of the control socket, prestop and the dying gasp (launcher.control)."""

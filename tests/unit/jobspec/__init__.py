@@ -1,0 +1,1 @@
+"""Unit tests of the job description (launcher.jobspec)."""

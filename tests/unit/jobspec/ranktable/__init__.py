@@ -1,0 +1,1 @@
+"""Unit tests of rank tables (launcher.jobspec.ranktable)."""

@@ -1,0 +1,1 @@
+"""Unit tests of events, goodput, status and the timeline (launcher.monitoring)."""

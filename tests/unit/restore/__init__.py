@@ -1,0 +1,1 @@
+"""Unit tests of the restore plan and the checkpoint index (launcher.restore)."""

@@ -1,0 +1,1 @@
+"""Unit tests of one launcher run (launcher.run)."""

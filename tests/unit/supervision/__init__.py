@@ -1,0 +1,1 @@
+"""Unit tests of the restart policy and the process mechanism (launcher.supervision)."""
