@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import statistics
 import subprocess
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from tests.helpers.procs import pid_alive
+from tests.helpers.procs import free_port, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -40,13 +39,6 @@ WATCH_INTERVAL = 0.05
 #: Every job not yet garbage-collected: the chaos conftest SIGKILLs their launchers after each test,
 #: so a test failing half-way leaves nothing running (the ranks die with their launcher).
 LIVE_JOBS: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def free_port() -> int:
-    """A port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:

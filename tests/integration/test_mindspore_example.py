@@ -16,7 +16,6 @@ start-up on a small machine, so the module runs five launches (about 1.5-2 minut
 import importlib.util
 import json
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
+from tests.helpers.procs import free_port
 
 # find_spec, not importorskip: importing MindSpore takes seconds and would slow down collection
 # even when the slow tests are deselected.
@@ -41,13 +41,6 @@ FINAL_HASH = re.compile(r"final params sha256 ([0-9a-f]{64})")
 RESUMED = re.compile(r"resumed from (\S+) \[launcher plan: kind=(\w+) source_rank=(\d+) step=(\d+)\] "
                      r"at global step (\d+)")
 LAUNCH_TIMEOUT = 150  # one launch, generous: a whole run takes 10-45 s
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (bind to port 0 and let the kernel choose)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Launch:

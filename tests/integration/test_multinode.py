@@ -21,7 +21,6 @@ ranks, and start attempt 1 together, which resumes from the step-25 breakpoints.
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ import pytest
 
 from tests.integration.conftest import Launcher
 from tests.integration.etcd_server import EtcdServer, etcd_binary
+from tests.helpers.procs import free_port
 
 pytest.importorskip("torch")
 
@@ -55,12 +55,6 @@ PG_TIMEOUT = "15"  # the example's process-group timeout, as in the reproduction
 JOB_DEADLINE = 90.0
 FINAL_HASH = re.compile(r"final sha256 ([0-9a-f]{64})")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def write_table(path: Path, addresses: Sequence[str] = SERVERS, container_ips: bool = True) -> Path:

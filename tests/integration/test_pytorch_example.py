@@ -11,13 +11,13 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from tests.helpers.procs import free_port
 
 pytest.importorskip("torch")
 
@@ -31,13 +31,6 @@ FINAL_HASH = re.compile(r"final sha256 ([0-9a-f]{64})")
 RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (bind to port 0 and let the kernel choose)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def launcher_argv(tmp: Path, options, train_args):

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
+from tests.helpers.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = str(REPO / "tests" / "workers" / "env_probe.py")
@@ -138,13 +139,6 @@ class Run:
     def launcher_lines(self) -> List[str]:
         """The launcher's own lines (stderr), without the ``[launcher LEVEL] HH:MM:SS `` prefix."""
         return [m.group(1) for m in map(LAUNCHER_LINE.match, self.stderr.splitlines()) if m]
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (the kernel's choice for port 0)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tool_env() -> Dict[str, str]:

@@ -20,17 +20,11 @@ import pytest
 from launcher.cluster import taskd
 from launcher.monitoring.events import EventLog, read_events
 from launcher.cluster.taskd_sidecar import EXIT_INIT_FAILED, Sidecar
-from tests.helpers.procs import pid_alive, wait_until
+from tests.helpers.procs import free_port, pid_alive, wait_until
 from tests.integration.conftest import REPO
 
 STUBS = REPO / "tests" / "stubs"
 CONFIG = taskd.manager_config("job-42", 2, 4)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def send(port: int, line: str) -> Optional[str]:

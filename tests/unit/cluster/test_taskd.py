@@ -19,6 +19,7 @@ from launcher.cluster import taskd
 from launcher.common.errors import LauncherError, UsageError
 
 from tests.helpers.taskd_stub import REPO, STUB_LIB, STUB_PKG, STUBS, build_libtaskd
+from tests.helpers.procs import free_port
 
 
 @pytest.fixture(scope="session")
@@ -200,12 +201,6 @@ def test_manager_config_rejects_bad_values(args):
 
 
 # -- check_port_free ------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_a_free_port_passes():
     taskd.check_port_free(free_port())
 

@@ -74,15 +74,6 @@ def test_attempt_hooks_and_every_event_reach_the_started_ones():
                        ("attempt_ended", "a", 0, True), ("event", "a", "attempt_end")]
 
 
-def test_the_base_hooks_do_nothing():
-    plain = Integration()
-    plain.start(None)
-    plain.attempt_started(0)
-    plain.attempt_ended(0, False)
-    plain.on_event("start", {})
-    plain.stop()
-
-
 class FakeCoordinator:
     def __init__(self):
         self.left = []
