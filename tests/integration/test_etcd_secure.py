@@ -133,3 +133,16 @@ def test_an_expired_token_is_renewed(secured):
     time.sleep(2.5)  # etcd checks token TTLs once a second
     assert client.range("/launcher/token-test")[1] == {"/launcher/token-test": b"1"}
     assert client._token not in (None, first)
+
+
+def test_a_user_for_an_etcd_without_authentication_is_no_error(tmp_path):
+    """As etcdctl: etcd answers "authentication is not enabled", and the calls go on without a token."""
+    from launcher.cluster.etcdclient import EtcdClient, Security
+
+    server = EtcdServer(tmp_path / "etcd").start()
+    try:
+        client = EtcdClient([("127.0.0.1", server.port)], security=Security(user=USER, password=PASSWORD))
+        client.put("/launcher/plain", b"1")
+        assert client.range("/launcher/plain")[1] == {"/launcher/plain": b"1"} and client._token == ""
+    finally:
+        server.stop()
