@@ -8,6 +8,7 @@ import ssl
 import subprocess
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from launcher.cluster.etcdconf import coordinator_client, coordinator_security, forget_password
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
@@ -150,3 +151,17 @@ def test_torchrun_etcd_rendezvous_conf_sets_the_coordinator(capsys, tmp_path, pe
                              "--rdzv-endpoint", "127.0.0.1:2379", "--rdzv-id", "j",
                              "--rdzv-conf", f"protocol=https,cacert={pem / 'a.pem'}", "--", "true")
     assert code == 0, err
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60), st.text(alphabet=st.characters(blacklist_characters="@"), min_size=1, max_size=20))
+def test_any_coordinator_text_is_endpoints_or_one_usage_error_without_what_follows_a_user(url, secret):
+    """Whatever the text: endpoints, or a UsageError; a ``user:SECRET@`` part never reaches the message."""
+    for text in (url, f"etcds://u:{secret}zz@{url}"):
+        try:
+            endpoints = parse_coordinator(text)
+        except UsageError as exc:
+            if "@" in text:
+                assert f"{secret}zz" not in "\n".join(exc.lines())
+        else:
+            assert all(isinstance(host, str) and 0 < port < 65536 for host, port in endpoints)
