@@ -6,10 +6,11 @@ common writing window. Variants, alternated run by run:
 
 * ours: ranks write into pipes; the launcher tees them to ``rank_<r>.log`` and to the console with a
   ``[rank N]`` prefix (console -> /dev/null);
-* ours with ``--console-ranks none``: ranks write their files directly;
-* direct: the same 8 processes started by the bench, with the stdio the launcher's files-only mode
-  gives a rank (the log file opened as the launcher opens it, stderr into it, ``PYTHONUNBUFFERED=1``):
-  the baseline, everything but the launcher;
+* ours with ``--console-ranks none``: ranks write into pipes too; the launcher moves the bytes into
+  the files in the kernel (``splice``), so that a full log disk fails the launcher's write, not the rank's;
+* direct: the same 8 processes started by the bench, writing their files themselves as ranks without a
+  launcher do (the log file opened as the launcher opens it, stderr into it, ``PYTHONUNBUFFERED=1``,
+  buffered as the launcher's ranks are): the baseline, everything but the launcher;
 * torchrun ``--tee 3 --log-dir D``: ranks write files, torchrun tails them to the console.
 
 The launcher runs ranks unbuffered, as torchrun does (``python -u``): every line is one ``write``
@@ -260,3 +261,28 @@ def _details(runs: Dict[str, List[dict]], check: dict, seconds: float, cost: Dic
                  f"with gaps or reordering on the console, {check.get('bad_rank_files')} rank files not exactly "
                  "`r 0` .. `r n-1`.")
     return lines
+
+
+def side_by_side(kinds: List[str], runs: int, seconds: float) -> Dict[str, Dict[str, float]]:
+    """A few variants alternated run by run (A B A B ...): median lines/s and the supervisor's CPU
+    seconds of each (a quick before/after of one change, without the whole benchmark)."""
+    results: Dict[str, List[dict]] = {kind: [] for kind in kinds}
+    for _ in range(runs):
+        for kind in kinds:
+            results[kind].append(one_run(kind, seconds))
+            progress(f"logs {kind}: {fmt(results[kind][-1].get('lines_per_s', 0))} lines/s")
+    return {kind: {"lines_per_s": median(column(rows, "lines_per_s")),
+                   "supervisor_cpu_s": median([r["supervisor_cpu_s"] or 0.0 for r in rows]),
+                   "lost": sum(r.get("lost", 0) for r in rows)} for kind, rows in results.items()}
+
+
+if __name__ == "__main__":  # python -m bench.logs [--runs N] [--seconds S] KIND ...
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m bench.logs", description=side_by_side.__doc__)
+    parser.add_argument("kinds", nargs="+", choices=KINDS, metavar="KIND")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    print(json.dumps(side_by_side(args.kinds, args.runs, args.seconds), indent=1))

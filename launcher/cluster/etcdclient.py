@@ -9,17 +9,26 @@ docs/multinode.md has the import time and memory of both.
 Every call tries each endpoint in turn with one timeout and raises :class:`EtcdError` when none
 answers; retrying is the caller's business (it knows whether it may wait). Each answer's header
 tells the cluster's id (``cluster_id``), which a rebuilt cluster may change.
+
+A secured etcd (:class:`Security`): HTTPS with a CA bundle and a client certificate, and etcd's
+user/password authentication: ``/v3/auth/authenticate`` gives a token that goes in the
+``Authorization`` header of every call; etcd forgets tokens (their TTL, a restart), so a call
+answered "invalid auth token" authenticates again and is sent once more. What etcd will never
+accept (a certificate either side rejects, a wrong password, a missing permission) raises
+:class:`EtcdRejected`, which callers do not retry. The password appears in no message.
 """
 
 import base64
 import http.client
 import json
 import socket
+import ssl
+import threading
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
+from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
 
-class EtcdError(Exception):
-    """No endpoint answered, or one answered with an error."""
+__all__ = ["EtcdClient", "EtcdError", "EtcdRejected", "Security"]
 
 
 def _b64(text: str) -> str:
@@ -38,36 +47,99 @@ class EtcdClient:
     Args:
         endpoints: ``(host, port)`` of each member; the first that answers is used, and kept first.
         timeout: Seconds for one call to one endpoint.
+        security: TLS and authentication (default: plain HTTP, no user).
 
     Attributes:
         cluster_id: The cluster id of the last answer (None before the first).
+
+    Raises:
+        EtcdRejected: ``security`` names files that do not make a TLS context (built here, once).
     """
 
-    def __init__(self, endpoints: Sequence[Tuple[str, int]], timeout: float = 2.0):
+    def __init__(self, endpoints: Sequence[Tuple[str, int]], timeout: float = 2.0,
+                 security: Optional[Security] = None):
         self.endpoints = list(endpoints)
         self.timeout = timeout
+        self.security = security or Security()
         self.cluster_id: Optional[str] = None
+        self._context = self.security.ssl_context()
+        self._token: Optional[str] = None
+        self._token_lock = threading.Lock()  # three threads share one token
+
+    def _connect(self, host: str, port: int) -> http.client.HTTPConnection:
+        if self._context is not None:
+            return http.client.HTTPSConnection(host, port, timeout=self.timeout, context=self._context)
+        return http.client.HTTPConnection(host, port, timeout=self.timeout)
+
+    def _post(self, host: str, port: int, path: str, body: dict,
+              token: Optional[str]) -> Tuple[int, dict, http.client.HTTPConnection]:
+        """One request; returns the status, the answer (``{"message": text}`` when not JSON) and the
+        open connection (the caller closes it: a watch reads on)."""
+        conn = self._connect(host, port)
+        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        try:
+            conn.request("POST", path, json.dumps(body), headers)
+            response = conn.getresponse()
+            if path == "/v3/watch" and response.status == 200:
+                return response.status, {"response": response}, conn
+            raw = response.read()
+        except BaseException:
+            conn.close()
+            raise
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError:
+            data = {"message": raw[:200].decode("utf-8", "replace").strip()}
+        return response.status, data if isinstance(data, dict) else {}, conn
+
+    def _authorized(self, host: str, port: int, path: str, body: dict) -> Tuple[int, dict, http.client.HTTPConnection]:
+        """:meth:`_post` with this client's token, authenticating first and again when etcd forgot it."""
+        if not self.security.user:
+            return self._post(host, port, path, body, None)
+        token = self._token if self._token is not None else self._authenticate(host, port, None)
+        status, data, conn = self._post(host, port, path, body, token)
+        if status == 401 and "invalid auth token" in str(data.get("message", "")):
+            conn.close()
+            status, data, conn = self._post(host, port, path, body, self._authenticate(host, port, token))
+        return status, data, conn
+
+    def _authenticate(self, host: str, port: int, stale: Optional[str]) -> str:
+        """A token for the user (a new one unless another thread replaced ``stale`` meanwhile)."""
+        with self._token_lock:
+            if self._token is not None and self._token != stale:
+                return self._token
+            body = {"name": self.security.user, "password": self.security.password}
+            status, data, conn = self._post(host, port, "/v3/auth/authenticate", body, None)
+            conn.close()
+            if "authentication is not enabled" in str(data.get("message", "")):
+                data["token"] = ""  # as etcdctl: a user for an etcd without authentication is no error
+            elif status != 200 or not isinstance(data.get("token"), str):
+                raise rejection(f"{host}:{port}", status, str(data.get("message", "")), self.security)
+            self._token = data["token"]
+            return self._token
 
     def _call(self, path: str, body: dict) -> dict:
-        errors = []
+        errors, rejected = [], []
         for index, (host, port) in enumerate(list(self.endpoints)):
-            conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
             try:
-                conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-                response = conn.getresponse()
-                data = json.loads(response.read() or b"{}")
-            except (OSError, http.client.HTTPException, ValueError) as exc:
-                errors.append(f"{host}:{port}: {getattr(exc, 'strerror', None) or exc}")
-                continue
-            finally:
+                status, data, conn = self._authorized(host, port, path, body)
                 conn.close()
-            if response.status != 200:
-                raise EtcdError(f"{host}:{port}{path}: HTTP {response.status} {data.get('message', '')}".rstrip())
+            except EtcdRejected as exc:
+                rejected.append(str(exc))
+                continue
+            except (OSError, http.client.HTTPException) as exc:
+                problem = rejection(f"{host}:{port}", None, exc, self.security)
+                (rejected if isinstance(problem, EtcdRejected) else errors).append(str(problem))
+                continue
+            if status != 200:
+                raise rejection(f"{host}:{port}{path}", status, str(data.get("message", "")), self.security)
             if index:  # a member that answers goes first next time
                 self.endpoints.insert(0, self.endpoints.pop(index))
             header = data.get("header") or data.get("result", {}).get("header") or {}
             self.cluster_id = header.get("cluster_id", self.cluster_id)
             return data
+        if rejected:
+            raise EtcdRejected("; ".join(rejected + errors))
         raise EtcdError("; ".join(errors))
 
     def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
@@ -113,19 +185,19 @@ class EtcdClient:
             EtcdError: no endpoint accepted the watch.
         """
         host, port = self.endpoints[0]
-        conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        body = {"create_request": {"key": _b64(prefix), "range_end": _prefix_end(prefix),
+                                   "start_revision": str(start_revision)}}
         try:
-            body = {"create_request": {"key": _b64(prefix), "range_end": _prefix_end(prefix),
-                                       "start_revision": str(start_revision)}}
-            try:
-                conn.request("POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"})
-                response = conn.getresponse()
-            except (OSError, http.client.HTTPException) as exc:
-                self.endpoints.append(self.endpoints.pop(0))  # try the next member next time
-                raise EtcdError(f"{host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
+            status, data, conn = self._authorized(host, port, "/v3/watch", body)
+        except (OSError, http.client.HTTPException) as exc:
+            self.endpoints.append(self.endpoints.pop(0))  # try the next member next time
+            raise rejection(f"{host}:{port}", None, exc, self.security) from None
+        try:
+            if status != 200:
+                raise rejection(f"{host}:{port}/v3/watch", status, str(data.get("message", "")), self.security)
             if conn.sock is not None:
                 conn.sock.settimeout(idle)
-            yield from _watch_revisions(response)
+            yield from _watch_revisions(data["response"])
         finally:
             conn.close()
 
@@ -135,7 +207,7 @@ def _watch_revisions(response: http.client.HTTPResponse) -> Iterator[int]:
     while True:
         try:
             line = response.readline()
-        except (OSError, socket.timeout, http.client.HTTPException):
+        except (OSError, socket.timeout, ssl.SSLError, http.client.HTTPException):
             return
         if not line:
             return

@@ -32,7 +32,7 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
-from launcher.cluster.etcdclient import EtcdClient, EtcdError
+from launcher.cluster.etcdclient import EtcdClient, EtcdError, EtcdRejected
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
 from launcher.common.errors import UsageError
 from launcher.cluster.syncdir import CLOSED, JOIN_NOTE, Generation, collect, stamp, valid
@@ -76,7 +76,8 @@ class EtcdStore:
         self.client, self.prefix, self.index, self.ttl, self.lease = client, prefix, index, ttl, lease
         self.names = tuple(names)
         self.count = len(self.names)
-        self.path = f"etcd://{client.endpoints[0][0]}:{client.endpoints[0][1]}{prefix}"
+        tls = getattr(getattr(client, "security", None), "tls", False)
+        self.path = f"{'etcds' if tls else 'etcd'}://{client.endpoints[0][0]}:{client.endpoints[0][1]}{prefix}"
         self.write_for = write_for
         self._snapshot: Dict[str, bytes] = {}
         self._mine: Dict[str, bytes] = {}  # what this node queued: visible to itself before etcd has it
@@ -114,9 +115,10 @@ class EtcdStore:
 
         Raises:
             EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
+            EtcdRejected: etcd refused this client (TLS, user, permission): at once, not retried.
         """
         retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(wait), wait=tenacity.wait_fixed(0.25),
-                                     retry=tenacity.retry_if_exception_type(EtcdError), reraise=True,
+                                     retry=tenacity.retry_if_exception(_transient), reraise=True,
                                      before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
         return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic, address, emit)
 
@@ -352,6 +354,11 @@ class EtcdStore:
                 retrying(self.client.create if exclusive else self.client.put, key, value)
             except EtcdError as exc:
                 log.error("etcd: gave up writing %s after %.0f s: %s", key, self.write_for, exc)
+
+
+def _transient(exc: BaseException) -> bool:
+    """An error worth retrying at the start: etcd away, not etcd refusing this client."""
+    return isinstance(exc, EtcdError) and not isinstance(exc, EtcdRejected)
 
 
 def _parse(raw: Optional[bytes]) -> Optional[dict]:

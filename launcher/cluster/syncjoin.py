@@ -8,6 +8,7 @@ than at their ``--sync-timeout``.
 """
 
 import logging
+import os
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
@@ -17,7 +18,6 @@ from launcher.cluster.syncdir import SyncDir
 from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError, UsageError
-from launcher.jobspec.options import parse_coordinator
 from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
@@ -146,13 +146,17 @@ class SyncCoordination(Integration):
     @staticmethod
     def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str,
                    emit: Callable[..., object]) -> Store:
-        from launcher.cluster.etcdclient import EtcdClient, EtcdError
+        from launcher.cluster.etcdconf import coordinator_client, forget_password
+        from launcher.cluster.etcdclient import EtcdError, EtcdRejected
         from launcher.cluster.etcdstore import EtcdStore
 
-        client = EtcdClient(parse_coordinator(opts.coordinator))
+        client = coordinator_client(opts, os.environ)
+        forget_password(os.environ)  # read: the ranks do not get it
         try:
             return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
                                   elastic=opts.min_nodes is not None, address=address, emit=emit)
+        except EtcdRejected as exc:  # the configuration must change: bad input, not an outage
+            raise UsageError(f"the coordinator {opts.coordinator} refused this launcher: {exc}") from None
         except EtcdError as exc:
             raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
 

@@ -30,7 +30,10 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Restore from checkpoints", ("--checkpoint-dir", "--checkpoint-pattern", "--strategy-file", "--dp", "--tp", "--pp",
                                   "--groups-file", "--fault-ranks", "--group-info-root")),
     ("Cluster integration (MindCluster, several machines)", ("--reset-json", "--fault-npus", "--hccl-if-ip",
-                                                             "--coordinator", "--coordinator-ttl", "--elastic-wait",
+                                                             "--coordinator", "--coordinator-ttl",
+                                                             "--coordinator-cacert", "--coordinator-cert",
+                                                             "--coordinator-key", "--coordinator-user",
+                                                             "--coordinator-password-file", "--elastic-wait",
                                                              "--sync-dir", "--sync-timeout", "--taskd",
                                                              "--taskd-port")),
     ("Other options", ("--config", "--dry-run", "--json", "--help")),
@@ -254,9 +257,20 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
            "from HIGH_AVAILABILITY / MS_ENABLE_TFT / PROCESS_RECOVER, else retry).")
 @_opt("--coordinator", metavar="etcd://HOST:PORT[,HOST:PORT]",
       help="etcd that the launchers of the job restart together through, with leases: a machine whose "
-           "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere).")
+           "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere); "
+           "etcds:// for TLS.")
 @_opt("--coordinator-ttl", type=click.IntRange(min=1), default=5,
       help="With --coordinator: seconds of silence after which a machine's launcher counts as lost.")
+@_opt("--coordinator-cacert", metavar="PEM", help="With etcds://: the CAs that sign etcd's certificate "
+                                                  "(default: the system's).")
+@_opt("--coordinator-cert", metavar="PEM", help="With etcds://: this client's certificate (for etcd's "
+                                                "--client-cert-auth).")
+@_opt("--coordinator-key", metavar="PEM", help="With --coordinator-cert: its private key.")
+@_opt("--coordinator-user", help="etcd user (etcd's authentication); the password comes from "
+                                 "--coordinator-password-file or $LAUNCHER_COORDINATOR_PASSWORD, never the "
+                                 "command line.")
+@_opt("--coordinator-password-file", metavar="FILE",
+      help="File whose first line is --coordinator-user's password (a mounted Kubernetes Secret).")
 @_opt("--elastic-wait", type=click.FloatRange(min=0), default=30.0,
       help="With --nnodes MIN:MAX: seconds to wait for a replacement of a lost machine before going on "
            "without it, and at the start, once MIN machines joined, for the others (torchrun's "

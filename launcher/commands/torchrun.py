@@ -20,10 +20,15 @@ from launcher.jobspec import hostfacts
 RDZV_BACKENDS = ("static", "c10d")
 #: torchrun's port for an ``--rdzv-endpoint`` without one.
 RDZV_DEFAULT_PORT = 29400
+#: torchrun's etcd backends: the launcher coordinates through that etcd (``--coordinator``).
+ETCD_BACKENDS = ("etcd", "etcd-v2")
+#: ``--rdzv-conf`` keys of torchrun's etcd backends (both spellings) -> the launcher option they set.
+ETCD_CONF = {"cacert": "coordinator_cacert", "ca_cert": "coordinator_cacert", "cert": "coordinator_cert",
+             "ssl_cert": "coordinator_cert", "key": "coordinator_key", "ssl_cert_key": "coordinator_key",
+             "last_call_timeout": "elastic_wait", "timeout": "sync_timeout", "join_timeout": "sync_timeout"}
 
 #: torchrun options the launcher has no use for: option -> (takes a value, what to do instead).
 REFUSED: Dict[str, Tuple[bool, str]] = {
-    "--rdzv-conf": (True, "the launcher has no rendezvous to configure (rank 0 hosts the store): drop it"),
     "--monitor-interval": (True, "the launcher sees a rank exit at once, without polling: drop it"),
     "--start-method": (True, "each rank is a fresh process: drop it"),
     "--role": (True, "ranks are named by --framework (worker, MindSpore scheduler): drop it"),
@@ -57,6 +62,7 @@ def hidden_options() -> List[click.Option]:
         click.Option(["--rdzv-backend"], hidden=True),
         click.Option(["--rdzv-endpoint"], hidden=True),
         click.Option(["--rdzv-id"], hidden=True),
+        click.Option(["--rdzv-conf"], hidden=True),
         click.Option(["--shutdown-timeout"], type=click.FloatRange(min=0), hidden=True),
     ]
     for name, (takes_value, _hint) in REFUSED.items():
@@ -151,24 +157,30 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str]) -> Dict[str, Any]
             problems.append(f"{option} is torchrun's: {hint}")
     standalone = kwargs.pop("standalone")
     backend, endpoint, rdzv_id = kwargs.pop("rdzv_backend"), kwargs.pop("rdzv_endpoint"), kwargs.pop("rdzv_id")
+    conf, etcd = kwargs.pop("rdzv_conf"), (backend or "").lower() in ETCD_BACKENDS
     shutdown_timeout = kwargs.pop("shutdown_timeout")
     if shutdown_timeout is not None:
         kwargs["stop_timeout"] = shutdown_timeout
-    if backend is not None and backend.lower() not in RDZV_BACKENDS:
+    if backend is not None and backend.lower() not in RDZV_BACKENDS + ETCD_BACKENDS:
         problems.append(f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's "
-                        "static or c10d backends (pass one of those, or drop it)")
+                        "static or c10d backends, etcd coordinates restarts (pass one of those, or drop it)")
+    if conf and not etcd:
+        problems.append("--rdzv-conf is torchrun's: the launcher has no rendezvous to configure (rank 0 hosts "
+                        "the store): drop it")
     if standalone:
         problems.extend(_standalone(kwargs, explicit))
+    elif etcd:
+        problems.extend(_etcd(kwargs, endpoint, conf or ""))
     elif endpoint:
         problems.extend(_endpoint(kwargs, endpoint))
     if rdzv_id and not standalone:
         if kwargs.get("run_id") and kwargs["run_id"] != rdzv_id:
             problems.append(f"--rdzv-id {rdzv_id} and --run-id {kwargs['run_id']} differ: pass one of them")
         kwargs["run_id"] = rdzv_id
-    if (backend or "").lower() == "c10d" and not standalone and kwargs.get("nnodes", 1) > 1 \
+    if (backend or "").lower() in ("c10d",) + ETCD_BACKENDS and not standalone and kwargs.get("nnodes", 1) != 1 \
             and "node_rank" not in explicit:
-        problems.append("--rdzv-backend c10d with several nodes: the launcher does not hand out node ranks "
-                        "at rendezvous; pass --node-rank on each node (0 on the --rdzv-endpoint host)")
+        problems.append(f"--rdzv-backend {backend} with several nodes: the launcher does not hand out node ranks "
+                        "at rendezvous; pass --node-rank on each node (0 on the master's host)")
     if len(problems) == 1:
         raise UsageError(problems[0])
     if problems:
@@ -205,6 +217,42 @@ def _endpoint(kwargs: Dict[str, Any], endpoint: str) -> List[str]:
                             "pass one of them")
         kwargs[key] = value
     return problems
+
+
+def _etcd(kwargs: Dict[str, Any], endpoint: Optional[str], conf: str) -> List[str]:
+    """torchrun's etcd rendezvous: ``--rdzv-endpoint`` is the etcd the launchers coordinate through
+    (``--coordinator``), and ``--rdzv-conf`` its TLS files (``protocol=https,cacert=,cert=,key=``)
+    and timeouts, in the spellings of both of torchrun's etcd backends (:data:`ETCD_CONF`)."""
+    if not endpoint:
+        return ["--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT (the etcd server)"]
+    problems, protocol = [], "http"
+    for item in filter(None, (part.strip() for part in conf.split(","))):
+        key, sep, value = (text.strip() for text in item.partition("="))
+        if key == "protocol" and value.lower() in ("http", "https"):
+            protocol = value.lower()
+        elif key in ETCD_CONF and sep and value:
+            option = ETCD_CONF[key]
+            if option.startswith("coordinator_"):
+                kwargs[option] = value
+            elif _is_number(value):
+                kwargs[option] = float(value)
+            else:
+                problems.append(f"--rdzv-conf {key}={value}: expected seconds")
+        else:
+            problems.append(f"--rdzv-conf {item!r}: not one of protocol=http|https, "
+                            f"{', '.join(sorted(ETCD_CONF))} (KEY=VALUE)")
+    url = f"{'etcds' if protocol == 'https' else 'etcd'}://{endpoint}"
+    if kwargs.get("coordinator") not in (None, url):
+        problems.append(f"--rdzv-endpoint {endpoint} and --coordinator {kwargs['coordinator']} differ: pass one of them")
+    kwargs["coordinator"] = url
+    return problems
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return float(text) >= 0
+    except ValueError:
+        return False
 
 
 def python_command(command: Sequence[str], no_python: bool, module: bool,

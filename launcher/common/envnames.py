@@ -93,6 +93,8 @@ LAUNCHER_JOB_TOKEN = "LAUNCHER_JOB_TOKEN"  # "<job>.<leaf>": finds the job's pro
 
 # --- Read by the launcher itself (not an option of `launcher run`) ------------------------------
 LAUNCHER_CGROUP = "LAUNCHER_CGROUP"  # "off": no job cgroup, even where cgroup v2 is writable
+# --coordinator-user's etcd password (a Kubernetes Secret as env var); removed before the ranks start
+LAUNCHER_COORDINATOR_PASSWORD = "LAUNCHER_COORDINATOR_PASSWORD"
 
 # --- Options of `launcher run` read from the environment (LAUNCHER_<OPTION>) -------------------
 ENV_PREFIX = "LAUNCHER_"

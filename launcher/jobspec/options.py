@@ -73,6 +73,11 @@ class RunOptions:
     sync_timeout: float = 300.0
     coordinator: Optional[str] = None
     coordinator_ttl: int = 5
+    coordinator_cacert: Optional[str] = None
+    coordinator_cert: Optional[str] = None
+    coordinator_key: Optional[str] = None
+    coordinator_user: Optional[str] = None
+    coordinator_password_file: Optional[str] = None
     min_nodes: Optional[int] = None
     elastic_wait: float = 30.0
     taskd: str = "auto"
@@ -213,22 +218,44 @@ def check_sync_options(run_id: str, chosen: bool, server_count: int, option: str
         raise UsageError(f"--run-id {run_id!r} cannot name a directory under {option}", ["use a run id without '/'"])
 
 
+#: ``--coordinator`` schemes: whether each speaks TLS.
+COORDINATOR_SCHEMES = {"etcd": False, "http": False, "etcds": True, "https": True}
+
+
 def parse_coordinator(url: str) -> List[Tuple[str, int]]:
     """``--coordinator etcd://host:2379[,host2:2379]`` -> ``[(host, port), ...]`` (port 2379 when left out).
 
+    ``etcds://`` and ``https://`` (TLS, :func:`coordinator_tls`) and ``http://`` are read the same way.
+
     Raises:
-        UsageError: not an ``etcd://`` URL, or a bad host or port.
+        UsageError: not one of those URLs, a user or password in it, or a bad host or port.
     """
-    scheme = "etcd://"
-    if not url.startswith(scheme):
-        raise UsageError(f"--coordinator {url!r}: expected {scheme}HOST:PORT[,HOST:PORT]")
+    scheme, sep, rest = url.partition("://")
+    expected = "expected etcd://HOST:PORT[,HOST:PORT] (etcds:// for TLS)"
+    if not sep or scheme.lower() not in COORDINATOR_SCHEMES:
+        raise UsageError(f"--coordinator {_redacted(url)!r}: {expected}")
+    if "@" in rest:  # the message must not repeat what may be a password
+        raise UsageError(f"--coordinator {_redacted(url)!r}: no user or password in the URL (`ps` shows it)",
+                         ["use --coordinator-user, and the password in --coordinator-password-file or "
+                          f"${envnames.LAUNCHER_COORDINATOR_PASSWORD}"])
     endpoints = []
-    for part in url[len(scheme):].rstrip("/").split(","):
+    for part in rest.rstrip("/").split(","):
         host, _, port = part.strip().rpartition(":") if ":" in part else (part.strip(), "", "2379")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
             raise UsageError(f"--coordinator {url!r}: bad endpoint {part!r}, expected HOST:PORT")
         endpoints.append((host, int(port)))
     return endpoints
+
+
+def coordinator_tls(url: str) -> bool:
+    """Whether ``--coordinator URL`` speaks TLS (``etcds://``, ``https://``)."""
+    return COORDINATOR_SCHEMES.get(url.partition("://")[0].lower(), False)
+
+
+def _redacted(url: str) -> str:
+    """``url`` without what comes before an ``@`` (a user and maybe a password)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}***@{rest.rpartition('@')[2]}" if "@" in rest else url
 
 
 def env_var_for(option_name: str) -> str:

@@ -10,7 +10,7 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.jobspec import hostfacts, topology
 from launcher.common.errors import UsageError
-from launcher.jobspec.options import RunOptions, check_sync_options, parse_coordinator, parse_rank_filter
+from launcher.jobspec.options import RunOptions, check_sync_options, parse_rank_filter
 from launcher.common.rundir import base_dir
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
 from launcher.jobspec.recovery import resolve_strategy
@@ -42,7 +42,9 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
         check_sync_options(run_id, bool(opts.run_id or environ.get(envnames.MINDX_TASK_ID)),
                            topo.table.server_count, "--coordinator" if opts.coordinator else "--sync-dir")
     if opts.coordinator:
-        parse_coordinator(opts.coordinator)
+        from launcher.cluster.etcdconf import coordinator_client
+
+        coordinator_client(opts, environ)  # endpoints, TLS files, user and password: exit 2 before anything runs
     if opts.min_nodes is not None and not opts.coordinator:
         raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes} (elastic) needs --coordinator etcd://...")
     if opts.min_nodes is not None and opts.min_nodes > topo.table.server_count:

@@ -1,19 +1,25 @@
 """Rank output: a per-rank log file, and the console with a ``[rank N]`` prefix.
 
-A rank shown on the console writes into a pipe; the event loop reads it in large chunks, appends the
-raw bytes to the rank's file and writes whole prefixed lines to the console (partial lines wait for
-their newline, so ranks never interleave mid-line). A rank not shown on the console writes straight
-into its file, costing the launcher nothing.
+Every rank writes into a pipe (:func:`rank_pipe`), never into its file: a full or failing log disk
+fails the launcher's write, which is reported once, never the rank's (before, a rank that wrote its
+file directly died of ``ENOSPC`` in its own ``print``). For a rank shown on the console the event
+loop reads the pipe in large chunks, appends the raw bytes to the rank's file and writes whole
+prefixed lines to the console (partial lines wait for their newline, so ranks never interleave
+mid-line). For a rank not shown on the console the loop moves the bytes from the pipe into the file
+inside the kernel (``splice``), without copying them through the launcher; once the file cannot be
+written the pipe is still drained, into nothing, so the rank never blocks.
 
 Neither sink can stop the launcher: a log file that cannot be written (full disk, I/O error) is
 reported once and no longer written while the console goes on; the console never blocks
 (:mod:`launcher.supervision.console`).
 """
 
+import errno
+import fcntl
 import logging
 import os
 import re
-from typing import BinaryIO, List, Optional, Union
+from typing import BinaryIO, List, Optional, Tuple, Union
 
 from launcher.supervision.console import Console
 from launcher.common.warnonce import WarnOnce
@@ -28,6 +34,22 @@ CHUNK = 1 << 15
 # ends one, must neither grow the launcher's memory without bound nor stay invisible.
 MAX_PARTIAL = 1 << 16
 _LONE_CR = re.compile(rb"\r(?!\n)")  # \r\n is one line end, as written by Windows-minded code
+#: Bytes one ``splice`` may move from a files-only rank's pipe into its file (all the pipe holds).
+SPLICE_CHUNK = 1 << 20
+#: A rank's pipe holds this much (``F_SETPIPE_SZ``; the kernel's default is 64 KiB): a rank printing
+#: in bursts keeps going while the launcher's loop is busy elsewhere for a moment. 1 MiB is what an
+#: unprivileged process may ask for by default (``/proc/sys/fs/pipe-max-size``).
+PIPE_SIZE = 1 << 20
+
+
+def rank_pipe() -> Tuple[int, int]:
+    """A rank's output pipe ``(read_fd, write_fd)``, enlarged to :data:`PIPE_SIZE` where allowed."""
+    read_fd, write_fd = os.pipe()
+    try:
+        fcntl.fcntl(write_fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_SIZE)
+    except OSError:  # over this user's pipe-buffer quota: the default size works, only smaller
+        pass
+    return read_fd, write_fd
 
 
 def open_log(path: str) -> int:
@@ -69,37 +91,49 @@ class RankOutput:
         self.console = console
         self._warn = warn or WarnOnce(log)
         self._partial = b""
+        self._splice = console is None and hasattr(os, "splice") and log_fd >= 0 and _unappend(log_fd)
 
     def pump(self) -> bool:
-        """Read what is available and tee it. Returns False at end of stream (fd closed)."""
-        try:
-            data = os.read(self.read_fd, CHUNK)
-        except BlockingIOError:
-            return True
-        except OSError:
-            data = b""
-        if not data:
+        """Move what is available to the sinks. Returns False at end of stream (fd closed)."""
+        moved = self._move()
+        if moved == 0:
             self.close()
             return False
-        self._tee(data)
         return True
 
     def drain(self) -> None:
-        """Tee what is already in the pipe, then close it (the attempt is over).
+        """Move what is already in the pipe, then close it (the attempt is over).
 
         Stops at the first empty read instead of waiting for end-of-file: a process that escaped
         its group could hold the pipe open forever.
         """
-        while self.read_fd >= 0:
-            try:
-                data = os.read(self.read_fd, CHUNK)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            self._tee(data)
+        while self.read_fd >= 0 and self._move():
+            pass
         if self.read_fd >= 0:
             self.close()
+
+    def _move(self) -> Optional[int]:
+        """One chunk from the pipe to the sinks: the bytes moved, 0 at end of stream, None when the
+        pipe is empty for now."""
+        if self._splice and self.log_fd >= 0:
+            try:
+                return os.splice(self.read_fd, self.log_fd, SPLICE_CHUNK, flags=os.SPLICE_F_NONBLOCK)
+            except BlockingIOError:
+                return None
+            except OSError as exc:
+                if exc.errno in (errno.EINVAL, errno.ENOSYS):  # a file system without splice: copy instead
+                    self._splice = False
+                else:  # the bytes stay in the pipe: read below, into nothing from now on
+                    self.file_failed(exc)
+        try:
+            data = os.read(self.read_fd, CHUNK)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if data:
+            self._tee(data)
+        return len(data)
 
     def _tee(self, data: bytes) -> None:
         if self.log_fd >= 0:
@@ -154,6 +188,17 @@ class RankOutput:
             if fd >= 0:
                 os.close(fd)
         self.read_fd = self.log_fd = -1
+
+
+def _unappend(fd: int) -> bool:
+    """Make ``fd`` (a log file opened ``O_APPEND``) writable by ``splice``, which refuses append mode:
+    the same position, the end, now kept by the file offset (the launcher is its only writer)."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_APPEND)
+        os.lseek(fd, 0, os.SEEK_END)
+    except OSError:
+        return False
+    return True
 
 
 def tail_lines(path: str, count: int = 10, max_bytes: int = 8192) -> List[str]:

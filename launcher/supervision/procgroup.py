@@ -24,7 +24,7 @@ from launcher.supervision.cgroup import Cgroup
 from launcher.supervision.eventloop import EventLoop
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
-from launcher.supervision.output import RankOutput, open_log
+from launcher.supervision.output import RankOutput, open_log, rank_pipe
 from launcher.supervision.standby import StandbyPool
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.states import ExitInfo
@@ -158,11 +158,12 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         if target >= 0:
             os.close(target)
             os.set_blocking(read_fd, False)
-            out = RankOutput(read_fd, log_fd, spec.label, self._console, self._log_failed, path)
+            console = self._console if self._on_console(spec) else None
+            out = RankOutput(read_fd, log_fd, spec.label, console, self._log_failed, path)
             self._outputs[read_fd] = out
             self._selector.register(read_fd, selectors.EVENT_READ, functools.partial(self._pump, out, read_fd))
         else:
-            os.close(log_fd)  # the child writes its file directly
+            os.close(log_fd)  # --debug-rank: the rank has the terminal
         self._procs[spec.rank] = proc
         self._pid_rank[proc.pid] = spec.rank
         self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
@@ -170,7 +171,7 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             self._guard.watch(proc.pid)
 
     def _stdio(self, spec: WorkerSpec, log_fd: int) -> Tuple[Dict[str, int], int, int]:
-        """Popen's stdio for ``spec``, and the console pipe's ends (-1 when its output is not teed)."""
+        """Popen's stdio for ``spec``, and its output pipe's ends (-1 for the rank on the terminal)."""
         if self._on_terminal(spec):  # still its own session: the terminal's Ctrl-C reaches the launcher
             try:
                 os.write(log_fd, f"[launcher] {spec.label} has the launcher's terminal (--debug-rank): "
@@ -178,11 +179,9 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             except OSError:  # a full disk: the note is a courtesy, the rank starts anyway
                 pass
             return {}, -1, -1
-        read_fd = target = -1
-        if self._on_console(spec):
-            read_fd, target = os.pipe()
-        return (dict(stdin=subprocess.DEVNULL, stdout=target if target >= 0 else log_fd, stderr=subprocess.STDOUT),
-                read_fd, target)
+        # A pipe, never the file: a full log disk fails the launcher's write (reported once), not the rank.
+        read_fd, target = rank_pipe()
+        return dict(stdin=subprocess.DEVNULL, stdout=target, stderr=subprocess.STDOUT), read_fd, target
 
     def _open_log(self, spec: WorkerSpec, path: str) -> int:
         """The rank's log file; on a full or failing disk (reported once) /dev/null, so the rank

@@ -124,3 +124,21 @@ def test_full_log_filesystem_failure_beyond_budget_exits_with_the_ranks_code(lau
     assert TRACEBACK not in launcher.stderr
     assert "[rank 1] rank 1 failing now" in launcher.stdout
     assert "ended" in json.loads((launcher.run_dir / "launcher.json").read_text())
+
+
+@pytest.mark.parametrize("console_ranks", ["none", "0"])
+def test_files_only_ranks_survive_a_full_log_filesystem(launcher, small_fs, console_ranks):
+    """Ranks whose output goes only to their files (every rank with --console-ranks none, rank 1 with
+    --console-ranks 0) print far more than the 64 KiB log filesystem holds: every rank lives on and
+    exits 0, one warning per rank (issue 27, item 6). Before, such a rank wrote its file itself and
+    died of ENOSPC in its own print (exit 1, a traceback in its log) while the console rank lived."""
+    launcher.log_dir = small_fs("logs", 64)
+    code = launcher.run(["--nproc-per-node", "2", "--max-restarts", "0", "--console-ranks", console_ranks],
+                        ["--print-lines", "20000", "--run", "0.2"], timeout=60)
+    assert code == 0, launcher.stderr
+    assert sorted(int(line[0]) for line in launcher.ready_lines()) == [0, 1]  # both printed it all
+    err = launcher.stderr
+    assert TRACEBACK not in err, err
+    for rank in (0, 1):
+        assert err.count(f"rank {rank}: cannot write its log file") == 1, err
+    assert ("[rank 0] line 19999 from rank 0 attempt 0" in launcher.stdout) == (console_ranks == "0")

@@ -178,7 +178,7 @@ def test_bad_coordinator_url_is_a_usage_error(tmp_path):
     node = Launcher(tmp_path / "node")
     node.tmp.mkdir()
     code = node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--run-id", RUN_ID,
-                     "--coordinator", "http://x:1"],
+                     "--coordinator", "zk://x:1"],
                     ["--run", "1"], timeout=60)
     assert code == 2 and "expected etcd://HOST:PORT" in node.stderr
 

@@ -272,3 +272,118 @@ def test_a_reply_after_the_final_one_does_not_reach_a_later_client(server, loop)
         loop.posted[0].reply({"stale": True})  # e.g. a progress line for a client that timed out
         loop.posted[1].reply({"ok": True}, final=True)
         assert answers(second) == [{"ok": True}]
+
+
+# -- descriptors: a cap, silent clients closed, no spinning when accept finds none (issue 27) -------
+def test_a_new_client_closes_the_oldest_silent_one_at_the_cap(loop):
+    loop.servers.append(ControlServer(loop.path, loop.add_reader, loop.remove_reader, loop.posted.append,
+                                      max_connections=2))
+    first, second = loop.connect(), loop.connect()
+    loop.drain()
+    third = loop.connect(b'{"command": "status"}\n')
+    loop.run_until(lambda: loop.posted)
+    assert closed_by_server(first) and not readable(second)
+    assert loop.posted[0].command == "status"
+    loop.posted[0].reply({"ok": True}, final=True)
+    assert answers(third) == [{"ok": True}]
+
+
+def test_at_the_cap_with_every_client_answered_a_new_one_is_refused_once(loop, caplog):
+    loop.servers.append(ControlServer(loop.path, loop.add_reader, loop.remove_reader, loop.posted.append,
+                                      max_connections=1))
+    loop.connect(b'{"command": "gasp"}\n')
+    loop.run_until(lambda: loop.posted)
+    extra = [loop.connect() for _ in range(3)]
+    loop.drain()
+    assert all(closed_by_server(sock) for sock in extra)
+    assert caplog.text.count("control connections open (the most at once): refusing more") == 1
+
+
+def test_a_silent_client_is_closed_after_the_request_timeout(loop, monkeypatch):
+    timers = []
+    loop.servers.append(ControlServer(loop.path, loop.add_reader, loop.remove_reader, loop.posted.append,
+                                      lambda delay, callback: timers.append((delay, callback))))
+    silent = loop.connect()
+    loop.drain()
+    assert [delay for delay, _ in timers] == [control.REQUEST_TIMEOUT]
+    monkeypatch.setattr(control, "REQUEST_TIMEOUT", 0.0)  # its time is up
+    timers.pop()[1]()
+    assert closed_by_server(silent) and not timers  # nobody left to time out
+
+
+def test_connection_cap_follows_the_descriptor_limit(monkeypatch):
+    for soft, cap in ((256, 16), (32, 4), (1 << 20, 64), (control.resource.RLIM_INFINITY, 64)):
+        monkeypatch.setattr(control.resource, "getrlimit", lambda _what, soft=soft: (soft, soft))
+        assert control.connection_cap() == cap
+
+
+OUT_OF_FDS = r"""
+import logging, os, resource, selectors, socket, sys, time
+sys.path.insert(0, sys.argv[2])
+from launcher.control.server import ControlServer
+logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(message)s")
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+sel, posted, timers, calls = selectors.DefaultSelector(), [], [], [0]
+def add(fd, callback):
+    def counted():
+        calls[0] += 1
+        callback()
+    sel.register(fd, selectors.EVENT_READ, counted)
+def remove(fd):
+    if fd in sel.get_map():
+        sel.unregister(fd)
+server = ControlServer(sys.argv[1], add, remove, posted.append, lambda d, cb: timers.append((time.monotonic() + d, cb)),
+                       max_connections=1000)
+ballast = []
+while True:
+    try:
+        ballast.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+print("full", flush=True)
+def run(seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        for key, _ in sel.select(0.05):
+            key.data()
+        for due, cb in [t for t in timers if t[0] <= time.monotonic()]:
+            timers.remove((due, cb))
+            cb()
+sys.stdin.readline()  # the clients connected
+run(1.5)
+print("calls", calls[0], flush=True)
+for fd in ballast:
+    os.close(fd)
+sys.stdin.readline()  # a client with a request connected
+run(1.5)
+print("posted", [r.command for r in posted], flush=True)
+"""
+
+
+def test_out_of_descriptors_is_one_line_no_spinning_and_service_resumes(loop):
+    """accept fails with EMFILE (the process's descriptors all taken by something else): one warning,
+    the waiting client is refused (connection closed, not a hang), the socket is left alone between
+    tries (a handful of callbacks, not thousands), and once descriptors are free a request is served."""
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.Popen([sys.executable, "-c", OUT_OF_FDS, loop.path, repo], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "full\n"
+        waiting = [loop.connect(b'{"command": "status"}\n') for _ in range(3)]
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        calls = int(proc.stdout.readline().split()[1])
+        assert calls < 20, calls  # before: one callback per loop turn, ~60000 a second
+        assert closed_by_server(waiting[0])
+        loop.connect(b'{"command": "exit"}\n')
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert "'exit'" in proc.stdout.readline()
+    finally:
+        proc.kill()
+        _, err = proc.communicate()
+    assert err.count("out of file descriptors (Too many open files)") == 1, err
+    assert "Traceback" not in err

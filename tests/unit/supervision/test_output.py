@@ -342,3 +342,51 @@ def test_torch_rank_prefix_is_not_doubled_on_the_console(pipes):
     assert console.getvalue() == (b"[rank 3] Traceback (most recent call last):\n[rank 3] \n[rank 3] RuntimeError: x\n"
                                   b"[rank 3] see [rank3]: here\n[rank 3] [rank4]: y\n")
     assert p.file_bytes() == raw
+
+
+# -- files-only ranks: spliced into the file in the kernel, drained whatever the file does (issue 27) --
+def test_a_files_only_rank_is_spliced_into_its_file_after_what_it_held(pipes, tmp_path, monkeypatch):
+    path = tmp_path / "logs" / "attempt_0" / "rank_3.log"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"earlier\n")  # the O_APPEND position is kept once append mode is off
+    calls = []
+    real = os.splice
+    monkeypatch.setattr(output_mod.os, "splice", lambda *a, **k: calls.append(a) or real(*a, **k))
+    p = pipes(None)
+    assert p.out._splice
+    payload = b"".join(b"line %06d\n" % i for i in range(5000))  # 60 kB: one pipe's worth
+    p.write(payload)
+    while p.out._move():
+        pass
+    p.close_writer()
+    assert p.out.pump() is False
+    assert path.read_bytes() == b"earlier\n" + payload
+    assert calls and len(calls) <= 3  # the kernel moved it, a pipe's worth a call
+
+
+def test_a_files_only_rank_on_a_full_disk_warns_once_and_its_pipe_is_still_drained(tmp_path, caplog):
+    read_fd, write_fd = output_mod.rank_pipe()
+    os.set_blocking(read_fd, False)
+    full = os.open("/dev/full", os.O_WRONLY)  # ENOSPC on every write (splice: EINVAL, then the copy fails)
+    out = RankOutput(read_fd, full, "rank 5", None, log_path="/logs/rank_5.log")
+    try:
+        with caplog.at_level("WARNING", logger="launcher.supervision.output"):
+            for _ in range(40):  # 40 x 64 KiB: more than the pipe holds, so only draining lets it through
+                os.write(write_fd, b"x" * 65535 + b"\n")
+                while out._move():
+                    pass
+        assert out.log_fd == -1
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 1 and "rank 5: cannot write its log file /logs/rank_5.log (No space left" in warnings[0]
+    finally:
+        os.close(write_fd)
+        out.close()
+
+
+def test_the_rank_pipe_is_enlarged():
+    read_fd, write_fd = output_mod.rank_pipe()
+    try:
+        assert output_mod.fcntl.fcntl(write_fd, 1032) == output_mod.PIPE_SIZE  # F_GETPIPE_SZ
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
