@@ -10,7 +10,8 @@ The ranks' environment is caught without touching the scripts: a ``sitecustomize
 (which all three tools pass on) writes each rank's ``os.environ`` at interpreter start.
 
 Lines the tests change, the same way for both tools: 2 processes (2 cores here), a free port instead
-of a fixed one (tests run side by side), fewer epochs for multigpu_torchrun.py (50 10 -> 4 2).
+of a fixed one (tests run side by side), fewer epochs for multigpu_torchrun.py (50 10 -> 4 2). The
+module takes 4-6 minutes on 2 loaded cores (eleven real-framework launches).
 Spellings the launcher refuses today are ``xfail(strict=True)``: they pass once the option table
 (branch opts) lands, and the marker must go then.
 """
@@ -177,6 +178,36 @@ def test_nproc_per_node_gpu_without_a_gpu(tmp_path):
     assert reference.code == 1 and "Cuda is not available" in reference.text
     assert ours.code == 2 and "Traceback" not in ours.text and "pass their number" in ours.text
     assert not ours.envs and not reference.envs
+
+
+# ----------------------------------------------------------------------------- FSDP2
+FSDP2_DIR = PUBLISHED / "pytorch" / "FSDP2"
+
+
+def _final_model(cwd: Path) -> dict:
+    """The model state dict train.py saved (checkpoints/dtensor_api/<ms>/model_state_dict.pt)."""
+    import torch
+
+    (path,) = cwd.glob("checkpoints/dtensor_api/*/model_state_dict.pt")
+    return torch.load(path, weights_only=True)
+
+
+def test_fsdp2_train_py(tmp_path):
+    """The README's ``torchrun --nproc_per_node 2 train.py``: both save the same checkpoint layout.
+
+    Not the same values: ``Transformer.reset_parameters`` does not reset its layers, so their weights are
+    whatever ``to_empty`` left in memory (NaN after training here, under either tool)."""
+    line = ["--nproc_per_node", "2", "train.py"]
+    reference = run_tool("torchrun", line, _copy(FSDP2_DIR, tmp_path / "torchrun"))
+    ours = run_tool("launcher", line, _copy(FSDP2_DIR, tmp_path / "launcher"))
+    assert reference.code == 0, reference.text[-3000:]
+    assert ours.code == 0, ours.text[-3000:]
+    model_print = r"Transformer\([^\n]*|\(\d+\): TransformerBlock\("
+    assert lines(ours.text, model_print) == lines(reference.text, model_print) != []  # rank 0 prints the model
+    for rank in ("0", "1"):
+        same_variables(reference.env_of("RANK", rank), ours.env_of("RANK", rank), TORCHRUN_EQUAL)
+    theirs, mine = _final_model(tmp_path / "torchrun"), _final_model(tmp_path / "launcher")
+    assert {k: (v.shape, v.dtype) for k, v in mine.items()} == {k: (v.shape, v.dtype) for k, v in theirs.items()}
 
 
 # ----------------------------------------------------------------------------- MindSpore startup_method
