@@ -38,7 +38,8 @@ BIN = Path(sys.executable).parent
 TIMEOUT = 300
 NEEDS_OPTS = "needs branch opts"
 
-pytestmark = pytest.mark.slow
+# Each test runs two real-framework jobs (plus a module fixture's): above the suite's 300 s default on a busy machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SITECUSTOMIZE = """
 import json, os
