@@ -17,7 +17,8 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("Where the ranks come from", ("--rank-table", "--rank-table-timeout", "--server-id", "--framework")),
     ("Local runs, torchrun style (no rank table)", ("--nproc-per-node", "--nnodes", "--node-rank",
                                                      "--master-addr", "--master-port")),
-    ("How COMMAND runs", ("--no-python", "--module", "--preload", "--preload-max-rss")),
+    ("How COMMAND runs", ("--no-python", "--module", "--preload", "--preload-max-rss",
+                          "--bind-cores")),
     ("Supervision and restarts", ("--max-restarts", "--restart-backoff", "--restart-backoff-max", "--stop-timeout",
                                   "--recover-strategy",
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
@@ -143,6 +144,13 @@ def _check_preload(_ctx: click.Context, _param: click.Parameter, value: Optional
     from launcher.jobspec.preload import parse_modules
 
     parse_modules(value)  # UsageError: one line, exit 2 (--dry-run too)
+    return value
+
+
+def _check_bind_cores(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    from launcher.jobspec.binding import parse_bind_cores
+
+    parse_bind_cores(value)  # UsageError: one line, exit 2
     return value
 
 
@@ -300,6 +308,10 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
 @_opt("--preload-max-rss", type=click.FloatRange(min=0), default=4096.0, metavar="MIB",
       help="Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
            "(0: no cap).")
+@_opt("--bind-cores", default="none", metavar="auto|none|LIST", callback=_check_bind_cores,
+      help="CPU binding of the ranks (os.sched_getaffinity in each): auto splits the CPUs the launcher may use "
+           "among the local ranks by the NUMA node of each rank's NPU, else evenly by NUMA node, else evenly; "
+           "LIST gives each local rank its CPUs, e.g. '0-3;4-7' (docs/cpu-binding.md).")
 @_opt("--dry-run", is_flag=True, help="Print every rank's command line and environment; start nothing.")
 @click.option("--json", "json_output", is_flag=True, help="With --dry-run: one JSON object.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)

@@ -43,7 +43,7 @@ REFUSED: Dict[str, Tuple[bool, str]] = {
     "--event-log-handler": (True, "the launcher's events are in <run-dir>/events.jsonl: drop it"),
     "--logs-specs": (True, "the launcher's log layout is fixed (see --log-dir): drop it"),
     "--local-addr": (True, "use --server-id to say which server of the rank table this is"),
-    "--numa-binding": (True, "not supported: bind inside the script (os.sched_setaffinity)"),
+    "--numa-binding": (True, "use --bind-cores auto (each rank on its NPU's NUMA node; docs/cpu-binding.md)"),
     "--signals-to-handle": (True, "the launcher handles SIGTERM, SIGINT and SIGHUP: drop it"),
     "--virtual-local-rank": (False, "not supported: each rank sees its device as LOCAL_RANK / DEVICE_ID"),
 }

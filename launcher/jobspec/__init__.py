@@ -2,7 +2,8 @@
 
 Owns: ``options`` (RunOptions, from the command line and YAML), ``topology`` (nodes, ranks, parallel
 dimensions), ``ranktable/`` (hccl.json: parse, validate, wait for, generate), ``rankenv`` (the pure
-per-rank environment function), ``hostfacts`` and ``recovery`` (the recovery strategy).
+per-rank environment function), ``hostfacts``, ``recovery`` (the recovery strategy) and ``binding``
+(``--bind-cores``: each local rank's CPU set).
 
 May import: ``launcher.common``. Nothing here starts a process or talks to another node.
 """

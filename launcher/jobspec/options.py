@@ -88,6 +88,7 @@ class RunOptions:
     metrics_textfile: Optional[str] = None
     preload: Optional[str] = None
     preload_max_rss: float = 4096.0
+    bind_cores: str = "none"
     dry_run: bool = False
     json_output: bool = False
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)

@@ -23,6 +23,7 @@ from launcher.common.errors import UsageError
 from launcher.monitoring import goodput
 from launcher.monitoring.events import EventLog, read_events
 from launcher.supervision.jobtree import JobTree, report_escaped
+from launcher.jobspec import binding as binding_mod
 from launcher.jobspec.options import RunOptions, parse_rank_filter
 from launcher.supervision.integration import Integrations
 from launcher.run.hangwatch import HangWatch
@@ -98,14 +99,26 @@ class Session:
             from launcher.supervision.debugging import DebugConsole
 
             self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
+        binding = self._cpu_binding()
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank),
-                                       standby_pool(self.opts, self.log_session, self.emit))
+                                       standby_pool(self.opts, self.log_session, self.emit),
+                                       lambda spec: binding.cpus(spec.local_rank) if binding else None)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self.ckpt_index = checkpoint_index(self.opts, self.ctx.topology.server.ranks)
         self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
+
+    def _cpu_binding(self) -> "Optional[binding_mod.Plan]":
+        """``--bind-cores``: each local rank's CPUs, said once in the log and events.jsonl."""
+        plan = binding_mod.resolve(self.opts.bind_cores, [d.device_id for d in self.ctx.topology.server.devices])
+        if plan is not None:
+            self.emit("cpu_binding", how=plan.how, cpus=[binding_mod.format_cpulist(c) for c in plan.sets])
+            log.info("CPU binding (%s): %s", plan.how, plan.describe())
+        elif self.opts.bind_cores.lower() == binding_mod.AUTO:
+            log.warning("--bind-cores auto: fewer CPUs than local ranks, the ranks are not bound")
+        return plan
 
     def _make_log_dir(self) -> None:
         try:

@@ -15,7 +15,7 @@ import selectors
 import signal
 import subprocess
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Tuple
 
 from launcher.supervision import console as console_mod
 from launcher.supervision import guard as guard_mod
@@ -26,6 +26,7 @@ from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log, rank_pipe
 from launcher.supervision.standby import StandbyPool
+from launcher.jobspec.binding import format_cpulist
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.states import ExitInfo
 from launcher.common.warnonce import WarnOnce
@@ -87,13 +88,16 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         on_terminal: ``spec -> bool``: whether the rank gets the launcher's own stdin, stdout and
             stderr (``--debug-rank``) instead of /dev/null and its log; optional.
         standby: Warm standbys that become ranks where they can (``--preload``); optional.
+        cpus: ``spec -> CPU set or None``: the CPUs the rank may run on (``--bind-cores``); optional.
     """
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
                  orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
                  on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False,
-                 standby: Optional[StandbyPool] = None):
+                 standby: Optional[StandbyPool] = None,
+                 cpus: Callable[[WorkerSpec], Optional[FrozenSet[int]]] = lambda spec: None):
         super().__init__()
+        self._cpus = cpus
         self._log_path = log_path
         self._on_console = on_console
         self._on_terminal = on_terminal
@@ -141,7 +145,8 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
         stdio, read_fd, target = self._stdio(spec, log_fd)
-        warm = self._standby.activate(spec, {**base, **spec.env}, stdio) if self._standby is not None else None
+        cpus = self._cpus(spec)
+        warm = self._standby.activate(spec, {**base, **spec.env}, stdio, cpus) if self._standby is not None else None
         try:
             if warm is not None:  # the standby is the rank now: same session, its own cgroup and token
                 proc, self._leaves[spec.rank] = warm
@@ -149,12 +154,16 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
                 leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
                 proc = subprocess.Popen(
                     list(spec.argv), env={**base, **spec.env, **leaf.env}, **stdio,
-                    start_new_session=True, preexec_fn=guard_mod.child_setup, close_fds=True)
-        except OSError:
+                    start_new_session=True, close_fds=True,
+                    preexec_fn=guard_mod.child_setup if cpus is None else functools.partial(_child_setup_bound, cpus))
+        except (OSError, subprocess.SubprocessError) as exc:
             for fd in (log_fd, read_fd, target):
                 if fd >= 0:
                     os.close(fd)
-            raise
+            if isinstance(exc, OSError):
+                raise
+            # The only preexec_fn step that can fail: the CPU set is no longer allowed (cpuset changed).
+            raise OSError(f"cannot bind it to CPUs {format_cpulist(cpus or frozenset())}") from None
         if target >= 0:
             os.close(target)
             os.set_blocking(read_fd, False)
@@ -312,6 +321,13 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             console.detach()
         self._selector.close()
         self._tree.close(time.monotonic() + 0.5)
+
+
+def _child_setup_bound(cpus: FrozenSet[int]) -> None:
+    """``preexec_fn`` of a rank with a CPU set: in the child before exec, so every thread it ever starts
+    inherits the set (set from the parent after the start, threads already started would not)."""
+    guard_mod.child_setup()
+    os.sched_setaffinity(0, cpus)
 
 
 def _group_exists(pgid: int) -> bool:

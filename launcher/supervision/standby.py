@@ -22,8 +22,9 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
+from launcher.jobspec.binding import format_cpulist, pin
 from launcher.jobspec.preload import PythonEntry, python_entry, start_env_diff
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision import guard as guard_mod
@@ -86,17 +87,23 @@ class StandbyPool:
         self._loop, self._tree, self._guard = loop, tree, guard
 
     # -- activation ---------------------------------------------------------------------------------
-    def activate(self, spec: WorkerSpec, env: Dict[str, str],
-                 stdio: Dict[str, int]) -> Optional[Tuple[subprocess.Popen, Leaf]]:
+    def activate(self, spec: WorkerSpec, env: Dict[str, str], stdio: Dict[str, int],
+                 cpus: Optional[FrozenSet[int]] = None) -> Optional[Tuple[subprocess.Popen, Leaf]]:
         """Make ``spec``'s standby the rank; None (reason noted) when it must start cold.
 
         Args:
             spec: The rank to start.
             env: Its environment without the job token (the standby's leaf token is added).
             stdio: Popen's stdio for the rank (``stdout`` an fd; empty: the rank has the terminal).
+            cpus: The rank's CPUs (``--bind-cores``), set before the hand-over; None: unbound.
         """
         standby = self._standbys.get(spec.rank)
         reason = self._unusable(standby, spec, env, stdio)
+        if reason is None and cpus is not None:  # before it runs the rank: its threads inherit the set
+            try:
+                pin(standby.proc.pid, cpus)
+            except OSError as exc:
+                reason = f"cannot bind it to CPUs {format_cpulist(cpus)} ({exc.strerror or exc})"
         if reason is None:
             reason = self._hand_over(standby, {**env, **standby.leaf.env}, spec.argv, stdio["stdout"])
         if reason is not None:

@@ -302,17 +302,17 @@ class Supervisor(OutsideRequests):
         ranks = [w.rank for w in stopping]
         self.emit("stop_group", attempt=attempt.number, signal=signal.Signals(signum).name, ranks=ranks,
                   reason=reason, timeout=timeout)
-        # Auxiliary processes (the MindSpore scheduler, rank < 0) are signalled only after the
-        # ranks have exited: a scheduler gone first leaves the workers hanging in their teardown.
+        # Auxiliary processes (the MindSpore scheduler, rank < 0) are not signalled: a scheduler gone
+        # first leaves the workers hanging in their teardown. Once no worker runs it has nothing to
+        # serve or save, and it ignores SIGTERM: its group is killed then, not at the deadline.
         late = [w for w in stopping if w.rank < 0]
         spared = self._debugged(ranks)
-        main = [w.rank for w in stopping if w.rank >= 0] or ranks
-        self.group.signal_main([rank for rank in main if rank not in spared], signum)
-        late = late if len(late) < len(stopping) else []
+        self.group.signal_main([w.rank for w in stopping if w.rank >= 0 and w.rank not in spared], signum)
         deadline, killed = time.monotonic() + timeout, False
         while any(w.state is WorkerState.STOPPING for w in stopping):
-            if late and all(w.done for w in stopping if w.rank >= 0):
-                self.group.signal_main([w.rank for w in late], signum)
+            if late and all(w.done for w in attempt.workers.values() if w.rank >= 0):
+                self.emit("kill_group", attempt=attempt.number, ranks=[w.rank for w in late], reason="workers gone")
+                self.group.kill_groups([w.rank for w in late])
                 late = []
             left = [w for w in stopping if w.state is WorkerState.STOPPING and w.rank not in spared]
             # No deadline for a rank at a debugger prompt: it ends when the user quits it.

@@ -104,6 +104,7 @@ def snapshot():
                         for stream in (sys.stdin, sys.stdout, sys.stderr)],
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
+        "affinity": sorted(os.sched_getaffinity(0)),
         "token_in_proc_environ": any(e.startswith("LAUNCHER_JOB_TOKEN=") for e in proc_environ),
     }
 

@@ -269,16 +269,31 @@ def test_recover_in_place_falls_back_to_the_group_when_unsupported():
     assert result.attempts == 2 and result.exit_code == 0
 
 
-def test_scheduler_is_signalled_only_after_the_workers_exited():
-    """MindSpore: a scheduler stopped first leaves the workers hanging in their teardown."""
-    def build(attempt, failed_before):
-        return [WorkerSpec(-1, -1, -1, "scheduler", ("x",), {})] + \
-               [WorkerSpec(r, r, r, "worker", ("x",), {}) for r in range(2)]
-    scripts = [[SignalReceived(signal.SIGTERM), exited(0, -15), exited(1, -15), exited(-1, 0)]]
+def with_scheduler(attempt, failed_before):
+    return [WorkerSpec(-1, -1, -1, "scheduler", ("x",), {})] + \
+           [WorkerSpec(r, r, r, "worker", ("x",), {}) for r in range(2)]
+
+
+def test_scheduler_is_killed_as_soon_as_the_workers_exited():
+    """MindSpore: a scheduler stopped first leaves the workers hanging in their teardown; once they are
+    gone it has nothing to save and ignores SIGTERM, so it is killed at once, not at the deadline."""
+    scripts = [[SignalReceived(signal.SIGINT), exited(0, -15), exited(1, -15), exited(-1, -9)]]
     group = ScriptedGroup(scripts)
-    Supervisor(group, build, RestartPolicy(), lambda name, **kw: None).run()
-    signals_sent = [c for c in group.calls if c[0] == "signal"]
-    assert signals_sent == [("signal", (0, 1), signal.SIGTERM), ("signal", (-1,), signal.SIGTERM)]
+    events: List[tuple] = []
+    result = Supervisor(group, with_scheduler, RestartPolicy(), lambda name, **kw: events.append((name, kw))).run()
+    stops = [c for c in group.calls if c[0] in ("signal", "kill")]
+    assert stops == [("signal", (0, 1), signal.SIGINT), ("kill", (-1,))]
+    assert ("kill_group", {"attempt": 0, "ranks": [-1], "reason": "workers gone"}) in events
+    assert result.reason == "signal" and result.exit_code == 130
+
+
+def test_a_failure_after_the_other_workers_ended_kills_the_scheduler_at_once():
+    """Rank 1 succeeded, then rank 0 fails: only the scheduler is left, and it is never just signalled."""
+    scripts = [[exited(1, 0), exited(0, 3), exited(-1, -9)]]
+    group = ScriptedGroup(scripts)
+    result = Supervisor(group, with_scheduler, RestartPolicy(), lambda name, **kw: None).run()
+    assert [c for c in group.calls if c[0] in ("signal", "kill") and c[1]] == [("kill", (-1,))]
+    assert result.exit_code == 3
 
 
 # -- --sync-dir hooks (launcher.cluster.sync), with a scripted coordinator -------------------------------------
