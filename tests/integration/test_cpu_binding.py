@@ -2,7 +2,7 @@
 it started cold or from a warm standby (``--preload``), and ``none`` leaves the launcher's own set.
 
 tests/workers/start_probe.py dumps each rank's affinity (attempt 0 cold, attempt 1 after rank 1 fails:
-from the standbys with ``--preload``). The planner itself is tested in tests/unit/test_binding.py.
+from the standbys with ``--preload``). The planner itself is tested in tests/unit/jobspec/test_binding.py.
 """
 
 import os

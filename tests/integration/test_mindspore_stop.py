@@ -70,7 +70,7 @@ def _stop_seconds(tool: str, tmp: Path, signum: int) -> tuple:
 
 
 def test_the_launcher_stops_a_mindspore_job_without_waiting_for_the_scheduler(tmp_path):
-    """Ctrl-C; SIGTERM (the dying gasp) takes the same path in the supervisor (tests/unit/test_supervisor.py)."""
+    """Ctrl-C; SIGTERM (the dying gasp) takes the same path in the supervisor (tests/unit/supervision/test_supervisor.py)."""
     signum = signal.SIGINT
     seconds, code = _stop_seconds("launcher", tmp_path / "launcher", signum)
     out = _output(tmp_path / "launcher")
