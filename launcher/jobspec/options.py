@@ -25,7 +25,9 @@ DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The resolved options of one ``launcher run``."""
+    """The resolved options of one ``launcher run``: one field per launcher option of
+    ``launcher.commands.optiontable`` (same name and default, tests/unit/test_optiontable.py), plus
+    what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``)."""
 
     command: Tuple[str, ...]
     rank_table: Optional[str] = None
@@ -60,6 +62,7 @@ class RunOptions:
     hccl_if_ip: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
+    checkpoint_marker: Optional[str] = None
     strategy_file: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
     reset_json: Optional[str] = DEFAULT_RESET_JSON
@@ -81,10 +84,14 @@ class RunOptions:
     pdb: bool = False
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
+    role: str = "default"
     preload: Optional[str] = None
     preload_max_rss: float = 4096.0
+    bind_cores: str = "none"
     dry_run: bool = False
     json_output: bool = False
+    #: Variables every rank gets on top, from msrun's options (MS_TOPO_TIMEOUT, RANK_TABLE_FILE).
+    rank_env: Tuple[Tuple[str, str], ...] = ()
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     def resolved_framework(self, environ: Dict[str, str]) -> str:

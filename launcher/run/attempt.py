@@ -108,7 +108,7 @@ def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):
     from launcher.restore.checkpoints import compile_patterns
 
     try:
-        patterns = compile_patterns(opts.checkpoint_pattern)
+        patterns = compile_patterns(opts.checkpoint_pattern, opts.checkpoint_marker)
     except UsageError:
         return None  # the first plan reports it, as it does without the index
     return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks),
@@ -138,7 +138,7 @@ def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[in
                       previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
                       groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
                       checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern,
-                      strategy_file=opts.strategy_file)
+                      checkpoint_marker=opts.checkpoint_marker, strategy_file=opts.strategy_file)
 
 
 def _has_group_info(root: str) -> bool:

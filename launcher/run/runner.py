@@ -31,7 +31,8 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                      run_dir=run_dir,
                      group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
                      base_env=environ, visible_devices=hostfacts.visible_devices(environ),
-                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip)
+                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip,
+                     role=opts.role, extra=dict(opts.rank_env))
     check_visible_devices(ctx)
     parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)

@@ -1,0 +1,89 @@
+"""msrun habits for ``launcher run``: its command line after changing the program name.
+
+msrun (MindSpore 2.10) spells its options with underscores; ``--master_addr``, ``--master_port``,
+``--node_rank`` and ``--log_dir`` are the launcher's own options (``token_normalize_func``), the
+others are rows ``msrun_*`` of ``launcher.commands.optiontable``, mapped here by :func:`translate`.
+Any msrun-only option implies ``--framework mindspore``: msrun starts MindSpore's scheduler and
+workers, which a MindSpore script's ``init()`` needs.
+"""
+
+import logging
+from typing import Any, Dict, List, Mapping, Sequence
+
+from launcher.commands.torchrun import BINDING_NOT_YET
+from launcher.common import envnames
+
+log = logging.getLogger(__name__)
+
+#: msrun's default ``--worker_num`` and ``--local_worker_num``.
+MSRUN_DEFAULT_WORKERS = 8
+
+
+def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any], used: bool) -> List[str]:
+    """Turn msrun's mapped options into ``run``'s own.
+
+    Args:
+        kwargs: The launcher's options, changed in place.
+        explicit: Names of the options the user gave (command line, environment, --config file).
+        given: The mapped msrun rows the user gave: row name -> value.
+        used: Whether any msrun-only option was given (mapped, accepted or refused).
+
+    Returns:
+        One line per contradictory or unusable value (empty: all mapped).
+    """
+    if not used:
+        return []
+    problems = _framework(kwargs, explicit)
+    problems.extend(_workers(kwargs, explicit, given))
+    rank_env = dict(kwargs.get("rank_env") or ())
+    if given.get("msrun_cluster_time_out") is not None:
+        rank_env[envnames.MS_TOPO_TIMEOUT] = str(given["msrun_cluster_time_out"])
+    if given.get("msrun_rank_table_file"):
+        rank_env[envnames.RANK_TABLE_FILE] = given["msrun_rank_table_file"]
+    kwargs["rank_env"] = tuple(sorted(rank_env.items()))
+    if given.get("msrun_join") == "False":
+        log.info("--join False: the launcher always waits for its ranks and reports how they ended "
+                 "(msrun --join True)")
+    tail = given.get("msrun_tail_worker_log")
+    if tail is not None and str(tail).strip() != "-1":
+        if "console_ranks" in explicit:
+            problems.append("--tail_worker_log and --console-ranks both choose the console's ranks: pass one of them")
+        kwargs["console_ranks"] = str(tail)
+    for name in ("bind_core", "bind_numa"):
+        value = given.get("msrun_" + name)
+        if value is not None and str(value).strip().lower() != "false":
+            problems.append(f"--{name} {value}: {BINDING_NOT_YET}")
+    return problems
+
+
+def _framework(kwargs: Dict[str, Any], explicit: Sequence[str]) -> List[str]:
+    framework = (kwargs.get("framework") or "").lower()
+    if "framework" in explicit and framework not in ("", "mindspore"):
+        return [f"msrun's options start a MindSpore job: drop --framework {framework}"]
+    if framework != "mindspore":
+        log.info("msrun's options: --framework mindspore (the ranks get MindSpore's scheduler and variables)")
+    kwargs["framework"] = "mindspore"
+    return []
+
+
+def _workers(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
+    """``--worker_num W --local_worker_num L``: L ranks here, W / L machines (msrun: 8 and 8)."""
+    world, local = given.get("msrun_worker_num"), given.get("msrun_local_worker_num")
+    if world is None and local is None and ("nproc_per_node" in explicit or kwargs.get("rank_table")):
+        return []  # the launcher's own spellings say where the ranks come from
+    problems = []
+    for name, value, ours in (("--worker_num", world, "nnodes"), ("--local_worker_num", local, "nproc_per_node")):
+        if value is not None and ours in explicit:
+            problems.append(f"{name} and --{ours.replace('_', '-')} both size the job: pass one of them")
+    world = MSRUN_DEFAULT_WORKERS if world is None else world
+    local = MSRUN_DEFAULT_WORKERS if local is None else local
+    if local > world or world % local:
+        problems.append(f"--worker_num {world} is not a multiple of --local_worker_num {local}: the launcher "
+                        "starts the same number of ranks on every machine")
+        return problems
+    nodes = world // local
+    if nodes > 1 and "node_rank" not in explicit:
+        problems.append(f"--worker_num {world} over {nodes} machines: pass --node_rank on each machine "
+                        "(0 on the --master_addr one); the launcher numbers ranks before they start")
+    kwargs["nproc_per_node"], kwargs["nnodes"] = local, nodes
+    return problems
