@@ -67,23 +67,35 @@ def _framework(kwargs: Dict[str, Any], explicit: Sequence[str]) -> List[str]:
 
 
 def _workers(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
-    """``--worker_num W --local_worker_num L``: L ranks here, W / L machines (msrun: 8 and 8)."""
+    """``--worker_num W --local_worker_num L``: L ranks here, W / L machines (msrun's defaults: 8 and 8).
+
+    The launcher's ``--nproc-per-node`` / ``--nnodes`` may say the same; they may not say otherwise.
+    """
     world, local = given.get("msrun_worker_num"), given.get("msrun_local_worker_num")
     if world is None and local is None and ("nproc_per_node" in explicit or kwargs.get("rank_table")):
         return []  # the launcher's own spellings say where the ranks come from
     problems = []
-    for name, value, ours in (("--worker_num", world, "nnodes"), ("--local_worker_num", local, "nproc_per_node")):
-        if value is not None and ours in explicit:
-            problems.append(f"{name} and --{ours.replace('_', '-')} both size the job: pass one of them")
-    world = MSRUN_DEFAULT_WORKERS if world is None else world
-    local = MSRUN_DEFAULT_WORKERS if local is None else local
+    if local is None:
+        # msrun's 8 local workers, never more than the job has (msrun would start them all)
+        local = kwargs["nproc_per_node"] if "nproc_per_node" in explicit else min(world or MSRUN_DEFAULT_WORKERS,
+                                                                                 MSRUN_DEFAULT_WORKERS)
+    elif "nproc_per_node" in explicit and kwargs["nproc_per_node"] != local:
+        problems.append(f"--local_worker_num {local} and --nproc-per-node {kwargs['nproc_per_node']} differ: "
+                        "pass one of them")
+    default = ""
+    if world is None:
+        default = "" if "nnodes" in explicit else " (msrun's default)"
+        world = kwargs["nnodes"] * local if "nnodes" in explicit else MSRUN_DEFAULT_WORKERS
+    elif "nnodes" in explicit and kwargs["nnodes"] * local != world:
+        problems.append(f"--worker_num {world} and --nnodes {kwargs['nnodes']} x {local} ranks differ: pass one "
+                        "of them")
     if local > world or world % local:
-        problems.append(f"--worker_num {world} is not a multiple of --local_worker_num {local}: the launcher "
-                        "starts the same number of ranks on every machine")
+        problems.append(f"--worker_num {world}{default} is not a multiple of --local_worker_num {local}: the "
+                        "launcher starts the same number of ranks on every machine")
         return problems
     nodes = world // local
     if nodes > 1 and "node_rank" not in explicit:
-        problems.append(f"--worker_num {world} over {nodes} machines: pass --node_rank on each machine "
+        problems.append(f"--worker_num {world}{default} over {nodes} machines: pass --node_rank on each machine "
                         "(0 on the --master_addr one); the launcher numbers ranks before they start")
     kwargs["nproc_per_node"], kwargs["nnodes"] = local, nodes
     return problems

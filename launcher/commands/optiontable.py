@@ -392,8 +392,6 @@ ROWS: Tuple[Row, ...] = (
     _torchrun("start_method", "--start-method", INFO, "each rank is a fresh process, as with spawn; ignored"),
     _torchrun("event_log_handler", "--event-log-handler", INFO, "the launcher's events are in "
               "<run-dir>/events.jsonl; ignored"),
-    _torchrun("log_line_prefix_template", "--log-line-prefix-template", INFO, "console lines start with "
-              "[rank N]; ignored"),
     _torchrun("duplicate_stdout_filters", "--duplicate-stdout-filters", REFUSED, "not supported: search the "
               "per-rank log files instead"),
     _torchrun("duplicate_stderr_filters", "--duplicate-stderr-filters", REFUSED, "not supported: search the "
