@@ -48,7 +48,10 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[st
     if tail is not None and str(tail).strip() != "-1":
         if "console_ranks" in explicit:
             problems.append("--tail_worker_log and --console-ranks both choose the console's ranks: pass one of them")
-        kwargs["console_ranks"] = str(tail)
+        try:
+            kwargs["console_ranks"] = tuple(int(rank) for rank in str(tail).split(","))
+        except ValueError:
+            problems.append(f"--tail_worker_log {tail!r}: expected -1 (every worker) or ranks like 0,1")
     for name in ("bind_core", "bind_numa"):
         value = given.get("msrun_" + name)
         if value is not None and str(value).strip().lower() != "false":

@@ -23,7 +23,8 @@ import click
 
 from launcher.commands.torchrun import BINDING_NOT_YET, NnodesType, NprocType
 from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT,
-                                      SignalType, env_var_for, load_config)
+                                      ModulesType, ParsedType, RankFilterType, RankListType, SignalType,
+                                      env_var_for, load_config, parse_section_timeouts)
 
 OWN, MAPPED, INFO, REFUSED, NOT_YET = "own", "mapped", "info", "refused", "not yet"
 #: A flag: ``--x`` with no value.
@@ -121,6 +122,9 @@ class Row:
             kwargs["type"] = self.type
         if self.default is not None:
             kwargs["default"] = self.default
+        elif isinstance(self.type, ParsedType) and self.type.empty is not None:
+            kwargs["default"] = self.type.empty  # the parsed value of nothing, e.g. ()
+            kwargs.setdefault("show_default", False)
         if self.envvar():
             kwargs.update(envvar=self.envvar(), show_envvar=True)
         return click.Option([*self.decls(), self.name], help=self.help or None, hidden=self.section is None,
@@ -166,21 +170,11 @@ def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[st
     return value
 
 
-def _check_section_timeouts(_ctx: click.Context, _param: click.Parameter, value: Any) -> Tuple[str, ...]:
-    from launcher.jobspec.options import parse_section_timeouts
-
+def _section_timeouts(_ctx: click.Context, _param: click.Parameter, value: Any) -> Tuple[Tuple[str, float], ...]:
     try:
-        parse_section_timeouts(value)
+        return tuple(parse_section_timeouts(value).items())
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
-    return tuple(value)
-
-
-def _check_preload(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    from launcher.jobspec.preload import parse_modules
-
-    parse_modules(value)  # UsageError: one line, exit 2 (--dry-run too)
-    return value
 
 
 # --------------------------------------------------------------------------- the table
@@ -238,12 +232,12 @@ ROWS: Tuple[Row, ...] = (
     _own("module", FLAG, None, COMMAND, "COMMAND is a Python module: run it as `python -m COMMAND`.",
          torchrun="--module", spellings=("-m", "--module"), env=False),
     _own("role", None, "default", COMMAND, "The ranks' ROLE_NAME (torchrun's --role).", torchrun="--role"),
-    _own("preload", None, None, COMMAND,
+    _own("preload", ModulesType(), None, COMMAND,
          "Warm standby ranks: per rank, a Python interpreter that already imported these modules "
          "(comma-separated, e.g. torch,numpy) becomes the rank on a restart, skipping start-up and imports. "
          "Python scripts and -m modules only; never modules that start threads or open devices "
          "(docs/warm-standby.md). Default: none.", schema=_NULLABLE_STRING,
-         kwargs=dict(metavar="MODULES", callback=_check_preload)),
+         kwargs=dict(metavar="MODULES")),
     _own("preload_max_rss", _FLOAT0, 4096.0, COMMAND,
          "Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
          "(0: no cap).", kwargs=dict(metavar="MIB")),
@@ -283,14 +277,14 @@ ROWS: Tuple[Row, ...] = (
          "default: --heartbeat-timeout."),
     _own("section_timeout", None, (), HANGS, "Longest stay in a named section (launcher_heartbeat.section(NAME)); "
          "repeatable.", schema={"type": "array", "items": {"type": "string", "pattern": "^[^=]+=[0-9.]+$"}},
-         kwargs=dict(multiple=True, callback=_check_section_timeouts, metavar="NAME=SECONDS")),
+         kwargs=dict(multiple=True, callback=_section_timeouts, metavar="NAME=SECONDS")),
     _own("max_no_progress_restarts", _INT0, 0, HANGS,
          "End the job after this many restarts in a row whose ranks reached no higher heartbeat step "
          "than before (a crash loop at one step; 0: off)."),
     _own("straggler_threshold", click.FloatRange(min=0, max=1, max_open=True), 0.0, HANGS,
          "Name a rank (event straggler) whose heartbeat step rate stays this fraction below its peers' "
          "median for 5 s, e.g. 0.2 (0: off)."),
-    _own("console_ranks", None, "all", LOGS, "Ranks whose output is shown here: all, none, or a list like 0,3,5-7.",
+    _own("console_ranks", RankFilterType(), "all", LOGS, "Ranks whose output is shown here: all, none, or a list like 0,3,5-7.",
          schema={"type": ["string", "integer"]}),
     _own("log_dir", click.Path(file_okay=False), None, LOGS,
          "Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).",
@@ -330,7 +324,7 @@ ROWS: Tuple[Row, ...] = (
     _own("pp", click.IntRange(min=1), None, RESTORE, "Pipeline-parallel size (with --dp)."),
     _own("groups_file", click.Path(dir_okay=False), None, RESTORE,
          "Ranks holding the same model copy (JSON/YAML list of rank lists)."),
-    _own("fault_ranks", None, None, RESTORE, "Ranks whose checkpoints must not be loaded, e.g. 3,5.",
+    _own("fault_ranks", RankListType(), None, RESTORE, "Ranks whose checkpoints must not be loaded, e.g. 3,5.",
          schema={"type": ["string", "integer"]}),
     _own("group_info_root", click.Path(file_okay=False), None, RESTORE,
          "MindSpore hybrid-parallel restore: each rank writes DIR/device<rank>/group_info.pb (GROUP_INFO_FILE) "

@@ -239,7 +239,7 @@ def _console(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str
              if (shown_local is None or local in shown_local)
              and (not _std_of(redirects, local) & STD_OUT or _std_of(tee, local) & STD_OUT)]
     first = kwargs.get("node_rank", 0) * nproc
-    kwargs["console_ranks"] = ",".join(str(first + local) for local in shown) if shown else "none"
+    kwargs["console_ranks"] = tuple(first + local for local in shown)
     log.info("console: local rank(s) %s shown (stdout and stderr together); every rank's output is in its log "
              "file", ",".join(map(str, shown)) or "none")
     return []

@@ -27,7 +27,12 @@ DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
 class RunOptions:
     """The resolved options of one ``launcher run``: one field per launcher option of
     ``launcher.commands.optiontable`` (same name and default, tests/unit/test_optiontable.py), plus
-    what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``)."""
+    what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``).
+
+    Values are parsed once, at the edge (the click types below): ``console_ranks`` is None for all
+    ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` and
+    ``preload`` tuples.
+    """
 
     command: Tuple[str, ...]
     rank_table: Optional[str] = None
@@ -45,7 +50,7 @@ class RunOptions:
     stop_timeout: float = 10.0
     heartbeat_timeout: float = 0.0
     heartbeat_initial_timeout: Optional[float] = None
-    section_timeout: Tuple[str, ...] = ()
+    section_timeout: Tuple[Tuple[str, float], ...] = ()
     max_no_progress_restarts: int = 0
     straggler_threshold: float = 0.0
     gasp_timeout: Optional[float] = None
@@ -53,7 +58,7 @@ class RunOptions:
     gasp_signal: str = "SIGTERM"
     gasp_min_interval: float = 0.0
     log_dir: Optional[str] = None
-    console_ranks: str = "all"
+    console_ranks: Optional[Tuple[int, ...]] = None
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
     job_name: Optional[str] = None
@@ -66,7 +71,7 @@ class RunOptions:
     strategy_file: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
     reset_json: Optional[str] = DEFAULT_RESET_JSON
-    fault_ranks: Optional[str] = None
+    fault_ranks: Tuple[int, ...] = ()
     groups_file: Optional[str] = None
     dp: Optional[int] = None
     tp: Optional[int] = None
@@ -85,7 +90,7 @@ class RunOptions:
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
     role: str = "default"
-    preload: Optional[str] = None
+    preload: Tuple[str, ...] = ()
     preload_max_rss: float = 4096.0
     bind_cores: str = "none"
     dry_run: bool = False
@@ -157,6 +162,56 @@ class SignalType(click.ParamType):
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
         option = param.opts[0] if param is not None and param.opts else "signal"
         return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
+
+
+class ParsedType(click.ParamType):
+    """A click type whose value is parsed once, here: ``parse(text)``, a ``UsageError`` for bad text.
+
+    Attributes:
+        empty: The value when the option is not given.
+    """
+
+    empty: Any = None
+
+    def parse(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if not isinstance(value, str) and isinstance(value, (tuple, type(None))):
+            return value  # already parsed (a mapped torchrun / msrun option)
+        return self.parse(str(value))  # UsageError: one line, exit 2 (--dry-run too)
+
+
+class RankFilterType(ParsedType):
+    """``--console-ranks``: None (all), or the ranks shown (``none``: no rank)."""
+
+    name = "ranks"
+
+    def parse(self, text: str) -> Optional[Tuple[int, ...]]:
+        ranks = parse_rank_filter(text)
+        return None if ranks is None else tuple(ranks)
+
+
+class RankListType(ParsedType):
+    """``--fault-ranks 3,5``: the ranks, sorted."""
+
+    name = "ranks"
+    empty: Tuple[int, ...] = ()
+
+    def parse(self, text: str) -> Tuple[int, ...]:
+        return parse_rank_list(text)
+
+
+class ModulesType(ParsedType):
+    """``--preload torch,numpy``: the module names, in order, once each."""
+
+    name = "modules"
+    empty: Tuple[str, ...] = ()
+
+    def parse(self, text: str) -> Tuple[str, ...]:
+        from launcher.jobspec.preload import parse_modules
+
+        return parse_modules(text)
 
 
 def parse_section_timeouts(items: Sequence[str]) -> Dict[str, float]:

@@ -10,7 +10,7 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.jobspec import hostfacts, topology
 from launcher.common.errors import UsageError
-from launcher.jobspec.options import RunOptions, check_sync_options, parse_coordinator, parse_rank_filter
+from launcher.jobspec.options import RunOptions, check_sync_options, parse_coordinator
 from launcher.common.rundir import base_dir
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
 from launcher.jobspec.recovery import resolve_strategy
@@ -34,7 +34,6 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                      local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip,
                      role=opts.role, extra=dict(opts.rank_env))
     check_visible_devices(ctx)
-    parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
     debugging.check_options(opts.debug_rank, opts.pdb, opts.command, topo.server.ranks)
     if opts.sync_dir and opts.coordinator:

@@ -55,20 +55,20 @@ def test_rdzv_endpoint_port_0_is_a_free_port(capsys):
 
 
 @pytest.mark.parametrize("args, shown", [
-    (["-r", "3"], "none"),
-    (["--redirects", "0:3"], "1"),  # local rank 0 only to its file
-    (["--redirects", "2"], "0,1"),  # stderr only: stdout, and the rank, stay on the console
-    (["-r", "3", "-t", "0:1"], "0"),  # tee brings local rank 0's stdout back
-    (["--local-ranks-filter", "1"], "1"),
-    (["--local_ranks_filter=0,1", "-r", "1:3"], "0"),
-    (["--node-rank", "1", "--nnodes", "2", "--master-addr", "h", "--local-ranks-filter", "0"], "2"),
+    (["-r", "3"], ()),
+    (["--redirects", "0:3"], (1,)),  # local rank 0 only to its file
+    (["--redirects", "2"], (0, 1)),  # stderr only: stdout, and the rank, stay on the console
+    (["-r", "3", "-t", "0:1"], (0,)),  # tee brings local rank 0's stdout back
+    (["--local-ranks-filter", "1"], (1,)),
+    (["--local_ranks_filter=0,1", "-r", "1:3"], (0,)),
+    (["--node-rank", "1", "--nnodes", "2", "--master-addr", "h", "--local-ranks-filter", "0"], (2,)),
 ])
 def test_redirects_tee_and_filter_choose_the_console_ranks(parsed, args, shown):
     assert parsed("--nproc-per-node", "2", *args).console_ranks == shown
 
 
 def test_tee_alone_changes_nothing_and_says_so(capsys, parsed):
-    assert parsed("--nproc-per-node", "2", "--tee", "3").console_ranks == "all"
+    assert parsed("--nproc-per-node", "2", "--tee", "3").console_ranks is None  # all
     assert "--tee: every rank's output is in its log file" in capsys.readouterr()[1]
 
 
@@ -144,9 +144,9 @@ def test_msrun_variables_reach_every_process(capsys, tmp_path):
 
 def test_msrun_tail_and_join(capsys, parsed):
     opts = parsed("--worker_num", "2", "--local_worker_num", "2", "--tail_worker_log", "1", "--join", "False")
-    assert (opts.console_ranks, opts.framework) == ("1", "mindspore")
+    assert (opts.console_ranks, opts.framework) == ((1,), "mindspore")
     assert "--join False: the launcher always waits for its ranks" in capsys.readouterr()[1]
-    assert parsed("--worker_num", "2", "--tail_worker_log", "-1").console_ranks == "all"
+    assert parsed("--worker_num", "2", "--tail_worker_log", "-1").console_ranks is None
 
 
 @pytest.mark.parametrize("args, line", [
