@@ -4,6 +4,7 @@ free ports, console routing, roles, signals, msrun's sizes and variables, errors
 import json
 
 import pytest
+from hypothesis import given, strategies as st
 
 from launcher.commands.cli import main
 
@@ -205,3 +206,41 @@ def test_a_mindspore_init_without_cluster_variables_says_what_to_add():
         "the rank called MindSpore's init() without a MindSpore cluster's variables: add --framework mindspore "
         "(msrun's options, e.g. --worker_num, imply it)"]
     assert framework_hint(["RuntimeError: other"]) == []
+
+
+# --------------------------------------------------------------------------- parsers, any input
+
+@given(text=st.text(alphabet="0123456789:,- x", max_size=12))
+def test_std_values_parse_or_say_one_line(text):
+    """torchrun's Std value: 0-3 for every rank, or LOCAL_RANK:STD pairs; anything else one UsageError."""
+    from launcher.commands.torchrun import parse_std
+    from launcher.common.errors import UsageError
+
+    try:
+        value = parse_std(text, "--tee")
+    except UsageError as exc:
+        assert exc.args[0].startswith("--tee ")
+        return
+    assert value in range(4) if isinstance(value, int) else all(
+        rank >= 0 and std in range(4) for rank, std in value.items())
+
+
+@given(nproc=st.integers(1, 6), node=st.integers(0, 3), redirects=st.sampled_from([None, "0", "1", "2", "3", "0:3,2:1"]),
+       tee=st.sampled_from([None, "0", "1", "3", "1:1"]), wanted=st.sampled_from([None, "0", "1,2", "5"]))
+def test_console_mapping_shows_only_this_nodes_ranks(nproc, node, redirects, tee, wanted):
+    """Whatever -r / -t / --local-ranks-filter say, the console shows a subset of this node's ranks, and a
+    rank torchrun would print (not filtered out, stdout not redirected or teed) stays."""
+    from launcher.commands.torchrun import _console
+
+    given_ = {k: v for k, v in (("torchrun_redirects", redirects), ("torchrun_tee", tee),
+                                ("torchrun_local_ranks_filter", wanted)) if v is not None}
+    kwargs = {"nproc_per_node": nproc, "node_rank": node, "console_ranks": None}
+    assert _console(kwargs, [], given_) == []
+    first = node * nproc
+    shown = kwargs["console_ranks"]
+    if redirects is None and wanted is None:
+        assert shown is None
+        return
+    assert set(shown) <= set(range(first, first + nproc))
+    if redirects is None and tee is None:
+        assert set(shown) == {first + int(r) for r in wanted.split(",") if int(r) < nproc}
