@@ -391,8 +391,9 @@ ROWS: Tuple[Row, ...] = (
     _torchrun("duplicate_stderr_filters", "--duplicate-stderr-filters", REFUSED, "not supported: search the "
               "per-rank log files instead"),
     _torchrun("logs_specs", "--logs-specs", REFUSED, "the launcher's log layout is fixed (see --log-dir): drop it"),
-    _torchrun("local_addr", "--local-addr", REFUSED, "use --server-id to say which server of the rank table "
-              "this is"),
+    _torchrun("local_addr", "--local-addr", REFUSED, "the launcher advertises no node address (the ranks "
+              "reach rank 0 at --master-addr): pass the address to --master-addr on every node, or --server-id to "
+              "say which server of a rank table this is"),
     _torchrun("virtual_local_rank", "--virtual-local-rank", REFUSED, "not supported: each rank sees its device "
               "as LOCAL_RANK / DEVICE_ID", FLAG),
 
