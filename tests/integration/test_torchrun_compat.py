@@ -133,3 +133,19 @@ def test_ranks_get_the_signals_the_launcher_handles(tmp_path):
     ours = run(tmp_path / "o", launcher(tmp_path), *shown, options=options)
     assert "env 0 SIGTERM,SIGINT,SIGHUP,SIGQUIT" in theirs.stdout
     assert "[rank 0] env 0 SIGTERM,SIGINT,SIGHUP" in ours.stdout.splitlines()
+
+
+def test_the_ddp_example_line_runs_unchanged(tmp_path):
+    """pytorch/examples distributed/ddp/run_example.sh: ``torchrun --nnodes=1 --nproc_per_node=N --rdzv_id=101
+    --rdzv_endpoint="localhost:5972" example.py`` (default backend: static), on a free port instead of 5972."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    options = ("--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101", f"--rdzv_endpoint=localhost:{port}")
+    shown = ("--print-env", "MASTER_ADDR,MASTER_PORT,TORCHELASTIC_RUN_ID")
+    theirs = run(tmp_path / "t", [str(TORCHRUN)], *shown, options=options)
+    ours = run(tmp_path / "o", launcher(tmp_path), *shown, options=options)
+    assert theirs.returncode == ours.returncode == 0, theirs.stderr + ours.stderr
+    expected = sorted(line for line in theirs.stdout.splitlines() if line.startswith(("env ", "rank ")))
+    assert expected[0] == f"env 0 localhost {port} 101"
+    assert sorted(line for lines in rank_lines(ours.stdout, _OURS).values() for line in lines) == expected
