@@ -1,5 +1,6 @@
 """``launcher run``: resolve the job, then hand it to the supervisor and report how it ended."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     """Run the job described by ``opts``; returns the launcher's exit status."""
     environ = dict(os.environ if environ is None else environ)
     framework = opts.resolved_framework(environ)
+    if framework == "mindspore" and opts.master_addr:
+        opts = dataclasses.replace(opts, master_addr=scheduler_address(opts.master_addr))
     check_command(opts.command, environ)
     topo = resolve_topology(opts, framework, environ)
     run_dir = choose_run_dir(opts, environ)
@@ -59,6 +62,31 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
 
     with Session(opts, ctx) as session:
         return session.run()
+
+
+def scheduler_address(host: str) -> str:
+    """MindSpore's scheduler address (``MS_SCHED_HOST``) must be an IP address: a host name is resolved
+    here, once, as msrun resolves its ``--master_addr``.
+
+    Raises:
+        UsageError: the name does not resolve.
+    """
+    import ipaddress
+    import socket
+
+    name = host.strip("[]")
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        address = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError, IndexError) as exc:
+        raise UsageError(f"--master-addr {host}: MindSpore's scheduler needs an IP address, and {host!r} does not "
+                         f"resolve ({exc})") from None
+    log.info("--master-addr %s is %s (MindSpore's scheduler takes an IP address, as msrun resolves it)", host,
+             address)
+    return address
 
 
 def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:

@@ -244,3 +244,13 @@ def test_console_mapping_shows_only_this_nodes_ranks(nproc, node, redirects, tee
     assert set(shown) <= set(range(first, first + nproc))
     if redirects is None and tee is None:
         assert set(shown) == {first + int(r) for r in wanted.split(",") if int(r) < nproc}
+
+
+def test_mindspore_scheduler_gets_an_ip_address_as_msrun_gives_it(capsys):
+    """msrun resolves --master_addr; MindSpore's workers cannot reach a scheduler named by host name."""
+    doc = dry_json(capsys, "--worker_num", "1", "--master_addr", "localhost")
+    assert {r["env"]["MS_SCHED_HOST"] for r in doc["ranks"]} == {"127.0.0.1"}
+    assert dry_json(capsys, "--nproc-per-node", "1", "--master-addr", "localhost")["master_addr"] == "localhost"
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--worker_num", "1", "--master_addr", "no-such-host.invalid",
+                           "--", "true")
+    assert code == 2 and "MindSpore's scheduler needs an IP address" in err
