@@ -8,7 +8,7 @@ workers, which a MindSpore script's ``init()`` needs.
 """
 
 import logging
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.commands.torchrun import BINDING_NOT_YET
 from launcher.common import envnames
@@ -77,6 +77,27 @@ def _workers(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str
     world, local = given.get("msrun_worker_num"), given.get("msrun_local_worker_num")
     if world is None and local is None and ("nproc_per_node" in explicit or kwargs.get("rank_table")):
         return []  # the launcher's own spellings say where the ranks come from
+    problems, world, local, default = _sizes(kwargs, explicit, world, local)
+    if local > world or world % local:
+        problems.append(f"--worker_num {world}{default} is not a multiple of --local_worker_num {local}: the "
+                        "launcher starts the same number of ranks on every machine")
+        return problems
+    nodes = world // local
+    if nodes > 1 and "node_rank" not in explicit:
+        problems.append(f"--worker_num {world}{default} over {nodes} machines: pass --node_rank on each machine "
+                        "(0 on the --master_addr one); the launcher numbers ranks before they start")
+    kwargs["nproc_per_node"], kwargs["nnodes"] = local, nodes
+    return problems
+
+
+def _sizes(kwargs: Mapping[str, Any], explicit: Sequence[str], world: Optional[int],
+           local: Optional[int]) -> Tuple[List[str], int, int, str]:
+    """msrun's sizes with its defaults filled in, from the launcher's own options where given.
+
+    Returns:
+        The contradictions, the job's ranks, the ranks per machine, and " (msrun's default)" when the
+        job's ranks are msrun's default.
+    """
     problems = []
     if local is None:
         # msrun's 8 local workers, never more than the job has (msrun would start them all)
@@ -92,13 +113,4 @@ def _workers(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str
     elif "nnodes" in explicit and kwargs["nnodes"] * local != world:
         problems.append(f"--worker_num {world} and --nnodes {kwargs['nnodes']} x {local} ranks differ: pass one "
                         "of them")
-    if local > world or world % local:
-        problems.append(f"--worker_num {world}{default} is not a multiple of --local_worker_num {local}: the "
-                        "launcher starts the same number of ranks on every machine")
-        return problems
-    nodes = world // local
-    if nodes > 1 and "node_rank" not in explicit:
-        problems.append(f"--worker_num {world}{default} over {nodes} machines: pass --node_rank on each machine "
-                        "(0 on the --master_addr one); the launcher numbers ranks before they start")
-    kwargs["nproc_per_node"], kwargs["nnodes"] = local, nodes
-    return problems
+    return problems, world, local, default

@@ -16,19 +16,18 @@ from the rows: ``python -m launcher.commands.optiontable > schemas/launcher.sche
 """
 
 import json
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
+from launcher.commands.optionrow import FLAG, INFO, MAPPED, NOT_YET, OWN, REFUSED, Row
 from launcher.commands.torchrun import BINDING_NOT_YET, NnodesType, NprocType
 from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT,
-                                      ModulesType, ParsedType, RankFilterType, RankListType, SignalType,
-                                      env_var_for, load_config, parse_section_timeouts)
+                                      ModulesType, RankFilterType, RankListType, SignalType, load_config,
+                                      parse_section_timeouts)
 
-OWN, MAPPED, INFO, REFUSED, NOT_YET = "own", "mapped", "info", "refused", "not yet"
-#: A flag: ``--x`` with no value.
-FLAG = bool
+__all__ = ["FLAG", "INFO", "MAPPED", "NOT_YET", "OWN", "REFUSED", "Row", "ROWS", "SECTIONS", "click_options",
+           "foreign_rows", "help_sections", "json_schema", "schema_text"]
 
 RANKS = "Where the ranks come from"
 LOCAL = "Local runs, torchrun style (no rank table)"
@@ -42,111 +41,6 @@ CLUSTER = "Cluster integration (MindCluster, several machines)"
 OTHER = "Other options"
 #: ``launcher run --help`` shows the sections in this order.
 SECTIONS = (RANKS, LOCAL, COMMAND, SUPERVISION, HANGS, LOGS, DEBUG, RESTORE, CLUSTER, OTHER)
-
-_STRING = {"type": "string", "minLength": 1}
-
-
-@dataclass(frozen=True)
-class Row:
-    """One option of ``launcher run``.
-
-    Attributes:
-        name: The parsed value's name: the ``RunOptions`` field and config key of a launcher option
-            (``LAUNCHER_<NAME>`` in the environment), ``torchrun_<x>`` / ``msrun_<x>`` for a foreign one.
-        type: The click type, ``FLAG`` for a flag, None for text.
-        default: The value when the option is not given.
-        section: The ``--help`` section of a launcher option; None: hidden (a foreign spelling).
-        help: The ``--help`` text.
-        torchrun: torchrun's spelling of this option (its help lists it), or "".
-        msrun: msrun's spelling, or "".
-        spellings: The launcher's own spellings; default ``--<name with dashes>``.
-        handling: ``OWN`` for a launcher option, else how the foreign spelling is handled.
-        note: For ``INFO`` / ``REFUSED`` / ``NOT_YET``: why, and what to do.
-        schema: The JSON schema of the config key; None derives it from ``type``.
-        env: Whether ``LAUNCHER_<NAME>`` sets it.
-        config: Whether the ``--config`` file may hold it.
-        kwargs: More ``click.Option`` arguments (metavar, callback, multiple, ...).
-    """
-
-    name: str
-    type: Any = None
-    default: Any = None
-    section: Optional[str] = None
-    help: str = ""
-    torchrun: str = ""
-    msrun: str = ""
-    spellings: Tuple[str, ...] = ()
-    handling: str = OWN
-    note: str = ""
-    schema: Optional[Dict[str, Any]] = None
-    env: bool = True
-    config: bool = True
-    kwargs: Dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def flag(self) -> str:
-        """The long spelling the row is known by: the launcher's, else torchrun's, else msrun's."""
-        for spelling in self.decls():
-            if spelling.startswith("--"):
-                return spelling
-        return self.decls()[0]
-
-    @property
-    def foreign(self) -> bool:
-        """A torchrun or msrun spelling the launcher translates, accepts or refuses."""
-        return self.handling != OWN
-
-    @property
-    def tool(self) -> str:
-        """``torchrun`` or ``msrun`` for their spellings, else ``launcher``."""
-        return self.name.partition("_")[0] if self.name.startswith(("torchrun_", "msrun_")) else "launcher"
-
-    def decls(self) -> Tuple[str, ...]:
-        """The spellings click accepts (underscores and dashes are the same: ``normalize_token``)."""
-        if self.spellings:
-            return self.spellings
-        if self.foreign:
-            return tuple(s for s in (self.torchrun or self.msrun,) if s)
-        return ("--" + self.name.replace("_", "-"),)
-
-    def envvar(self) -> Optional[str]:
-        """``LAUNCHER_<NAME>``, or None."""
-        return env_var_for(self.name) if self.env and not self.foreign else None
-
-    def option(self) -> click.Option:
-        """The click option of this row."""
-        kwargs: Dict[str, Any] = dict(self.kwargs)
-        if self.type is FLAG:
-            kwargs["is_flag"] = True
-        elif self.type is not None:
-            kwargs["type"] = self.type
-        if self.default is not None:
-            kwargs["default"] = self.default
-        elif isinstance(self.type, ParsedType) and self.type.empty is not None:
-            kwargs["default"] = self.type.empty  # the parsed value of nothing, e.g. ()
-            kwargs.setdefault("show_default", False)
-        if self.envvar():
-            kwargs.update(envvar=self.envvar(), show_envvar=True)
-        return click.Option([*self.decls(), self.name], help=self.help or None, hidden=self.section is None,
-                            **kwargs)
-
-    def json_schema(self) -> Dict[str, Any]:
-        """The config key's schema: ``schema``, else derived from the click type."""
-        if self.schema is not None:
-            return self.schema
-        kind = self.type
-        if kind is FLAG:
-            return {"type": "boolean"}
-        if isinstance(kind, click.Choice):
-            return {"enum": list(kind.choices)}
-        if isinstance(kind, (click.IntRange, click.FloatRange)):
-            doc: Dict[str, Any] = {"type": "integer" if isinstance(kind, click.IntRange) else "number"}
-            if kind.min is not None:
-                doc["exclusiveMinimum" if kind.min_open else "minimum"] = kind.min
-            if kind.max is not None:
-                doc["exclusiveMaximum" if kind.max_open else "maximum"] = kind.max
-            return doc
-        return dict(_STRING)
 
 
 # --------------------------------------------------------------------------- callbacks (checked at parse time)
@@ -284,7 +178,8 @@ ROWS: Tuple[Row, ...] = (
     _own("straggler_threshold", click.FloatRange(min=0, max=1, max_open=True), 0.0, HANGS,
          "Name a rank (event straggler) whose heartbeat step rate stays this fraction below its peers' "
          "median for 5 s, e.g. 0.2 (0: off)."),
-    _own("console_ranks", RankFilterType(), "all", LOGS, "Ranks whose output is shown here: all, none, or a list like 0,3,5-7.",
+    _own("console_ranks", RankFilterType(), "all", LOGS,
+         "Ranks whose output is shown here: all, none, or a list like 0,3,5-7.",
          schema={"type": ["string", "integer"]}),
     _own("log_dir", click.Path(file_okay=False), None, LOGS,
          "Per-rank log files: DIR/<session>/attempt_<n>/rank_<r>.log (default: <run-dir>/logs).",
@@ -414,14 +309,6 @@ ROWS: Tuple[Row, ...] = (
     _msrun("sim_rank_id", REFUSED, "a MindSpore dry run (simulation) starts no cluster: run the script with "
            "python, MS_SIMULATION_LEVEL=N and RANK_ID set, without a launcher", click.INT),
 )
-
-BY_NAME: Dict[str, Row] = {row.name: row for row in ROWS}
-
-
-def launcher_rows() -> List[Row]:
-    """The launcher's own options, in table order."""
-    return [row for row in ROWS if not row.foreign]
-
 
 def foreign_rows(tool: str) -> List[Row]:
     """torchrun's (``tool="torchrun"``) or msrun's spellings the launcher handles its own way."""

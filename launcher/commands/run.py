@@ -35,22 +35,8 @@ class RunCommand(click.Command):
         typed = typed_spellings(args, self.params)
         try:
             return super().parse_args(ctx, args)
-        except (click.NoSuchOption, click.BadOptionUsage) as exc:
-            # click reports the normalized token (--worker-num); say what the user typed (--worker_num).
-            spelling = typed.get(exc.option_name, exc.option_name)
-            exc.message = exc.message.replace(exc.option_name, spelling)
-            exc.option_name = spelling
-            if getattr(exc, "possibilities", None):  # as declared: msrun's with underscores
-                declared = {torchrun.normalize_token(o): o for p in self.params if isinstance(p, click.Option)
-                            for o in p.opts}
-                exc.possibilities = [declared.get(name, name) for name in exc.possibilities]
-            raise
-        except click.BadParameter as exc:
-            if exc.param is not None and exc.param_hint is None:
-                spelled = [typed[torchrun.normalize_token(o)] for o in exc.param.opts
-                           if torchrun.normalize_token(o) in typed]
-                if spelled:
-                    exc.param_hint = spelled[:1]
+        except click.UsageError as exc:
+            respell(exc, typed, self.params)
             raise
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -67,6 +53,22 @@ class RunCommand(click.Command):
         if records:  # an option not in HELP_SECTIONS yet is still shown
             with formatter.section("Unsorted options"):
                 formatter.write_dl(list(records.values()))
+
+
+def respell(exc: click.UsageError, typed: Dict[str, str], params: Sequence[click.Parameter]) -> None:
+    """Name the option in ``exc`` as the user typed it: click reports the normalized token
+    (``--worker-num``) where msrun's user wrote ``--worker_num``, and suggests normalized names."""
+    if isinstance(exc, (click.NoSuchOption, click.BadOptionUsage)):
+        spelling = typed.get(exc.option_name, exc.option_name)
+        exc.message = exc.message.replace(exc.option_name, spelling)
+        exc.option_name = spelling
+        if getattr(exc, "possibilities", None):  # as declared: msrun's with underscores
+            declared = {torchrun.normalize_token(o): o for p in params if isinstance(p, click.Option) for o in p.opts}
+            exc.possibilities = [declared.get(name, name) for name in exc.possibilities]
+    elif isinstance(exc, click.BadParameter) and exc.param is not None and exc.param_hint is None:
+        spelled = [typed[torchrun.normalize_token(o)] for o in exc.param.opts if torchrun.normalize_token(o) in typed]
+        if spelled:
+            exc.param_hint = spelled[:1]
 
 
 def _takes_value(params: Sequence[click.Parameter]) -> Dict[str, bool]:

@@ -105,26 +105,9 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[st
     Returns:
         One line per contradictory or unusable value (empty: all mapped).
     """
-    problems: List[str] = []
-    standalone = given.get("torchrun_standalone")
-    backend, endpoint = given.get("torchrun_rdzv_backend"), given.get("torchrun_rdzv_endpoint")
-    rdzv_id = given.get("torchrun_rdzv_id")
+    problems = _rendezvous(kwargs, explicit, given)
     if given.get("torchrun_shutdown_timeout") is not None:
         kwargs["stop_timeout"] = given["torchrun_shutdown_timeout"]
-    if backend is not None and backend.lower() not in RDZV_BACKENDS:
-        problems.append(f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's "
-                        "static or c10d backends (pass one of those, or drop it)")
-    if standalone:
-        problems.extend(_standalone(kwargs, explicit))
-    elif endpoint:
-        problems.extend(_endpoint(kwargs, endpoint))
-    if rdzv_id and not standalone:
-        if kwargs.get("run_id") and kwargs["run_id"] != rdzv_id:
-            problems.append(f"--rdzv-id {rdzv_id} and --run-id {kwargs['run_id']} differ: pass one of them")
-        kwargs["run_id"] = rdzv_id
-    if (backend or "").lower() == "c10d" and not standalone and _nodes(kwargs) > 1 and "node_rank" not in explicit:
-        problems.append("--rdzv-backend c10d with several nodes: the launcher does not hand out node ranks "
-                        "at rendezvous; pass --node-rank on each node (0 on the --rdzv-endpoint host)")
     if given.get("torchrun_run_path"):
         kwargs["no_python"] = False  # torchrun: --run-path takes precedence over --no-python
         log.info("--run-path: each rank runs the script with the Python interpreter, in a process of its own")
@@ -133,6 +116,29 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[st
         problems.extend(_signals(given["torchrun_signals_to_handle"]))
     if given.get("torchrun_numa_binding"):
         problems.append(f"--numa-binding {given['torchrun_numa_binding']}: {BINDING_NOT_YET}")
+    return problems
+
+
+def _rendezvous(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
+    """``--standalone`` and ``--rdzv-*``: where rank 0's store listens, and the run id."""
+    problems: List[str] = []
+    standalone = given.get("torchrun_standalone")
+    backend, endpoint = given.get("torchrun_rdzv_backend"), given.get("torchrun_rdzv_endpoint")
+    rdzv_id = given.get("torchrun_rdzv_id")
+    if backend is not None and backend.lower() not in RDZV_BACKENDS:
+        problems.append(f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's "
+                        "static or c10d backends (pass one of those, or drop it)")
+    if standalone:
+        return problems + _standalone(kwargs, explicit)
+    if endpoint:
+        problems.extend(_endpoint(kwargs, endpoint))
+    if rdzv_id:
+        if kwargs.get("run_id") and kwargs["run_id"] != rdzv_id:
+            problems.append(f"--rdzv-id {rdzv_id} and --run-id {kwargs['run_id']} differ: pass one of them")
+        kwargs["run_id"] = rdzv_id
+    if (backend or "").lower() == "c10d" and _nodes(kwargs) > 1 and "node_rank" not in explicit:
+        problems.append("--rdzv-backend c10d with several nodes: the launcher does not hand out node ranks "
+                        "at rendezvous; pass --node-rank on each node (0 on the --rdzv-endpoint host)")
     return problems
 
 
@@ -178,9 +184,11 @@ def _endpoint(kwargs: Dict[str, Any], endpoint: str) -> List[str]:
 
 
 STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of a rank's streams
+#: A parsed ``--redirects`` / ``--tee``: one Std for every local rank, or local rank -> Std.
+Std = Union[int, Dict[int, int]]
 
 
-def parse_std(text: str, option: str) -> Union[int, Dict[int, int]]:
+def parse_std(text: str, option: str) -> Std:
     """torchrun's ``--redirects`` / ``--tee`` value: ``3`` (every local rank) or ``0:3,1:1`` (per local rank).
 
     Raises:
@@ -203,7 +211,7 @@ def parse_std(text: str, option: str) -> Union[int, Dict[int, int]]:
                      "like 0:3,1:1")
 
 
-def _std_of(value: Union[int, Dict[int, int], None], local_rank: int) -> int:
+def _std_of(value: Optional[Std], local_rank: int) -> int:
     if value is None:
         return STD_NONE
     return value if isinstance(value, int) else value.get(local_rank, STD_NONE)
@@ -224,25 +232,33 @@ def _console(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str
         if tee is not None:
             log.info("--tee: every rank's output is in its log file (see --log-dir) and on the console already")
         return []
-    try:
-        shown_local = None if wanted is None else {int(p) for p in str(wanted).split(",") if p.strip()}
-    except ValueError:
-        return [f"--local-ranks-filter {wanted!r}: expected local ranks like 0,1,2"]
-    nproc = kwargs.get("nproc_per_node")
-    if nproc is None:
-        return ["--redirects / --local-ranks-filter name local ranks: with a rank table, name the global ranks "
-                "to show with --console-ranks"]
-    if "console_ranks" in explicit:
-        return ["--redirects / --local-ranks-filter and --console-ranks both choose the console's ranks: pass "
-                "one of them"]
-    shown = [local for local in range(nproc)
-             if (shown_local is None or local in shown_local)
-             and (not _std_of(redirects, local) & STD_OUT or _std_of(tee, local) & STD_OUT)]
-    first = kwargs.get("node_rank", 0) * nproc
+    problems, shown = _shown_local_ranks(kwargs, explicit, redirects, tee, wanted)
+    if problems:
+        return problems
+    first = kwargs.get("node_rank", 0) * kwargs["nproc_per_node"]
     kwargs["console_ranks"] = tuple(first + local for local in shown)
     log.info("console: local rank(s) %s shown (stdout and stderr together); every rank's output is in its log "
              "file", ",".join(map(str, shown)) or "none")
     return []
+
+
+def _shown_local_ranks(kwargs: Mapping[str, Any], explicit: Sequence[str], redirects: Optional[Std], tee: Optional[Std],
+                       wanted: Optional[str]) -> Tuple[List[str], List[int]]:
+    """The local ranks whose stdout torchrun would show: in the filter, and not redirected or else teed."""
+    try:
+        shown_local = None if wanted is None else {int(p) for p in str(wanted).split(",") if p.strip()}
+    except ValueError:
+        return [f"--local-ranks-filter {wanted!r}: expected local ranks like 0,1,2"], []
+    nproc = kwargs.get("nproc_per_node")
+    if nproc is None:
+        return ["--redirects / --local-ranks-filter name local ranks: with a rank table, name the global ranks "
+                "to show with --console-ranks"], []
+    if "console_ranks" in explicit:
+        return ["--redirects / --local-ranks-filter and --console-ranks both choose the console's ranks: pass "
+                "one of them"], []
+    return [], [local for local in range(nproc)
+                if (shown_local is None or local in shown_local)
+                and (not _std_of(redirects, local) & STD_OUT or _std_of(tee, local) & STD_OUT)]
 
 
 def _signals(text: str) -> List[str]:

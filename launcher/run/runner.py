@@ -24,8 +24,6 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     """Run the job described by ``opts``; returns the launcher's exit status."""
     environ = dict(os.environ if environ is None else environ)
     framework = opts.resolved_framework(environ)
-    if framework == "mindspore" and opts.master_addr:
-        opts = dataclasses.replace(opts, master_addr=scheduler_address(opts.master_addr))
     check_command(opts.command, environ)
     topo = resolve_topology(opts, framework, environ)
     run_dir = choose_run_dir(opts, environ)
@@ -127,6 +125,8 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
 
 def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:
     """The rank table (waiting for the cluster to complete it) and this server's entry."""
+    if framework == "mindspore" and opts.master_addr:
+        opts = dataclasses.replace(opts, master_addr=scheduler_address(opts.master_addr))
     path = topology.rank_table_path(opts, environ)
     table = None
     if path is not None:
