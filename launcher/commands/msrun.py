@@ -10,7 +10,7 @@ workers, which a MindSpore script's ``init()`` needs.
 import logging
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from launcher.commands.torchrun import BINDING_NOT_YET
+from launcher.commands.torchrun import map_binding
 from launcher.common import envnames
 
 log = logging.getLogger(__name__)
@@ -44,18 +44,36 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[st
     if given.get("msrun_join") == "False":
         log.info("--join False: the launcher always waits for its ranks and reports how they ended "
                  "(msrun --join True)")
-    tail = given.get("msrun_tail_worker_log")
-    if tail is not None and str(tail).strip() != "-1":
-        if "console_ranks" in explicit:
-            problems.append("--tail_worker_log and --console-ranks both choose the console's ranks: pass one of them")
-        try:
-            kwargs["console_ranks"] = tuple(int(rank) for rank in str(tail).split(","))
-        except ValueError:
-            problems.append(f"--tail_worker_log {tail!r}: expected -1 (every worker) or ranks like 0,1")
+    problems.extend(_console(kwargs, explicit, given.get("msrun_tail_worker_log")))
+    problems.extend(_binding(kwargs, explicit, given))
+    return problems
+
+
+def _console(kwargs: Dict[str, Any], explicit: Sequence[str], tail: Any) -> List[str]:
+    """``--tail_worker_log 0,1``: the workers msrun tails to the console (-1: all)."""
+    if tail is None or str(tail).strip() == "-1":
+        return []
+    if "console_ranks" in explicit:
+        return ["--tail_worker_log and --console-ranks both choose the console's ranks: pass one of them"]
+    try:
+        kwargs["console_ranks"] = tuple(int(rank) for rank in str(tail).split(","))
+    except ValueError:
+        return [f"--tail_worker_log {tail!r}: expected -1 (every worker) or ranks like 0,1"]
+    return []
+
+
+def _binding(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
+    """``--bind_core`` / ``--bind_numa True``: ``--bind-cores auto``; msrun's per-device tables are not read."""
+    problems: List[str] = []
     for name in ("bind_core", "bind_numa"):
         value = given.get("msrun_" + name)
-        if value is not None and str(value).strip().lower() != "false":
-            problems.append(f"--{name} {value}: {BINDING_NOT_YET}")
+        if value is None or str(value).strip().lower() == "false":
+            continue
+        if str(value).strip().lower() == "true":  # msrun: bind by the environment, automatically
+            problems.extend(map_binding(kwargs, explicit, "auto", f"--{name} {value}"))
+        else:
+            problems.append(f"--{name} {value!r}: msrun's per-device binding table is not read here; pass the "
+                            "CPUs with --bind-cores LIST, or True for --bind-cores auto")
     return problems
 
 

@@ -29,7 +29,8 @@ RDZV_DEFAULT_PORT = 29400
 #: The signals ``--signals-to-handle`` may list: the launcher stops the job on them and forwards no
 #: other (the ranks' ``TORCHELASTIC_SIGNALS_TO_HANDLE``, launcher.jobspec.rankenv).
 HANDLED_SIGNALS = tuple(signal.Signals(signum).name for signum in STOP_SIGNALS)
-#: What a CPU-binding spelling says until the launcher binds CPUs.
+#: What a CPU-binding spelling says until the launcher binds CPUs (the ``bind_cores`` row's consumer,
+#: branch msbind): joining it, make the row the launcher's own and :func:`map_binding` return [].
 BINDING_NOT_YET = "CPU binding is not in this build yet: drop it (the ranks run unbound, as by default)"
 
 
@@ -114,9 +115,21 @@ def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[st
     problems.extend(_console(kwargs, explicit, given))
     if given.get("torchrun_signals_to_handle"):
         problems.extend(_signals(given["torchrun_signals_to_handle"]))
-    if given.get("torchrun_numa_binding"):
-        problems.append(f"--numa-binding {given['torchrun_numa_binding']}: {BINDING_NOT_YET}")
+    if given.get("torchrun_numa_binding"):  # node, socket, exclusive, core-complex: near the device
+        problems.extend(map_binding(kwargs, explicit, "auto", f"--numa-binding {given['torchrun_numa_binding']}"))
     return problems
+
+
+def map_binding(kwargs: Dict[str, Any], explicit: Sequence[str], value: str, origin: str) -> List[str]:
+    """torchrun's or msrun's CPU binding onto ``--bind-cores VALUE``.
+
+    Returns:
+        The problems: a different ``--bind-cores`` given too; binding not in this build yet.
+    """
+    if "bind_cores" in explicit and kwargs.get("bind_cores") != value:
+        return [f"{origin} and --bind-cores {kwargs['bind_cores']} differ: pass one of them"]
+    kwargs["bind_cores"] = value
+    return [f"{origin}: {BINDING_NOT_YET}"]
 
 
 def _rendezvous(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:

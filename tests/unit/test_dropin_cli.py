@@ -158,6 +158,8 @@ def test_msrun_tail_and_join(capsys, parsed):
     (["--local_worker_num", "2", "--nproc-per-node", "1"], "--local_worker_num 2 and --nproc-per-node 1 differ"),
     (["--worker_num", "4", "--nproc-per-node", "2", "--nnodes", "1"], "--worker_num 4 and --nnodes 1 x 2 ranks"),
     (["--worker_num", "2", "--bind_core", "True"], "--bind_core True: CPU binding is not in this build yet"),
+    (["--worker_num", "2", "--bind_numa", '{"device0": ["0-3"]}'], "msrun's per-device binding table is not read"),
+    (["--worker_num", "2", "--bind_core", "True", "--bind-cores", "0-3"], "--bind_core True and --bind-cores 0-3"),
     (["--worker_num", "2", "--sim_level", "1"], "--sim_level is msrun's: a MindSpore dry run"),
 ])
 def test_msrun_lines_the_launcher_cannot_honour_exit_2(capsys, args, line):
