@@ -23,8 +23,7 @@ import click
 from launcher.commands.optionrow import FLAG, INFO, MAPPED, NOT_YET, OWN, REFUSED, Row
 from launcher.commands.torchrun import BINDING_NOT_YET, NnodesType, NprocType
 from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT,
-                                      ModulesType, RankFilterType, RankListType, SignalType, load_config,
-                                      parse_section_timeouts)
+                                      RankFilterType, RankListType, SignalType, load_config, parse_section_timeouts)
 
 __all__ = ["FLAG", "INFO", "MAPPED", "NOT_YET", "OWN", "REFUSED", "Row", "ROWS", "SECTIONS", "click_options",
            "foreign_rows", "help_sections", "json_schema", "schema_text"]
@@ -61,6 +60,13 @@ def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[st
             ipaddress.ip_address(value)
         except ValueError:
             raise click.BadParameter(f"{value!r} is not an IPv4 or IPv6 address") from None
+    return value
+
+
+def _check_preload(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
+    from launcher.jobspec.preload import parse_modules
+
+    parse_modules(value)  # UsageError: one line, exit 2 (--dry-run too)
     return value
 
 
@@ -126,12 +132,12 @@ ROWS: Tuple[Row, ...] = (
     _own("module", FLAG, None, COMMAND, "COMMAND is a Python module: run it as `python -m COMMAND`.",
          torchrun="--module", spellings=("-m", "--module"), env=False),
     _own("role", None, "default", COMMAND, "The ranks' ROLE_NAME (torchrun's --role).", torchrun="--role"),
-    _own("preload", ModulesType(), None, COMMAND,
+    _own("preload", None, None, COMMAND,
          "Warm standby ranks: per rank, a Python interpreter that already imported these modules "
          "(comma-separated, e.g. torch,numpy) becomes the rank on a restart, skipping start-up and imports. "
          "Python scripts and -m modules only; never modules that start threads or open devices "
          "(docs/warm-standby.md). Default: none.", schema=_NULLABLE_STRING,
-         kwargs=dict(metavar="MODULES")),
+         kwargs=dict(metavar="MODULES", callback=_check_preload)),
     _own("preload_max_rss", _FLOAT0, 4096.0, COMMAND,
          "Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
          "(0: no cap).", kwargs=dict(metavar="MIB")),
@@ -233,10 +239,21 @@ ROWS: Tuple[Row, ...] = (
          "else unset; a value already set is kept).", kwargs=dict(callback=_ip_address)),
     _own("coordinator", None, None, CLUSTER,
          "etcd that the launchers of the job restart together through, with leases: a machine whose "
-         "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere).",
-         schema={"type": "string"}, kwargs=dict(metavar="etcd://HOST:PORT[,HOST:PORT]")),
+         "launcher dies is seen as lost within --coordinator-ttl (needs the same --run-id everywhere); "
+         "etcds:// for TLS.", schema={"type": "string"}, kwargs=dict(metavar="etcd://HOST:PORT[,HOST:PORT]")),
     _own("coordinator_ttl", click.IntRange(min=1), 5, CLUSTER,
          "With --coordinator: seconds of silence after which a machine's launcher counts as lost."),
+    _own("coordinator_cacert", None, None, CLUSTER, "With etcds://: the CAs that sign etcd's certificate (default: "
+         "the system's).", schema={"type": "string"}, kwargs=dict(metavar="PEM")),
+    _own("coordinator_cert", None, None, CLUSTER, "With etcds://: this client's certificate (for etcd's "
+         "--client-cert-auth).", schema={"type": "string"}, kwargs=dict(metavar="PEM")),
+    _own("coordinator_key", None, None, CLUSTER, "With --coordinator-cert: its private key.",
+         schema={"type": "string"}, kwargs=dict(metavar="PEM")),
+    _own("coordinator_user", None, None, CLUSTER, "etcd user (etcd's authentication); the password comes from "
+         "--coordinator-password-file or $LAUNCHER_COORDINATOR_PASSWORD, never the command line.",
+         schema={"type": "string"}),
+    _own("coordinator_password_file", None, None, CLUSTER, "File whose first line is --coordinator-user's password "
+         "(a mounted Kubernetes Secret).", schema={"type": "string"}, kwargs=dict(metavar="FILE")),
     _own("elastic_wait", _FLOAT0, 30.0, CLUSTER,
          "With --nnodes MIN:MAX: seconds to wait for a replacement of a lost machine before going on "
          "without it, and at the start, once MIN machines joined, for the others (torchrun's "
@@ -264,6 +281,8 @@ ROWS: Tuple[Row, ...] = (
     _torchrun("rdzv_backend", "--rdzv-backend", MAPPED, "static and c10d: rank 0 hosts the store"),
     _torchrun("rdzv_endpoint", "--rdzv-endpoint", MAPPED, "--master-addr/--master-port; port 0: a free port"),
     _torchrun("rdzv_id", "--rdzv-id", MAPPED, "--run-id"),
+    _torchrun("rdzv_conf", "--rdzv-conf", MAPPED, "with an etcd backend: its TLS files and timeouts "
+              "(--coordinator-cacert, ...); else no rendezvous to configure: ignored, with an info line"),
     _torchrun("shutdown_timeout", "--shutdown-timeout", MAPPED, "--stop-timeout", _FLOAT0),
     _torchrun("redirects", "--redirects", MAPPED, "ranks whose output goes only to files leave the console",
               spellings=("-r", "--redirects")),
@@ -274,8 +293,6 @@ ROWS: Tuple[Row, ...] = (
     _torchrun("signals_to_handle", "--signals-to-handle", MAPPED,
               "the launcher stops the job on SIGTERM, SIGINT and SIGHUP"),
     _torchrun("numa_binding", "--numa-binding", MAPPED, "--bind-cores"),
-    _torchrun("rdzv_conf", "--rdzv-conf", INFO, "the launcher has no rendezvous to configure (rank 0 hosts the "
-              "store); ignored"),
     _torchrun("monitor_interval", "--monitor-interval", INFO, "the launcher sees a rank exit at once, without "
               "polling; ignored"),
     _torchrun("start_method", "--start-method", INFO, "each rank is a fresh process, as with spawn; ignored"),

@@ -25,6 +25,12 @@ log = logging.getLogger(__name__)
 RDZV_BACKENDS = ("static", "c10d")
 #: torchrun's port for an ``--rdzv-endpoint`` without one.
 RDZV_DEFAULT_PORT = 29400
+#: torchrun's etcd backends: the launcher coordinates through that etcd (``--coordinator``).
+ETCD_BACKENDS = ("etcd", "etcd-v2")
+#: ``--rdzv-conf`` keys of torchrun's etcd backends (both spellings) -> the launcher option they set.
+ETCD_CONF = {"cacert": "coordinator_cacert", "ca_cert": "coordinator_cacert", "cert": "coordinator_cert",
+             "ssl_cert": "coordinator_cert", "key": "coordinator_key", "ssl_cert_key": "coordinator_key",
+             "last_call_timeout": "elastic_wait", "timeout": "sync_timeout", "join_timeout": "sync_timeout"}
 
 #: The signals ``--signals-to-handle`` may list: the launcher stops the job on them and forwards no
 #: other (the ranks' ``TORCHELASTIC_SIGNALS_TO_HANDLE``, launcher.jobspec.rankenv).
@@ -133,26 +139,39 @@ def map_binding(kwargs: Dict[str, Any], explicit: Sequence[str], value: str, ori
 
 
 def _rendezvous(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
-    """``--standalone`` and ``--rdzv-*``: where rank 0's store listens, and the run id."""
-    problems: List[str] = []
-    standalone = given.get("torchrun_standalone")
+    """``--standalone`` and ``--rdzv-*``: where rank 0's store listens (with etcd: the coordinator), and
+    the run id."""
     backend, endpoint = given.get("torchrun_rdzv_backend"), given.get("torchrun_rdzv_endpoint")
-    rdzv_id = given.get("torchrun_rdzv_id")
-    if backend is not None and backend.lower() not in RDZV_BACKENDS:
-        problems.append(f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's "
-                        "static or c10d backends (pass one of those, or drop it)")
-    if standalone:
+    conf = given.get("torchrun_rdzv_conf")
+    etcd = (backend or "").lower() in ETCD_BACKENDS
+    problems = _backend(backend, conf)
+    if given.get("torchrun_standalone"):
         return problems + _standalone(kwargs, explicit)
-    if endpoint:
+    if etcd:
+        problems.extend(_etcd(kwargs, endpoint, conf or ""))
+    elif endpoint:
         problems.extend(_endpoint(kwargs, endpoint))
+    rdzv_id = given.get("torchrun_rdzv_id")
     if rdzv_id:
         if kwargs.get("run_id") and kwargs["run_id"] != rdzv_id:
             problems.append(f"--rdzv-id {rdzv_id} and --run-id {kwargs['run_id']} differ: pass one of them")
         kwargs["run_id"] = rdzv_id
-    if (backend or "").lower() == "c10d" and _nodes(kwargs) > 1 and "node_rank" not in explicit:
-        problems.append("--rdzv-backend c10d with several nodes: the launcher does not hand out node ranks "
-                        "at rendezvous; pass --node-rank on each node (0 on the --rdzv-endpoint host)")
+    if (backend or "").lower() in ("c10d",) + ETCD_BACKENDS and _nodes(kwargs) > 1 and "node_rank" not in explicit:
+        problems.append(f"--rdzv-backend {backend} with several nodes: the launcher does not hand out node ranks "
+                        "at rendezvous; pass --node-rank on each node (0 on the master's host)")
     return problems
+
+
+def _backend(backend: Optional[str], conf: Optional[str]) -> List[str]:
+    """The backends whose meaning the launcher keeps; ``--rdzv-conf`` means something only to etcd's."""
+    etcd = (backend or "").lower() in ETCD_BACKENDS
+    if conf and not etcd:
+        log.info("--rdzv-conf is torchrun's: the launcher has no rendezvous to configure (rank 0 hosts the store); "
+                 "ignored")
+    if backend is not None and backend.lower() not in RDZV_BACKENDS + ETCD_BACKENDS:
+        return [f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's static or "
+                "c10d backends, etcd coordinates restarts (pass one of those, or drop it)"]
+    return []
 
 
 def _nodes(kwargs: Mapping[str, Any]) -> int:
@@ -281,6 +300,44 @@ def _signals(text: str) -> List[str]:
     if others:
         return [f"--signals-to-handle {text}: the launcher stops the job on {', '.join(HANDLED_SIGNALS)} and "
                 f"forwards no other signal ({', '.join(others)}): drop them"]
+    return []
+
+
+def _etcd(kwargs: Dict[str, Any], endpoint: Optional[str], conf: str) -> List[str]:
+    """torchrun's etcd rendezvous: ``--rdzv-endpoint`` is the etcd the launchers coordinate through
+    (``--coordinator``), and ``--rdzv-conf`` its TLS files (``protocol=https,cacert=,cert=,key=``)
+    and timeouts, in the spellings of both of torchrun's etcd backends (:data:`ETCD_CONF`)."""
+    if not endpoint:
+        return ["--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT (the etcd server)"]
+    problems, protocol = [], "http"
+    for item in filter(None, (part.strip() for part in conf.split(","))):
+        key, sep, value = (text.strip() for text in item.partition("="))
+        if key == "protocol" and value.lower() in ("http", "https"):
+            protocol = value.lower()
+        elif key in ETCD_CONF and sep and value:
+            problems.extend(_etcd_conf(kwargs, ETCD_CONF[key], key, value))
+        else:
+            problems.append(f"--rdzv-conf {item!r}: not one of protocol=http|https, "
+                            f"{', '.join(sorted(ETCD_CONF))} (KEY=VALUE)")
+    url = f"{'etcds' if protocol == 'https' else 'etcd'}://{endpoint}"
+    if kwargs.get("coordinator") not in (None, url):
+        problems.append(f"--rdzv-endpoint {endpoint} and --coordinator {kwargs['coordinator']} differ: pass one of them")
+    kwargs["coordinator"] = url
+    return problems
+
+
+def _etcd_conf(kwargs: Dict[str, Any], option: str, key: str, value: str) -> List[str]:
+    """One ``--rdzv-conf KEY=VALUE`` of an etcd backend onto the launcher option it sets."""
+    if option.startswith("coordinator_"):
+        kwargs[option] = value
+        return []
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:
+        return [f"--rdzv-conf {key}={value}: expected seconds"]
+    kwargs[option] = seconds
     return []
 
 

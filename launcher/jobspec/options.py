@@ -30,8 +30,7 @@ class RunOptions:
     what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``).
 
     Values are parsed once, at the edge (the click types below): ``console_ranks`` is None for all
-    ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` and
-    ``preload`` tuples.
+    ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` a tuple.
     """
 
     command: Tuple[str, ...]
@@ -81,6 +80,11 @@ class RunOptions:
     sync_timeout: float = 300.0
     coordinator: Optional[str] = None
     coordinator_ttl: int = 5
+    coordinator_cacert: Optional[str] = None
+    coordinator_cert: Optional[str] = None
+    coordinator_key: Optional[str] = None
+    coordinator_user: Optional[str] = None
+    coordinator_password_file: Optional[str] = None
     min_nodes: Optional[int] = None
     elastic_wait: float = 30.0
     taskd: str = "auto"
@@ -90,7 +94,7 @@ class RunOptions:
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
     role: str = "default"
-    preload: Tuple[str, ...] = ()
+    preload: Optional[str] = None
     preload_max_rss: float = 4096.0
     bind_cores: str = "none"
     dry_run: bool = False
@@ -200,18 +204,6 @@ class RankListType(ParsedType):
 
     def parse(self, text: str) -> Tuple[int, ...]:
         return parse_rank_list(text)
-
-
-class ModulesType(ParsedType):
-    """``--preload torch,numpy``: the module names, in order, once each."""
-
-    name = "modules"
-    empty: Tuple[str, ...] = ()
-
-    def parse(self, text: str) -> Tuple[str, ...]:
-        from launcher.jobspec.preload import parse_modules
-
-        return parse_modules(text)
 
 
 def parse_section_timeouts(items: Sequence[str]) -> Dict[str, float]:

@@ -72,9 +72,9 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
 def standby_pool(opts: RunOptions, log_session: str, emit: Callable[..., None]):
     """``--preload``'s warm standbys (:class:`launcher.supervision.standby.StandbyPool`), or None: without
     ``--preload``, or (after one warning) when the command is not Python running a script or ``-m module``."""
-    from launcher.jobspec.preload import python_entry
+    from launcher.jobspec.preload import parse_modules, python_entry
 
-    modules = opts.preload
+    modules = parse_modules(opts.preload)
     if not modules:
         return None
     if python_entry(opts.command) is None:

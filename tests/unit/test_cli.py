@@ -473,7 +473,8 @@ def test_rdzv_endpoint_and_id_are_master_and_run_id(capsys):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["--rdzv-backend", "etcd"], "--rdzv-backend etcd: not supported"),
+    (["--rdzv-backend", "zk"], "--rdzv-backend zk: not supported"),
+    (["--rdzv-backend", "etcd"], "--rdzv-backend etcd needs --rdzv-endpoint HOST:PORT"),
     (["--rdzv-endpoint", "h:1", "--master-port", "2"], "--rdzv-endpoint h:1 and --master-port 2 differ"),
     (["--rdzv-endpoint", "h:x"], "--rdzv-endpoint 'h:x': expected HOST:PORT"),
     (["--rdzv-id", "a", "--run-id", "b"], "--rdzv-id a and --run-id b differ"),

@@ -102,8 +102,26 @@ def test_accepted_torchrun_options_say_one_line_each(capsys):
                            "--", "true")
     assert code == 0
     lines = [line for line in err.splitlines() if "is torchrun's" in line]
-    assert [line.split("] ", 1)[1].split(" ")[1] for line in lines] == [
-        "--rdzv-conf", "--monitor-interval", "--start-method", "--event-log-handler"]
+    assert sorted(line.split("] ", 1)[1].split(" ")[1] for line in lines) == [
+        "--event-log-handler", "--monitor-interval", "--rdzv-conf", "--start-method"]
+
+
+def test_etcd_rendezvous_is_the_coordinator_with_its_conf(parsed, capsys):
+    """torchrun's ``--rdzv-backend etcd[-v2] --rdzv-endpoint H:P --rdzv-conf protocol=https,cacert=,...`` (both
+    backends' spellings) is ``--coordinator etcds://H:P`` with the TLS files, and its timeouts."""
+    opts = parsed("--nproc-per-node", "1", "--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "10.0.0.9:2379",
+                  "--rdzv-id", "j", "--rdzv-conf", "protocol=https,ca_cert=/c,ssl_cert=/a,ssl_cert_key=/k,"
+                                                   "last_call_timeout=7")
+    assert (opts.coordinator, opts.coordinator_cacert, opts.coordinator_cert, opts.coordinator_key,
+            opts.elastic_wait, opts.run_id) == ("etcds://10.0.0.9:2379", "/c", "/a", "/k", 7.0, "j")
+    opts = parsed("--nproc-per-node", "1", "--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "--rdzv-id", "j",
+                  "--rdzv-conf", "timeout=60")
+    assert (opts.coordinator, opts.sync_timeout) == ("etcd://h:1", 60.0)
+    for conf, line in (("etcd_prefix=/x", "--rdzv-conf 'etcd_prefix=/x': not one of"),
+                       ("timeout=soon", "--rdzv-conf timeout=soon: expected seconds")):
+        code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
+                               "--rdzv-endpoint", "h:1", "--rdzv-conf", conf, "--", "true")
+        assert code == 2 and line in err
 
 
 def test_run_path_runs_the_script_with_python(capsys, tmp_path, monkeypatch):

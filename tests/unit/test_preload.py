@@ -115,7 +115,7 @@ def test_preload_option_from_each_source(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_PRELOAD", "json")
     assert main(["run", "--config", str(config), "--nproc-per-node", "1", "--", PY, "t.py"]) == 0
     assert main(["run", "--preload", "torch", "--nproc-per-node", "1", "--", PY, "t.py"]) == 0
-    assert [(o.preload, o.preload_max_rss) for o in seen] == [(("numpy",), 512.0), (("json",), 512.0), (("torch",), 4096.0)]
+    assert [(o.preload, o.preload_max_rss) for o in seen] == [("numpy", 512.0), ("json", 512.0), ("torch", 4096.0)]
 
 
 def test_bad_preload_is_a_usage_error(capsys):
