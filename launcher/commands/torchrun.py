@@ -1,12 +1,14 @@
 """torchrun habits for ``launcher run``: its spellings, ``--standalone``, ``--rdzv-*``, ``train.py`` alone.
 
 A torchrun command line works after changing the program name. torchrun's underscore spellings
-(``--nproc_per_node``) are matched by the command's ``token_normalize_func``; the options torchrun has
-and the launcher does not are hidden options here, translated by :func:`translate` into ``run``'s own
-options, or refused with one line each saying what to do instead (exit 2).
+(``--nproc_per_node``) are matched by the command's ``token_normalize_func``; what each option torchrun
+2.13 lists becomes is a row of ``launcher.commands.optiontable``: the launcher's own option, mapped
+here by :func:`translate`, accepted with one info line, or refused with what to do instead (exit 2).
 """
 
+import logging
 import os
+import signal
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -14,7 +16,10 @@ import click
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
+from launcher.common.signals import STOP_SIGNALS
 from launcher.jobspec import hostfacts
+
+log = logging.getLogger(__name__)
 
 #: The rendezvous backends whose torchrun meaning the launcher keeps: rank 0 hosts the store.
 RDZV_BACKENDS = ("static", "c10d")
@@ -27,62 +32,14 @@ ETCD_CONF = {"cacert": "coordinator_cacert", "ca_cert": "coordinator_cacert", "c
              "ssl_cert": "coordinator_cert", "key": "coordinator_key", "ssl_cert_key": "coordinator_key",
              "last_call_timeout": "elastic_wait", "timeout": "sync_timeout", "join_timeout": "sync_timeout"}
 
-#: torchrun options the launcher has no use for: option -> (takes a value, what to do instead).
-REFUSED: Dict[str, Tuple[bool, str]] = {
-    "--monitor-interval": (True, "the launcher sees a rank exit at once, without polling: drop it"),
-    "--start-method": (True, "each rank is a fresh process: drop it"),
-    "--role": (True, "ranks are named by --framework (worker, MindSpore scheduler): drop it"),
-    "--run-path": (False, "each rank runs in its own process: drop it"),
-    "--log-line-prefix-template": (True, "console lines start with [rank N]: drop it"),
-    "--redirects": (True, "every rank's output goes to <log-dir>/<session>/attempt_<n>/rank_<r>.log: drop it"),
-    "--tee": (True, "every rank's output goes to its log file, and to the console per --console-ranks: "
-                    "drop it"),
-    "--local-ranks-filter": (True, "use --console-ranks with global ranks"),
-    "--duplicate-stdout-filters": (True, "not supported: search the per-rank log files instead"),
-    "--duplicate-stderr-filters": (True, "not supported: search the per-rank log files instead"),
-    "--event-log-handler": (True, "the launcher's events are in <run-dir>/events.jsonl: drop it"),
-    "--logs-specs": (True, "the launcher's log layout is fixed (see --log-dir): drop it"),
-    "--local-addr": (True, "use --server-id to say which server of the rank table this is"),
-    "--numa-binding": (True, "use --bind-cores auto (each rank on its NPU's NUMA node; docs/cpu-binding.md)"),
-    "--signals-to-handle": (True, "the launcher handles SIGTERM, SIGINT and SIGHUP: drop it"),
-    "--virtual-local-rank": (False, "not supported: each rank sees its device as LOCAL_RANK / DEVICE_ID"),
-}
-_SHORT = {"--redirects": "-r", "--tee": "-t"}
+#: The signals ``--signals-to-handle`` may list: the launcher stops the job on them and forwards no
+#: other (the ranks' ``TORCHELASTIC_SIGNALS_TO_HANDLE``, launcher.jobspec.rankenv).
+HANDLED_SIGNALS = tuple(signal.Signals(signum).name for signum in STOP_SIGNALS)
 
 
 def normalize_token(token: str) -> str:
     """torchrun spells every option both ways: ``--nproc_per_node`` is ``--nproc-per-node``."""
     return token.replace("_", "-")
-
-
-def hidden_options() -> List[click.Option]:
-    """torchrun's options that ``run`` does not show in its help."""
-    options = [
-        click.Option(["--standalone"], is_flag=True, hidden=True),
-        click.Option(["--rdzv-backend"], hidden=True),
-        click.Option(["--rdzv-endpoint"], hidden=True),
-        click.Option(["--rdzv-id"], hidden=True),
-        click.Option(["--rdzv-conf"], hidden=True),
-        click.Option(["--shutdown-timeout"], type=click.FloatRange(min=0), hidden=True),
-    ]
-    for name, (takes_value, _hint) in REFUSED.items():
-        decls = [name] + ([_SHORT[name]] if name in _SHORT else [])
-        options.append(click.Option(decls + [_param_name(name)], is_flag=not takes_value, hidden=True))
-    return options
-
-
-def _param_name(option: str) -> str:
-    return "torchrun_" + option[2:].replace("-", "_")
-
-
-def command_options() -> List[click.Option]:
-    """How the command is run: torchrun's ``--no-python`` and ``-m`` (shown in the help)."""
-    return [
-        click.Option(["--no-python"], is_flag=True,
-                     help="Run a COMMAND ending in .py as it is, not with the Python interpreter."),
-        click.Option(["-m", "--module"], is_flag=True,
-                     help="COMMAND is a Python module: run it as `python -m COMMAND`."),
-    ]
 
 
 class NprocType(click.ParamType):
@@ -141,51 +98,82 @@ def npu_count(dev: str = "/dev") -> int:
     return len(hostfacts.davinci_devices(dev))
 
 
-def translate(kwargs: Dict[str, Any], explicit: Sequence[str]) -> Dict[str, Any]:
-    """Turn the torchrun options in ``kwargs`` into ``run``'s own; refuse the ones it has no use for.
+def translate(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
+    """Turn torchrun's mapped options (``optiontable`` rows ``torchrun_*``) into ``run``'s own.
 
     Args:
-        kwargs: Every parsed option of ``run``; the torchrun-only keys are removed.
+        kwargs: The launcher's options, changed in place.
         explicit: Names of the options the user gave (command line, environment, --config file).
+        given: The torchrun rows the user gave: row name -> value.
 
-    Raises:
-        UsageError: one line per refused or contradictory option.
+    Returns:
+        One line per contradictory or unusable value (empty: all mapped).
     """
-    problems = []
-    for option, (_takes_value, hint) in REFUSED.items():
-        if kwargs.pop(_param_name(option)):
-            problems.append(f"{option} is torchrun's: {hint}")
-    standalone = kwargs.pop("standalone")
-    backend, endpoint, rdzv_id = kwargs.pop("rdzv_backend"), kwargs.pop("rdzv_endpoint"), kwargs.pop("rdzv_id")
-    conf, etcd = kwargs.pop("rdzv_conf"), (backend or "").lower() in ETCD_BACKENDS
-    shutdown_timeout = kwargs.pop("shutdown_timeout")
-    if shutdown_timeout is not None:
-        kwargs["stop_timeout"] = shutdown_timeout
-    if backend is not None and backend.lower() not in RDZV_BACKENDS + ETCD_BACKENDS:
-        problems.append(f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's "
-                        "static or c10d backends, etcd coordinates restarts (pass one of those, or drop it)")
-    if conf and not etcd:
-        problems.append("--rdzv-conf is torchrun's: the launcher has no rendezvous to configure (rank 0 hosts "
-                        "the store): drop it")
-    if standalone:
-        problems.extend(_standalone(kwargs, explicit))
-    elif etcd:
+    problems = _rendezvous(kwargs, explicit, given)
+    if given.get("torchrun_shutdown_timeout") is not None:
+        kwargs["stop_timeout"] = given["torchrun_shutdown_timeout"]
+    if given.get("torchrun_run_path"):
+        kwargs["no_python"] = False  # torchrun: --run-path takes precedence over --no-python
+        log.info("--run-path: each rank runs the script with the Python interpreter, in a process of its own")
+    problems.extend(_console(kwargs, explicit, given))
+    if given.get("torchrun_signals_to_handle"):
+        problems.extend(_signals(given["torchrun_signals_to_handle"]))
+    if given.get("torchrun_numa_binding"):  # node, socket, exclusive, core-complex: near the device
+        problems.extend(map_binding(kwargs, explicit, "auto", f"--numa-binding {given['torchrun_numa_binding']}"))
+    return problems
+
+
+def map_binding(kwargs: Dict[str, Any], explicit: Sequence[str], value: str, origin: str) -> List[str]:
+    """torchrun's or msrun's CPU binding onto ``--bind-cores VALUE``.
+
+    Returns:
+        The problems: a different ``--bind-cores`` given too.
+    """
+    if "bind_cores" in explicit and kwargs.get("bind_cores") != value:
+        return [f"{origin} and --bind-cores {kwargs['bind_cores']} differ: pass one of them"]
+    kwargs["bind_cores"] = value
+    return []
+
+
+def _rendezvous(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
+    """``--standalone`` and ``--rdzv-*``: where rank 0's store listens (with etcd: the coordinator), and
+    the run id."""
+    backend, endpoint = given.get("torchrun_rdzv_backend"), given.get("torchrun_rdzv_endpoint")
+    conf = given.get("torchrun_rdzv_conf")
+    etcd = (backend or "").lower() in ETCD_BACKENDS
+    problems = _backend(backend, conf)
+    if given.get("torchrun_standalone"):
+        return problems + _standalone(kwargs, explicit)
+    if etcd:
         problems.extend(_etcd(kwargs, endpoint, conf or ""))
     elif endpoint:
         problems.extend(_endpoint(kwargs, endpoint))
-    if rdzv_id and not standalone:
+    rdzv_id = given.get("torchrun_rdzv_id")
+    if rdzv_id:
         if kwargs.get("run_id") and kwargs["run_id"] != rdzv_id:
             problems.append(f"--rdzv-id {rdzv_id} and --run-id {kwargs['run_id']} differ: pass one of them")
         kwargs["run_id"] = rdzv_id
-    if (backend or "").lower() in ("c10d",) + ETCD_BACKENDS and not standalone and kwargs.get("nnodes", 1) != 1 \
-            and "node_rank" not in explicit:
+    if (backend or "").lower() in ("c10d",) + ETCD_BACKENDS and _nodes(kwargs) > 1 and "node_rank" not in explicit:
         problems.append(f"--rdzv-backend {backend} with several nodes: the launcher does not hand out node ranks "
                         "at rendezvous; pass --node-rank on each node (0 on the master's host)")
-    if len(problems) == 1:
-        raise UsageError(problems[0])
-    if problems:
-        raise UsageError(f"{len(problems)} torchrun options cannot be used here", problems)
-    return kwargs
+    return problems
+
+
+def _backend(backend: Optional[str], conf: Optional[str]) -> List[str]:
+    """The backends whose meaning the launcher keeps; ``--rdzv-conf`` means something only to etcd's."""
+    etcd = (backend or "").lower() in ETCD_BACKENDS
+    if conf and not etcd:
+        log.info("--rdzv-conf is torchrun's: the launcher has no rendezvous to configure (rank 0 hosts the store); "
+                 "ignored")
+    if backend is not None and backend.lower() not in RDZV_BACKENDS + ETCD_BACKENDS:
+        return [f"--rdzv-backend {backend}: not supported; rank 0 hosts the store as with torchrun's static or "
+                "c10d backends, etcd coordinates restarts (pass one of those, or drop it)"]
+    return []
+
+
+def _nodes(kwargs: Mapping[str, Any]) -> int:
+    nnodes = kwargs.get("nnodes", 1)
+    return nnodes if isinstance(nnodes, int) else nnodes[-1]
 
 
 def _standalone(kwargs: Dict[str, Any], explicit: Sequence[str]) -> List[str]:
@@ -207,9 +195,14 @@ def _endpoint(kwargs: Dict[str, Any], endpoint: str) -> List[str]:
     if not sep or "]" in port_text:
         host, port_text = endpoint, ""
     host = host.strip("[]")
-    if not host or (port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
+    if not host or (port_text and not (port_text.isdigit() and 0 <= int(port_text) < 65536)):
         return [f"--rdzv-endpoint {endpoint!r}: expected HOST:PORT"]
     port = int(port_text) if port_text else RDZV_DEFAULT_PORT
+    if port == 0:  # torchrun's one-node idiom (localhost:0): a free port, which topology.resolve picks
+        if _nodes(kwargs) > 1:
+            return [f"--rdzv-endpoint {endpoint}: port 0 (a free port) works on one node only; pass the port "
+                    "every node can reach"]
+        port = None
     problems = []
     for key, value in (("master_addr", host), ("master_port", port)):
         if kwargs.get(key) not in (None, value):
@@ -217,6 +210,94 @@ def _endpoint(kwargs: Dict[str, Any], endpoint: str) -> List[str]:
                             "pass one of them")
         kwargs[key] = value
     return problems
+
+
+STD_NONE, STD_OUT, STD_ERR, STD_ALL = 0, 1, 2, 3  # torchrun's Std: which of a rank's streams
+#: A parsed ``--redirects`` / ``--tee``: one Std for every local rank, or local rank -> Std.
+Std = Union[int, Dict[int, int]]
+
+
+def parse_std(text: str, option: str) -> Std:
+    """torchrun's ``--redirects`` / ``--tee`` value: ``3`` (every local rank) or ``0:3,1:1`` (per local rank).
+
+    Raises:
+        UsageError: not a Std value 0-3 or a LOCAL_RANK:STD list.
+    """
+    text = str(text).strip()
+    try:
+        if ":" not in text:
+            value = int(text)
+            if 0 <= value <= 3:
+                return value
+        else:
+            pairs = [part.split(":") for part in text.split(",")]
+            mapping = {int(rank): int(std) for rank, std in pairs}
+            if all(0 <= std <= 3 and rank >= 0 for rank, std in mapping.items()):
+                return mapping
+    except ValueError:
+        pass
+    raise UsageError(f"{option} {text!r}: expected 0-3 (none, stdout, stderr, both) or LOCAL_RANK:STD pairs "
+                     "like 0:3,1:1")
+
+
+def _std_of(value: Optional[Std], local_rank: int) -> int:
+    if value is None:
+        return STD_NONE
+    return value if isinstance(value, int) else value.get(local_rank, STD_NONE)
+
+
+def _console(kwargs: Dict[str, Any], explicit: Sequence[str], given: Mapping[str, Any]) -> List[str]:
+    """``--redirects``, ``--tee`` and ``--local-ranks-filter`` onto ``--console-ranks``.
+
+    torchrun writes a redirected stream only to a file, a teed one to a file and the console, and shows
+    only the filtered local ranks. The launcher writes each rank's output (stdout and stderr together)
+    to its log file always, and shows the ranks of ``--console-ranks``: a rank whose stdout torchrun
+    would not show leaves the console.
+    """
+    redirects = parse_std(given["torchrun_redirects"], "--redirects") if "torchrun_redirects" in given else None
+    tee = parse_std(given["torchrun_tee"], "--tee") if "torchrun_tee" in given else None
+    wanted = given.get("torchrun_local_ranks_filter")
+    if redirects is None and wanted is None:
+        if tee is not None:
+            log.info("--tee: every rank's output is in its log file (see --log-dir) and on the console already")
+        return []
+    problems, shown = _shown_local_ranks(kwargs, explicit, redirects, tee, wanted)
+    if problems:
+        return problems
+    first = kwargs.get("node_rank", 0) * kwargs["nproc_per_node"]
+    kwargs["console_ranks"] = tuple(first + local for local in shown)
+    log.info("console: local rank(s) %s shown (stdout and stderr together); every rank's output is in its log "
+             "file", ",".join(map(str, shown)) or "none")
+    return []
+
+
+def _shown_local_ranks(kwargs: Mapping[str, Any], explicit: Sequence[str], redirects: Optional[Std], tee: Optional[Std],
+                       wanted: Optional[str]) -> Tuple[List[str], List[int]]:
+    """The local ranks whose stdout torchrun would show: in the filter, and not redirected or else teed."""
+    try:
+        shown_local = None if wanted is None else {int(p) for p in str(wanted).split(",") if p.strip()}
+    except ValueError:
+        return [f"--local-ranks-filter {wanted!r}: expected local ranks like 0,1,2"], []
+    nproc = kwargs.get("nproc_per_node")
+    if nproc is None:
+        return ["--redirects / --local-ranks-filter name local ranks: with a rank table, name the global ranks "
+                "to show with --console-ranks"], []
+    if "console_ranks" in explicit:
+        return ["--redirects / --local-ranks-filter and --console-ranks both choose the console's ranks: pass "
+                "one of them"], []
+    return [], [local for local in range(nproc)
+                if (shown_local is None or local in shown_local)
+                and (not _std_of(redirects, local) & STD_OUT or _std_of(tee, local) & STD_OUT)]
+
+
+def _signals(text: str) -> List[str]:
+    """``--signals-to-handle``: fine when the launcher handles them all (it forwards no other signal)."""
+    names = [name.strip().upper() for name in str(text).split(",") if name.strip()]
+    others = [name for name in names if name not in HANDLED_SIGNALS]
+    if others:
+        return [f"--signals-to-handle {text}: the launcher stops the job on {', '.join(HANDLED_SIGNALS)} and "
+                f"forwards no other signal ({', '.join(others)}): drop them"]
+    return []
 
 
 def _etcd(kwargs: Dict[str, Any], endpoint: Optional[str], conf: str) -> List[str]:
@@ -231,13 +312,7 @@ def _etcd(kwargs: Dict[str, Any], endpoint: Optional[str], conf: str) -> List[st
         if key == "protocol" and value.lower() in ("http", "https"):
             protocol = value.lower()
         elif key in ETCD_CONF and sep and value:
-            option = ETCD_CONF[key]
-            if option.startswith("coordinator_"):
-                kwargs[option] = value
-            elif _is_number(value):
-                kwargs[option] = float(value)
-            else:
-                problems.append(f"--rdzv-conf {key}={value}: expected seconds")
+            problems.extend(_etcd_conf(kwargs, ETCD_CONF[key], key, value))
         else:
             problems.append(f"--rdzv-conf {item!r}: not one of protocol=http|https, "
                             f"{', '.join(sorted(ETCD_CONF))} (KEY=VALUE)")
@@ -248,11 +323,19 @@ def _etcd(kwargs: Dict[str, Any], endpoint: Optional[str], conf: str) -> List[st
     return problems
 
 
-def _is_number(text: str) -> bool:
+def _etcd_conf(kwargs: Dict[str, Any], option: str, key: str, value: str) -> List[str]:
+    """One ``--rdzv-conf KEY=VALUE`` of an etcd backend onto the launcher option it sets."""
+    if option.startswith("coordinator_"):
+        kwargs[option] = value
+        return []
     try:
-        return float(text) >= 0
+        seconds = float(value)
     except ValueError:
-        return False
+        seconds = -1.0
+    if not seconds >= 0:
+        return [f"--rdzv-conf {key}={value}: expected seconds"]
+    kwargs[option] = seconds
+    return []
 
 
 def python_command(command: Sequence[str], no_python: bool, module: bool,

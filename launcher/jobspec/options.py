@@ -25,7 +25,13 @@ DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
 
 @dataclass(frozen=True)
 class RunOptions:
-    """The resolved options of one ``launcher run``."""
+    """The resolved options of one ``launcher run``: one field per launcher option of
+    ``launcher.commands.optiontable`` (same name and default, tests/unit/commands/test_optiontable.py), plus
+    what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``).
+
+    Values are parsed once, at the edge (the click types below): ``console_ranks`` is None for all
+    ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` a tuple.
+    """
 
     command: Tuple[str, ...]
     rank_table: Optional[str] = None
@@ -43,7 +49,7 @@ class RunOptions:
     stop_timeout: float = 10.0
     heartbeat_timeout: float = 0.0
     heartbeat_initial_timeout: Optional[float] = None
-    section_timeout: Tuple[str, ...] = ()
+    section_timeout: Tuple[Tuple[str, float], ...] = ()
     max_no_progress_restarts: int = 0
     straggler_threshold: float = 0.0
     gasp_timeout: Optional[float] = None
@@ -51,7 +57,7 @@ class RunOptions:
     gasp_signal: str = "SIGTERM"
     gasp_min_interval: float = 0.0
     log_dir: Optional[str] = None
-    console_ranks: str = "all"
+    console_ranks: Optional[Tuple[int, ...]] = None
     run_dir: Optional[str] = None
     run_id: Optional[str] = None
     job_name: Optional[str] = None
@@ -60,10 +66,11 @@ class RunOptions:
     hccl_if_ip: Optional[str] = None
     checkpoint_dir: Optional[str] = None
     checkpoint_pattern: Optional[str] = None
+    checkpoint_marker: Optional[str] = None
     strategy_file: Optional[str] = None
     fault_npus: Optional[str] = DEFAULT_FAULT_NPUS
     reset_json: Optional[str] = DEFAULT_RESET_JSON
-    fault_ranks: Optional[str] = None
+    fault_ranks: Tuple[int, ...] = ()
     groups_file: Optional[str] = None
     dp: Optional[int] = None
     tp: Optional[int] = None
@@ -86,11 +93,14 @@ class RunOptions:
     pdb: bool = False
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
+    role: str = "default"
     preload: Optional[str] = None
     preload_max_rss: float = 4096.0
     bind_cores: str = "none"
     dry_run: bool = False
     json_output: bool = False
+    #: Variables every rank gets on top, from msrun's options (MS_TOPO_TIMEOUT, RANK_TABLE_FILE).
+    rank_env: Tuple[Tuple[str, str], ...] = ()
     extra: Dict[str, Any] = field(default_factory=dict, compare=False)
 
     def resolved_framework(self, environ: Dict[str, str]) -> str:
@@ -156,6 +166,44 @@ class SignalType(click.ParamType):
     def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
         option = param.opts[0] if param is not None and param.opts else "signal"
         return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
+
+
+class ParsedType(click.ParamType):
+    """A click type whose value is parsed once, here: ``parse(text)``, a ``UsageError`` for bad text.
+
+    Attributes:
+        empty: The value when the option is not given.
+    """
+
+    empty: Any = None
+
+    def parse(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
+        if not isinstance(value, str) and isinstance(value, (tuple, type(None))):
+            return value  # already parsed (a mapped torchrun / msrun option)
+        return self.parse(str(value))  # UsageError: one line, exit 2 (--dry-run too)
+
+
+class RankFilterType(ParsedType):
+    """``--console-ranks``: None (all), or the ranks shown (``none``: no rank)."""
+
+    name = "ranks"
+
+    def parse(self, text: str) -> Optional[Tuple[int, ...]]:
+        ranks = parse_rank_filter(text)
+        return None if ranks is None else tuple(ranks)
+
+
+class RankListType(ParsedType):
+    """``--fault-ranks 3,5``: the ranks, sorted."""
+
+    name = "ranks"
+    empty: Tuple[int, ...] = ()
+
+    def parse(self, text: str) -> Tuple[int, ...]:
+        return parse_rank_list(text)
 
 
 def parse_section_timeouts(items: Sequence[str]) -> Dict[str, float]:

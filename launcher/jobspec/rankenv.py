@@ -8,11 +8,13 @@ every framework's contract is unit-tested without spawning anything.
 import hashlib
 import json
 import os
+import signal
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common import envnames as ev
 from launcher.common.errors import UsageError
+from launcher.common.signals import STOP_SIGNALS
 from launcher.jobspec.ranktable.model import Device
 from launcher.jobspec.topology import Topology
 
@@ -22,6 +24,8 @@ SCHEDULER_RANK = -1  # the MindSpore scheduler is supervised like a rank but has
 # msrun's --cluster_time_out default (mindspore/parallel/cluster/run.py), which it exports as
 # MS_TOPO_TIMEOUT: the same cluster-building window as msrun unless the operator sets one.
 MSRUN_TOPO_TIMEOUT = "600"
+#: The signals the launcher stops the job on (torchrun 2.13 gives its ranks SIGTERM,SIGINT,SIGHUP,SIGQUIT).
+SIGNALS_TO_HANDLE = ",".join(signal.Signals(signum).name for signum in STOP_SIGNALS)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class EnvContext:
             else ``/dev/davinci<N>``), or None when unknown (no NPU: logical id = local index).
         local_addresses: This container's own addresses (host networking test for ``HCCL_IF_IP``).
         hccl_if_ip: ``--hccl-if-ip``, when given.
+        role: The workers' ``ROLE_NAME`` (torchrun's ``--role``).
     """
 
     framework: str
@@ -56,6 +61,7 @@ class EnvContext:
     visible_devices: Optional[Tuple[int, ...]] = None
     local_addresses: Tuple[str, ...] = ()
     hccl_if_ip: Optional[str] = None
+    role: str = "default"
 
 
 @dataclass(frozen=True)
@@ -219,7 +225,7 @@ def _torchrun_env(ctx: EnvContext, rank: int, local_rank: int, attempt: int) -> 
         ev.GROUP_WORLD_SIZE: str(topo.table.server_count),
         ev.ROLE_RANK: str(rank),
         ev.ROLE_WORLD_SIZE: str(topo.table.world_size),
-        ev.ROLE_NAME: "default",
+        ev.ROLE_NAME: ctx.role,
         ev.MASTER_ADDR: topo.table.master_addr,
         ev.MASTER_PORT: str(topo.master_port),
         ev.TORCHELASTIC_RESTART_COUNT: str(attempt),
@@ -227,6 +233,8 @@ def _torchrun_env(ctx: EnvContext, rank: int, local_rank: int, attempt: int) -> 
         ev.TORCHELASTIC_RUN_ID: ctx.run_id,
         # No agent-hosted TCPStore here: rank 0 creates the store, as with a static rendezvous.
         ev.TORCHELASTIC_USE_AGENT_STORE: "False",
+        # torchrun's agent exports the signals it handles; the launcher's are fewer (no SIGQUIT).
+        ev.TORCHELASTIC_SIGNALS_TO_HANDLE: SIGNALS_TO_HANDLE,
     }
     if local_world > 1 and ev.OMP_NUM_THREADS not in ctx.base_env:
         env[ev.OMP_NUM_THREADS] = "1"  # torchrun's rule: avoid N ranks x all cores threads

@@ -14,7 +14,7 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.control.gasp import GRACEFUL_EXIT_FILE
-from launcher.jobspec.options import RunOptions, parse_section_timeouts
+from launcher.jobspec.options import RunOptions
 from launcher.monitoring.heartbeats import HEARTBEAT_DIR, HangRules, slot_path
 from launcher.common.rundir import CONTROL_SOCKET
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, worker_specs
@@ -89,7 +89,7 @@ def standby_pool(opts: RunOptions, log_session: str, emit: Callable[..., None]):
 def hang_rules(opts: RunOptions) -> HangRules:
     """The hang detector's timeouts from ``--heartbeat-timeout`` and its siblings (off by default)."""
     return HangRules(opts.heartbeat_timeout, opts.heartbeat_initial_timeout,
-                     parse_section_timeouts(opts.section_timeout), opts.max_no_progress_restarts,
+                     dict(opts.section_timeout), opts.max_no_progress_restarts,
                      opts.straggler_threshold)
 
 
@@ -108,7 +108,7 @@ def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):
     from launcher.restore.checkpoints import compile_patterns
 
     try:
-        patterns = compile_patterns(opts.checkpoint_pattern)
+        patterns = compile_patterns(opts.checkpoint_pattern, opts.checkpoint_marker)
     except UsageError:
         return None  # the first plan reports it, as it does without the index
     return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks),
@@ -126,7 +126,6 @@ def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:
 
 def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[int] = ()):
     """The restore planner's inputs for this job and attempt."""
-    from launcher.jobspec.options import parse_rank_list
     from launcher.restore import PlanInputs
 
     # Only with --group-info-root; ranks that never write group_info.pb (PyTorch) must not make the
@@ -134,11 +133,11 @@ def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[in
     root = ctx.group_info_root
     group_info_root = root if root and _has_group_info(root) else None
     return PlanInputs(world_size=ctx.topology.table.world_size, fault_npus_path=opts.fault_npus or None,
-                      reset_json_path=opts.reset_json or None, extra_fault_ranks=parse_rank_list(opts.fault_ranks),
+                      reset_json_path=opts.reset_json or None, extra_fault_ranks=opts.fault_ranks,
                       previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
                       groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
                       checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern,
-                      strategy_file=opts.strategy_file)
+                      checkpoint_marker=opts.checkpoint_marker, strategy_file=opts.strategy_file)
 
 
 def _has_group_info(root: str) -> bool:

@@ -79,7 +79,9 @@ def format_root_cause(result, log_lines: int = 10,
         lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
                                                        for f in earlier))
     found = explain_failure(error_file(cause), cause.log_path)
+    evidence: List[str] = []
     if found is not None:
+        evidence = [found.message]
         lines.append(f"exception: {found.message}")
         if found.traceback:
             lines.append(f"traceback (from {found.source}):")
@@ -87,8 +89,21 @@ def format_root_cause(result, log_lines: int = 10,
         if cause.log_path and found.source != cause.log_path:
             lines.append(f"log: {cause.log_path}")
     elif cause.log_path:
-        tail = tail_lines(cause.log_path, log_lines)
+        tail = evidence = tail_lines(cause.log_path, log_lines)
         lines.append(f"last {len(tail)} line(s) of {cause.log_path}:")
         lines.extend(f"    {line}" for line in tail)
         lines.extend(debugging.root_cause_hint(cause.rank, tail))
+    lines.extend(framework_hint(evidence))
     return lines
+
+
+#: What MindSpore's init() raises when its cluster variables (MS_ROLE, MS_SCHED_HOST, ...) are missing.
+MINDSPORE_WITHOUT_CLUSTER = "without using 'mpirun'"
+
+
+def framework_hint(text: Sequence[str]) -> List[str]:
+    """A line saying what to add when the failure is a MindSpore script started as another framework's."""
+    if any(MINDSPORE_WITHOUT_CLUSTER in line for line in text):
+        return ["the rank called MindSpore's init() without a MindSpore cluster's variables: add "
+                "--framework mindspore (msrun's options, e.g. --worker_num, imply it)"]
+    return []

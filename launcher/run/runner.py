@@ -1,5 +1,6 @@
 """``launcher run``: resolve the job, then hand it to the supervisor and report how it ended."""
 
+import dataclasses
 import json
 import logging
 import os
@@ -10,7 +11,7 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.jobspec import hostfacts, topology
 from launcher.common.errors import UsageError
-from launcher.jobspec.options import RunOptions, check_sync_options, parse_rank_filter
+from launcher.jobspec.options import RunOptions, check_sync_options
 from launcher.common.rundir import base_dir
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
 from launcher.jobspec.recovery import resolve_strategy
@@ -31,9 +32,9 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
                      run_dir=run_dir,
                      group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
                      base_env=environ, visible_devices=hostfacts.visible_devices(environ),
-                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip)
+                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip,
+                     role=opts.role, extra=dict(opts.rank_env))
     check_visible_devices(ctx)
-    parse_rank_filter(opts.console_ranks)  # bad values fail before anything starts, dry run too
     resolve_strategy(opts.recover_strategy, environ)
     debugging.check_options(opts.debug_rank, opts.pdb, opts.command, topo.server.ranks)
     if opts.sync_dir and opts.coordinator:
@@ -61,6 +62,31 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
 
     with Session(opts, ctx) as session:
         return session.run()
+
+
+def scheduler_address(host: str) -> str:
+    """MindSpore's scheduler address (``MS_SCHED_HOST``) must be an IP address: a host name is resolved
+    here, once, as msrun resolves its ``--master_addr``.
+
+    Raises:
+        UsageError: the name does not resolve.
+    """
+    import ipaddress
+    import socket
+
+    name = host.strip("[]")
+    try:
+        return str(ipaddress.ip_address(name))
+    except ValueError:
+        pass
+    try:
+        address = socket.getaddrinfo(name, None, socket.AF_UNSPEC, socket.SOCK_STREAM)[0][4][0]
+    except (OSError, UnicodeError, IndexError) as exc:
+        raise UsageError(f"--master-addr {host}: MindSpore's scheduler needs an IP address, and {host!r} does not "
+                         f"resolve ({exc})") from None
+    log.info("--master-addr %s is %s (MindSpore's scheduler takes an IP address, as msrun resolves it)", host,
+             address)
+    return address
 
 
 def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:
@@ -101,6 +127,8 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
 
 def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:
     """The rank table (waiting for the cluster to complete it) and this server's entry."""
+    if framework == "mindspore" and opts.master_addr:
+        opts = dataclasses.replace(opts, master_addr=scheduler_address(opts.master_addr))
     path = topology.rank_table_path(opts, environ)
     table = None
     if path is not None:

@@ -24,7 +24,7 @@ from launcher.monitoring import goodput
 from launcher.monitoring.events import EventLog, read_events
 from launcher.supervision.jobtree import JobTree, report_escaped
 from launcher.jobspec import binding as binding_mod
-from launcher.jobspec.options import RunOptions, parse_rank_filter
+from launcher.jobspec.options import RunOptions
 from launcher.supervision.integration import Integrations
 from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
@@ -55,7 +55,7 @@ class Session:
         self.opts = opts
         self.ctx = ctx
         self.base_topology = ctx.topology  # every server of the job (elastic membership runs a subset)
-        self.console_ranks = parse_rank_filter(opts.console_ranks)
+        self.console_ranks = opts.console_ranks  # None: every rank
         self.run_dir = rundir_mod.RunDir(ctx.run_dir)
         self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
         self.log_session = os.path.join(self.log_root, session_name())

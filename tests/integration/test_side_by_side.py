@@ -51,12 +51,11 @@ TORCHRUN_BY_DESIGN = {
                                     "runs no store, so it says False and rank 0 hosts it",
     "TORCHELASTIC_ERROR_FILE": "a file in torchrun's temp dir vs in the launcher's log dir; both one per "
                                "rank and attempt, in an existing directory",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE": "the signals the agent stops the job on: torchrun's SIGTERM,SIGINT,"
+                                      "SIGHUP,SIGQUIT, the launcher's SIGTERM,SIGINT,SIGHUP",
 }
 #: Variables only torchrun's ranks see, and why the launcher does not set them.
-TORCHRUN_ONLY = {
-    "TORCHELASTIC_SIGNALS_TO_HANDLE": "torchrun's agent option, exported into torchrun's own environment "
-                                      "and so inherited; it configures the agent, not the rank",
-}
+TORCHRUN_ONLY: dict = {}
 
 # ----------------------------------------------------------------------------- the launcher's additions
 #: Variables the launcher gives a rank on top of the tool's, by design (README, "What each rank gets"):

@@ -130,23 +130,7 @@ def test_dry_run_refuses_bad_coordinator_files_exit_2(capsys):
 def test_torchrun_etcd_rendezvous_conf_sets_the_coordinator(capsys, tmp_path, pem, monkeypatch):
     """torchrun's ``--rdzv-backend etcd --rdzv-endpoint H:P --rdzv-conf protocol=https,cacert=,cert=,key=``
     (and etcd-v2's spellings) is ``--coordinator etcds://H:P`` with the TLS files; its timeouts too."""
-    from launcher.commands.torchrun import translate
-
-    base = {"standalone": False, "rdzv_id": "j", "shutdown_timeout": None, "nnodes": 1}
-    for name in ("monitor_interval", "start_method", "role", "run_path", "log_line_prefix_template", "redirects",
-                 "tee", "local_ranks_filter", "duplicate_stdout_filters", "duplicate_stderr_filters",
-                 "event_log_handler", "logs_specs", "local_addr", "numa_binding", "signals_to_handle",
-                 "virtual_local_rank"):
-        base[f"torchrun_{name}"] = None
-    out = translate({**base, "rdzv_backend": "etcd-v2", "rdzv_endpoint": "10.0.0.9:2379",
-                     "rdzv_conf": "protocol=https,ca_cert=/c,ssl_cert=/a,ssl_cert_key=/k,last_call_timeout=7"}, [])
-    assert (out["coordinator"], out["coordinator_cacert"], out["coordinator_cert"], out["coordinator_key"],
-            out["elastic_wait"]) == ("etcds://10.0.0.9:2379", "/c", "/a", "/k", 7.0)
-    out = translate({**base, "rdzv_backend": "etcd", "rdzv_endpoint": "h:1", "rdzv_conf": "timeout=60"}, [])
-    assert (out["coordinator"], out["sync_timeout"]) == ("etcd://h:1", 60.0)
-    with pytest.raises(UsageError) as caught:
-        translate({**base, "rdzv_backend": "etcd", "rdzv_endpoint": "h:1", "rdzv_conf": "etcd_prefix=/x"}, [])
-    assert "--rdzv-conf 'etcd_prefix=/x': not one of" in caught.value.message
+    # The mapping itself, key by key: tests/unit/commands/test_dropin_cli.py; here, through the CLI.
     code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--rdzv-backend", "etcd",
                              "--rdzv-endpoint", "127.0.0.1:2379", "--rdzv-id", "j",
                              "--rdzv-conf", f"protocol=https,cacert={pem / 'a.pem'}", "--", "true")

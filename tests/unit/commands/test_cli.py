@@ -491,16 +491,20 @@ def test_torchrun_options_the_launcher_cannot_honour_exit_2(capsys, args, line):
 
 
 def test_refused_torchrun_options_each_say_what_to_do(capsys):
-    from launcher.commands.torchrun import REFUSED
+    from launcher.commands.optiontable import FLAG, REFUSED, foreign_rows
 
-    for option, (takes_value, hint) in REFUSED.items():
+    refused = [row for row in foreign_rows("torchrun") if row.handling == REFUSED]
+    assert refused
+    for row in refused:
+        option = row.torchrun
         for spelling in (option, option.replace("-", "_").replace("__", "--")):
             code, out, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", spelling,
-                                     *(["3"] if takes_value else []), "--", "true")
+                                     *([] if row.type is FLAG else ["3"]), "--", "true")
             assert code == 2 and out == "", spelling
-            assert err.splitlines() == [f"launcher: {option} is torchrun's: {hint}"], spelling
-    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--tee", "3", "-r", "3", "--", "true")
-    assert code == 2 and err.splitlines()[0] == "launcher: 2 torchrun options cannot be used here"
+            assert err.splitlines() == [f"launcher: {option} is torchrun's: {row.note}"], spelling
+    code, _, err = run_cli(capsys, "run", "--dry-run", "--nproc-per-node", "1", "--local-addr", "h", "--logs-specs",
+                           "x", "--", "true")
+    assert code == 2 and err.splitlines()[0] == "launcher: 2 options cannot be used here"
 
 
 def test_shutdown_timeout_is_stop_timeout(capsys, monkeypatch):
@@ -600,4 +604,5 @@ def test_torchrun_value_parsers_accept_or_refuse_cleanly(text):
         assert value >= 1 if isinstance(value, int) else 1 <= value[0] < value[1]
     kwargs = {"master_addr": None, "master_port": None}
     problems = _endpoint(kwargs, text)
-    assert problems or (kwargs["master_addr"] and 0 < kwargs["master_port"] < 65536)
+    # port 0 is torchrun's "a free port": no --master-port, topology.resolve picks one
+    assert problems or (kwargs["master_addr"] and (kwargs["master_port"] is None or 0 < kwargs["master_port"] < 65536))

