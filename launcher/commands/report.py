@@ -22,6 +22,6 @@ def report(run_dir: str, output: Optional[str]) -> int:
         raise LauncherError(f"no events in {run_dir}", ["pass the run dir of a `launcher run`"])
     path = output or os.path.join(run_dir, "timeline.html")
     with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render(events, f"launcher run {os.path.basename(os.path.normpath(run_dir))}"))
+        fh.write(render(events, where=os.path.abspath(run_dir)))
     click.echo(path)
     return 0
