@@ -207,7 +207,7 @@ def _rank_lane(ranks: List[int], history: list, page: _Page, y: float) -> List[s
                              ranks=ranges(ranks), attempt=attempt, part=part))
         tip = f"{who}, attempt {attempt}: {state} ({detail}) at +{died - page.start:.2f} s"
         out.append(f'<g data-kind="end" data-ranks="{esc(ranges(ranks))}" data-attempt="{attempt}" '
-                   f'data-state="{esc(state)}"><title>{esc(tip)}</title>{_end_mark(state, page.px(died), y)}</g>')
+                   f'data-state="{esc(state)}" data-x="{page.px(died):.1f}" data-y="{y + LANE / 2}"><title>{esc(tip)}</title>{_end_mark(state, page.px(died), y)}</g>')
     return out
 
 

@@ -35,6 +35,20 @@ def lanes_by_ranks(elements, kind):
     return out
 
 
+def expand(text):
+    """``0-1,3`` -> [0, 1, 3]."""
+    out = []
+    for item in filter(None, text.split(",")):
+        lo, _, hi = item.partition("-")
+        out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def ends_per_rank(elements):
+    """{(rank, attempt): how it ended} from the end markers of the (grouped) lanes."""
+    return {(rank, int(e["data-attempt"])): e["data-state"] for e in of(elements, "end") for rank in expand(e["data-ranks"])}
+
+
 def job_part_at(elements, x):
     return next(e["data-part"] for e in of(elements, "part") if float(e["x"]) <= x < float(e["x"]) + float(e["width"]))
 
@@ -104,6 +118,7 @@ def test_ranks_with_the_same_history_share_a_lane_and_exceptions_stand_alone():
 
 def test_ranges():
     assert ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and ranges([3]) == "3" and ranges([]) == ""
+    assert expand(ranges([0, 1, 2, 5, 7, 8])) == [0, 1, 2, 5, 7, 8]
 
 
 def test_text_from_the_run_is_escaped():
