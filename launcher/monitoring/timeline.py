@@ -47,7 +47,7 @@ def render(events: List[dict], title: Optional[str] = None, where: str = "") -> 
     run = goodput_mod.last_run(events)
     good = goodput_mod.compute(run)
     page = _Page(good)
-    lanes = group_lanes(rank_histories(run, good), page.px)
+    lanes = rank_lanes(run, good, page.px)
     height = page.top + ROW * (len(lanes) + 1) + 40
     shapes = [page.axis(height)]
     shapes += _job_lane(good, page)
@@ -100,41 +100,78 @@ class _Page:
         return "".join(out)
 
 
-def rank_histories(run: List[dict], good: "goodput_mod.Goodput") -> Dict[int, List[Tuple[int, List[Span], str, float, str]]]:
-    """rank -> per attempt ``(attempt, spans, end state, exit time, exit detail)``: the job's parts
-    from the rank's spawn to its exit, start-up until its own first output when the attempt has no
-    step beats (the job lane is already past start-up once any rank printed)."""
-    beats = {ev.get("attempt") for ev in run if ev.get("event") in ("step_first", "heartbeat")}
-    spawned, outputs, exits = {}, {}, {}
-    for ev in run:
-        kind, key = ev.get("event"), (ev.get("rank"), ev.get("attempt"))
-        if kind == "rank_spawned" and isinstance(key[0], int):
-            spawned[key] = float(ev["ts"])
-        elif kind == "rank_output" and isinstance(ev.get("at"), (int, float)):
-            outputs.setdefault(key, float(ev["at"]))
-        elif kind == "rank_exited" and key in spawned:
-            cause = f"signal {ev['signal']}" if ev.get("signal") else f"exit code {ev.get('exit_code')}"
-            exits[key] = (float(ev.get("exited_at") or ev["ts"]), str(ev.get("state")), cause)
+class _RankTimes:
+    """What the events say of each rank's attempts: when spawned, its first output, its exit."""
+
+    def __init__(self, run: List[dict], end: float):
+        self.beats = {ev.get("attempt") for ev in run if ev.get("event") in ("step_first", "heartbeat")}
+        self.spawned: Dict[Tuple[int, int], float] = {}
+        self.outputs: Dict[Tuple[int, int], float] = {}
+        self.exits: Dict[Tuple[int, int], Tuple[float, str, str]] = {}
+        for ev in run:
+            kind = ev.get("event")
+            if kind not in ("rank_spawned", "rank_output", "rank_exited"):
+                continue
+            key = (ev.get("rank"), ev.get("attempt"))
+            if kind == "rank_spawned" and isinstance(key[0], int):
+                self.spawned[key] = float(ev["ts"])
+            elif kind == "rank_output" and isinstance(ev.get("at"), (int, float)):
+                self.outputs.setdefault(key, float(ev["at"]))
+            elif kind == "rank_exited" and key in self.spawned:
+                cause = f"signal {ev['signal']}" if ev.get("signal") else f"exit code {ev.get('exit_code')}"
+                self.exits[key] = (float(ev.get("exited_at") or ev["ts"]), str(ev.get("state")), cause)
+        self.end = end
+
+    def of(self, rank: int, attempt: int) -> Tuple[float, Optional[float], float, str, str]:
+        """(spawned, its own first output when the attempt has no beats, exit, end state, detail)."""
+        died, state, detail = self.exits.get((rank, attempt), (self.end, "running", "still running"))
+        first = self.outputs.get((rank, attempt)) if attempt not in self.beats else None
+        return self.spawned[(rank, attempt)], first, died, state, detail
+
+
+def rank_lanes(run: List[dict], good: "goodput_mod.Goodput", px) -> List[Tuple[List[int], list]]:
+    """One lane per group of ranks whose attempts draw the same (spawn, first output and exit on the
+    same pixel, the same end states), in the order of their lowest rank; each lane's history per
+    attempt: ``(attempt, spans, end state, exit time, exit detail)``."""
+    times = _RankTimes(run, good.end)
+    groups: Dict[tuple, List[int]] = {}
+    attempts: Dict[int, List[int]] = {}
+    for rank, attempt in sorted(times.spawned, key=lambda key: (key[0], times.spawned[key])):
+        attempts.setdefault(rank, []).append(attempt)
+    for rank, tried in attempts.items():
+        key = []
+        for attempt in tried:
+            born, first, died, state, _ = times.of(rank, attempt)
+            key.append((attempt, round(px(born)), None if first is None else round(px(first)), round(px(died)), state))
+        groups.setdefault(tuple(key), []).append(rank)
     by_attempt: Dict[int, List[Tuple[str, float, float]]] = {}
     for part, begin, end, attempt in merged(good.spans):
         by_attempt.setdefault(attempt, []).append((part, begin, end))
-    out: Dict[int, list] = {}
-    for (rank, attempt), born in sorted(spawned.items(), key=lambda kv: (kv[0][0], kv[1])):
-        died, state, detail = exits.get((rank, attempt), (good.end, "running", "still running"))
-        first = outputs.get((rank, attempt)) if attempt not in beats else None
-        spans = []
-        for part, begin, end in by_attempt.get(attempt, ()):
-            begin, end = max(begin, born), min(end, died)
-            if end <= begin:
-                continue
-            if part == "unknown" and first is not None and begin < first:
-                started = "startup" if attempt == 0 else "restarting"
-                spans += [s for s in ((started, begin, min(end, first)), (part, min(end, first), end)) if s[2] > s[1]]
-            else:
-                spans.append((part, begin, end))
-        out.setdefault(rank, []).append((attempt, [s[:3] for s in merged([(*s, 0) for s in spans])], state, died,
-                                         detail))
-    return out
+    lanes = []
+    for ranks in groups.values():
+        history = []
+        for attempt in attempts[ranks[0]]:
+            born, first, died, state, detail = times.of(ranks[0], attempt)
+            history.append((attempt, _phases(by_attempt.get(attempt, ()), born, first, died, attempt), state, died,
+                            detail))
+        lanes.append((ranks, history))
+    return sorted(lanes, key=lambda lane: lane[0][0])
+
+
+def _phases(job: Sequence[Span], born: float, first: Optional[float], died: float, attempt: int) -> List[Span]:
+    """The job's parts from ``born`` to ``died``; start-up (or restarting) until ``first`` where the job
+    was already ``unknown`` (another rank had printed)."""
+    spans: List[Span] = []
+    for part, begin, end in job:
+        begin, end = max(begin, born), min(end, died)
+        if end <= begin:
+            continue
+        if part == "unknown" and first is not None and begin < first:
+            started = "startup" if attempt == 0 else "restarting"
+            spans += [s for s in ((started, begin, min(end, first)), (part, min(end, first), end)) if s[2] > s[1]]
+        else:
+            spans.append((part, begin, end))
+    return [s[:3] for s in merged([(*s, 0) for s in spans])]
 
 
 def merged(spans: Sequence[Tuple[str, float, float, int]]) -> List[Tuple[str, float, float, int]]:
@@ -146,17 +183,6 @@ def merged(spans: Sequence[Tuple[str, float, float, int]]) -> List[Tuple[str, fl
         else:
             out.append(tuple(span))
     return out
-
-
-def group_lanes(histories: Dict[int, list], px) -> List[Tuple[List[int], list]]:
-    """Ranks whose histories draw the same (every boundary on the same pixel, the same end states)
-    share one lane; lanes in the order of their lowest rank."""
-    groups: Dict[tuple, List[int]] = {}
-    for rank, history in histories.items():
-        key = tuple((attempt, tuple((p, round(px(b)), round(px(e))) for p, b, e in spans), state, round(px(died)))
-                    for attempt, spans, state, died, _ in history)
-        groups.setdefault(key, []).append(rank)
-    return sorted(((ranks, histories[ranks[0]]) for ranks in groups.values()), key=lambda lane: lane[0][0])
 
 
 def ranges(ranks: Sequence[int]) -> str:
@@ -228,7 +254,10 @@ def _markers(run: List[dict], good: "goodput_mod.Goodput", page: _Page, lanes, h
     bottom, out = height - 28, []
     lane_y = {rank: page.top + ROW * (i + 1) for i, (ranks, _) in enumerate(lanes) for rank in ranks}
     for ev in run:
-        kind, x = ev.get("event"), page.px(float(ev.get("ts", page.start)))
+        kind = ev.get("event")
+        if kind not in ("attempt_start", "restart", "gasp"):
+            continue
+        x = page.px(float(ev.get("ts", page.start)))
         if kind == "attempt_start":
             label = f"attempt {ev.get('attempt')}"
             out.append(f'<g data-kind="attempt" data-attempt="{esc(ev.get("attempt"))}"><title>{esc(label)} starts at '
