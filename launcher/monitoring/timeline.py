@@ -46,22 +46,31 @@ def render(events: List[dict], title: Optional[str] = None, where: str = "") -> 
     ``start`` event; ``where`` (the run dir) is shown under it."""
     run = goodput_mod.last_run(events)
     good = goodput_mod.compute(run)
-    page = _Page(good)
+    page = Page(good.start, good.wall)
     lanes = rank_lanes(run, good, page.px)
     height = page.top + ROW * (len(lanes) + 1) + 40
     shapes = [page.axis(height)]
-    shapes += _job_lane(good, page)
+    shapes += job_lane(good.spans, page, page.top, "job")
     for i, (ranks, history) in enumerate(lanes):
         shapes += _rank_lane(ranks, history, page, page.top + ROW * (i + 1))
     shapes += _markers(run, good, page, lanes, height)
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" '
-           f'font-size="12">{_DEFS}<rect width="100%" height="100%" fill="white"/>{_legend()}{"".join(shapes)}</svg>')
     title = title or default_title(run, good, len({r for ranks, _ in lanes for r in ranks}))
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(good.start))
-    sub = f"started {started}, {good.wall:.1f} s" + (f"; run dir {where}" if where else "")
+    sub = [f"started {page.started}, {good.wall:.1f} s" + (f"; run dir {where}" if where else ""), good.summary()]
+    return html_page(title, sub, svg(height, shapes))
+
+
+def svg(height: int, shapes: List[str]) -> str:
+    """The picture: legend, then ``shapes`` (already escaped SVG)."""
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" '
+            f'font-size="12">{_DEFS}<rect width="100%" height="100%" fill="white"/>{_legend()}{"".join(shapes)}</svg>')
+
+
+def html_page(title: str, lines: List[str], picture: str, after: str = "") -> str:
+    """The page: ``title``, the text ``lines`` under it, the SVG, and ``after`` (already escaped HTML)."""
+    text = "<br>".join(esc(line) for line in lines)
     return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{esc(title)}</title></head>'
-            f'<body style="font-family:sans-serif"><h2>{esc(title)}</h2><p>{esc(sub)}<br>{esc(good.summary())}</p>'
-            f"\n{svg}\n</body></html>\n")
+            f'<body style="font-family:sans-serif"><h2>{esc(title)}</h2><p>{text}</p>\n{picture}\n{after}'
+            f"</body></html>\n")
 
 
 def default_title(run: List[dict], good: "goodput_mod.Goodput", nranks: int) -> str:
@@ -76,11 +85,12 @@ def default_title(run: List[dict], good: "goodput_mod.Goodput", nranks: int) -> 
     return f"{script or 'launcher run'}{where}: {nranks} ranks, {attempts} attempt(s), {outcome}"
 
 
-class _Page:
-    """The picture's geometry: seconds to pixels, the time axis."""
+class Page:
+    """The picture's geometry: seconds since ``start`` to pixels, the time axis."""
 
-    def __init__(self, good: "goodput_mod.Goodput"):
-        self.start, self.wall, self.top = good.start, max(good.wall, 1e-6), 78
+    def __init__(self, start: float, wall: float):
+        self.start, self.wall, self.top = start, max(wall, 1e-6), 78
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
 
     def px(self, ts: float) -> float:
         return LEFT + (WIDTH - LEFT - RIGHT) * (ts - self.start) / self.wall
@@ -204,31 +214,33 @@ def _lane_label(ranks: List[int], y: float) -> str:
             f'<title>{esc(f"{len(ranks)} rank(s) with this history: {text}")}</title>{esc(label)}</text>')
 
 
-def _rect(kind: str, x0: float, x1: float, y: float, fill: str, tip: str, **data: object) -> str:
+def rect(kind: str, x0: float, x1: float, y: float, fill: str, tip: str, **data: object) -> str:
     attrs = "".join(f' data-{k}="{esc(v)}"' for k, v in data.items())
     return (f'<rect data-kind="{kind}"{attrs} x="{x0:.2f}" y="{y}" width="{max(x1 - x0, 1.0):.2f}" height="{LANE}" '
             f'fill="{fill}"><title>{esc(tip)}</title></rect>')
 
 
-def _when(page: _Page, begin: float, end: float) -> str:
+def _when(page: Page, begin: float, end: float) -> str:
     return f"{end - begin:.2f} s, from +{begin - page.start:.2f} s to +{end - page.start:.2f} s"
 
 
-def _job_lane(good: "goodput_mod.Goodput", page: _Page) -> List[str]:
-    y = page.top
-    out = [f'<text x="4" y="{y + 13}" font-weight="bold">job</text>']
-    for part, begin, end, attempt in merged(good.spans):
-        out.append(_rect("part", page.px(begin), page.px(end), y, COLORS[part],
-                         f"job, attempt {attempt}: {part} {_when(page, begin, end)}", part=part, attempt=attempt))
+def job_lane(spans: Sequence[Tuple[str, float, float, int]], page: Page, y: float, name: str,
+             **data: object) -> List[str]:
+    """A lane of goodput parts (the job's, or one node's), labelled ``name``."""
+    out = [f'<text x="4" y="{y + 13}" font-weight="bold">{esc(name)}</text>']
+    for part, begin, end, attempt in merged(spans):
+        out.append(rect("part", page.px(begin), page.px(end), y, COLORS[part],
+                        f"{name}, attempt {attempt}: {part} {_when(page, begin, end)}", part=part, attempt=attempt,
+                        **data))
     return out
 
 
-def _rank_lane(ranks: List[int], history: list, page: _Page, y: float) -> List[str]:
+def _rank_lane(ranks: List[int], history: list, page: Page, y: float) -> List[str]:
     who = f"rank {ranges(ranks)}" if len(ranks) == 1 else f"{len(ranks)} ranks ({ranges(ranks)[:60]})"
     out = [_lane_label(ranks, y)]
     for attempt, spans, state, died, detail in history:
         for part, begin, end in spans:
-            out.append(_rect("phase", page.px(begin), page.px(end), y, COLORS[part],
+            out.append(rect("phase", page.px(begin), page.px(end), y, COLORS[part],
                              f"{who}, attempt {attempt}: {part} {_when(page, begin, end)}",
                              ranks=ranges(ranks), attempt=attempt, part=part))
         tip = f"{who}, attempt {attempt}: {state} ({detail}) at +{died - page.start:.2f} s"
@@ -249,7 +261,16 @@ def _end_mark(state: str, x: float, y: float) -> str:
     return f'<rect x="{x - 4:.1f}" y="{mid - 4}" width="8" height="8" fill="#111"/>'
 
 
-def _markers(run: List[dict], good: "goodput_mod.Goodput", page: _Page, lanes, height: int) -> List[str]:
+def attempt_line(page: Page, ts: float, attempt: object, bottom: float, word: str = "attempt") -> str:
+    """A labelled vertical line where an attempt (or a generation) starts."""
+    label = f"{word} {attempt}"
+    x = page.px(ts)
+    return (f'<g data-kind="attempt" data-attempt="{esc(attempt)}"><title>{esc(label)} starts at '
+            f'+{ts - page.start:.2f} s</title><line x1="{x:.1f}" y1="{page.top - 18}" x2="{x:.1f}" y2="{bottom}" '
+            f'stroke="#333"/><text x="{x + 3:.1f}" y="{page.top - 8}">{esc(label)}</text></g>')
+
+
+def _markers(run: List[dict], good: "goodput_mod.Goodput", page: Page, lanes, height: int) -> List[str]:
     """Attempt starts (labelled), restarts and gasps (dashed) across every lane; failure rings."""
     bottom, out = height - 28, []
     lane_y = {rank: page.top + ROW * (i + 1) for i, (ranks, _) in enumerate(lanes) for rank in ranks}
@@ -259,11 +280,7 @@ def _markers(run: List[dict], good: "goodput_mod.Goodput", page: _Page, lanes, h
             continue
         x = page.px(float(ev.get("ts", page.start)))
         if kind == "attempt_start":
-            label = f"attempt {ev.get('attempt')}"
-            out.append(f'<g data-kind="attempt" data-attempt="{esc(ev.get("attempt"))}"><title>{esc(label)} starts at '
-                       f'+{float(ev["ts"]) - page.start:.2f} s</title><line x1="{x:.1f}" y1="{page.top - 18}" '
-                       f'x2="{x:.1f}" y2="{bottom}" stroke="#333"/><text x="{x + 3:.1f}" y="{page.top - 8}">'
-                       f'{esc(label)}</text></g>')
+            out.append(attempt_line(page, float(ev["ts"]), ev.get("attempt"), bottom))
         elif kind in ("restart", "gasp"):
             tip = f"restart to attempt {ev.get('attempt')}" if kind == "restart" else f"dying gasp ({ev.get('source')})"
             color = "#6a1b9a" if kind == "restart" else "#000"
