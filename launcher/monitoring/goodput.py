@@ -1,38 +1,24 @@
 """Goodput: a run's wall time split into what it was spent on, from ``events.jsonl`` alone.
 
 The run's wall time runs from its ``start`` event to its ``job_end`` (or ``stop``, or "now" for a live
-run). Every instant of it belongs to exactly one part, so the parts always add up to the wall time.
-A sweep over the events in file order moves one "current part" along; each part is defined by the
-event that enters it:
+run). Every instant of it belongs to exactly one part, so the parts always add up to the wall time. A
+sweep over the events in file order moves one "current part" along (``startup`` until every rank of
+attempt 0 is spawned; ``detection`` from a failed rank's exit until the launcher recorded it;
+``stopping`` until ``attempt_end``; ``restarting`` until the next attempt's ranks are spawned;
+``waiting`` during a cluster hold); the time the ranks then run is split afterwards by what the
+launcher measured of them, never more:
 
-* ``startup`` - from ``start`` until every rank of attempt 0 is spawned (``rank_spawned`` for each rank
-  ``attempt_start`` named): reading the rank table, the integrations, spawning; with step events
-  (below), until the attempt's first step: the ranks' interpreter start, imports and rendezvous too.
-* ``productive`` - from there until a failure is detected or the attempt is stopped; the whole
-  remaining run time of a successful attempt.
-* ``detection`` - from a failed rank's exit (``rank_exited.exited_at``, its reaping time) until the
-  launcher recorded it (the event's ``ts``). Hangs are not seen here: without rank heartbeats a hung
-  rank counts as productive until it exits.
-* ``stopping`` - from the failure (or a ``stop_group`` / ``gasp`` on a request or signal) until the
-  attempt's ``attempt_end``: stopping the other ranks, the dying gasp; after a successful attempt,
-  the launcher's own shutdown until ``job_end``.
-* ``restarting`` - from a failed ``attempt_end`` until every rank of the next attempt is spawned:
-  the restart decision, backoff, the restore plan, spawning (a ``scope: rank`` restart: until that
-  rank is spawned again); with step events, until the attempt's first step: the ranks' start-up,
-  imports, rendezvous and checkpoint load, which is most of a restart's cost (and what warm standbys
-  save). Without them that time counts as productive.
-* ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
-  restart.
-* ``recomputed`` - carved from the productive time after a restart: the time spent re-running steps
-  the failed attempt had already done. The steps come from the ranks' heartbeat slots, which the hang
-  detector records (``launcher.run.hangwatch``): ``step_last`` (an attempt's highest step, at its
-  end), ``step_first`` (its first beat with a step) and ``step_regained`` (a restarted attempt reached
-  the step before the failure again), each with the beat's time ``at``; ``heartbeat`` events with a
-  ``step`` count the same way. Per failure, steps recomputed = the failed attempt's last step - the
-  step the next attempt's ``restore_plan`` resumes from; their time = the next attempt's productive
-  time from its first step until it regained that step (or until its productive time ended, when it
-  never did). Without those events both stay ``None`` (unknown, never 0) and the time stays in
-  ``productive``.
+* with step beats (``step_first``, ``heartbeat`` with a step): start-up / restarting until the
+  attempt's first step, ``productive`` after it, ``recomputed`` while it re-ran the failed attempt's
+  steps (``step_last`` - ``restore_plan.step``, until ``step_regained``);
+* without them: start-up / restarting until the attempt's first output (``rank_output``), and
+  ``unknown`` after it: training or still importing, rendezvousing or loading cannot be told apart;
+* ``hung``: from a hung rank's last output or beat (``hang_detected.last_output`` / ``last_beat``, its
+  spawn without either) until the detector found it.
+
+Steps recomputed and their seconds stay ``None`` (unknown, never 0) without the events they need; the
+ratio is ``None`` when some time is unknown, with its bounds in :attr:`Goodput.bounds`. docs/status.md
+has the table of every part and where each number comes from.
 """
 
 import json
