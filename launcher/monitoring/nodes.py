@@ -18,7 +18,8 @@ import statistics
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from launcher.monitoring import goodput as goodput_mod
-from launcher.monitoring.timeline import LANE, ROW, Page, attempt_line, esc, html_page, job_lane, svg
+from launcher.monitoring.timeline import (LANE, ROW, Page, attempt_line, esc, html_page, job_lane, marked, ring,
+                                          svg)
 
 #: Events every node records at about the same moment: the clock-alignment points.
 _ALIGN = ("sync_start", "sync_barrier")
@@ -105,9 +106,8 @@ def render(nodes: Sequence[Node], title: Optional[str] = None) -> str:
             first = any(f[1] is node and f[2].get("generation") == failure.attempt for f in firsts.values())
             tip = (f"{node.name}: rank {failure.rank} {failure.cause} in generation {failure.attempt} at "
                    f"+{failure.at + node.offset - page.start:.2f} s" + ("; the first node to fail" if first else ""))
-            shapes.append(f'<g data-kind="failure" data-node="{esc(node.name)}" data-attempt="{failure.attempt}" '
-                          f'data-first="{int(first)}"><title>{esc(tip)}</title><circle cx="{page.px(failure.at + node.offset):.2f}" '
-                          f'cy="{y + LANE / 2}" r="{9 if first else 6}" fill="none" stroke="#b71c1c" stroke-width="{3 if first else 2}"/></g>')
+            shapes.append(marked("failure", tip, ring(page.px(failure.at + node.offset), y + LANE / 2, first),
+                                 node=node.name, attempt=failure.attempt, first=int(first)))
     lines = [f"started {page.started}, {page.wall:.1f} s, {len(nodes)} nodes"]
     for generation, (at, node, ev) in sorted(firsts.items()):
         lines.append(f"generation {generation}: {node.name} failed first (rank {ev.get('rank')}, exit code "
@@ -132,8 +132,9 @@ def _wait_table(nodes: Sequence[Node]) -> str:
     rows = "".join(f"<tr><td>{esc(g)}</td>" + "".join(f'<td data-node="{esc(n.name)}" data-generation="{esc(g)}">'
                                                       f"{esc(_seconds(w.get(n.name)))}</td>" for n in nodes) + "</tr>"
                    for g, w in sorted(table.items()))
-    return (f'<h3>Waited at each restart barrier (s): from the node\'s own stop until every node had stopped'
-            f'</h3><table data-kind="waits" border="1" cellpadding="4"><tr><th>generation</th>{head}</tr>{rows}</table>\n')
+    caption = "Waited at each restart barrier (s): from the node's own stop until every node had stopped"
+    return (f'<h3>{esc(caption)}</h3><table data-kind="waits" border="1" cellpadding="4">'
+            f"<tr><th>generation</th>{head}</tr>{rows}</table>\n")
 
 
 def _seconds(value: Optional[float]) -> str:

@@ -104,7 +104,8 @@ class Page:
             x = self.px(self.start + i * step)
             label = f"{i * step:g} s"
             out.append(f'<line x1="{x:.1f}" y1="{self.top - 6}" x2="{x:.1f}" y2="{y}"/>'
-                       f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle" stroke="none" fill="#444">{esc(label)}</text>')
+                       f'<text x="{x:.1f}" y="{y + 14}" text-anchor="middle" stroke="none" fill="#444">'
+                       f'{esc(label)}</text>')
         out.append(f'<text x="{WIDTH - RIGHT}" y="{y + 27}" text-anchor="end" stroke="none" fill="#444">'
                    f'{esc("seconds since the run started")}</text></g>')
         return "".join(out)
@@ -241,12 +242,25 @@ def _rank_lane(ranks: List[int], history: list, page: Page, y: float) -> List[st
     for attempt, spans, state, died, detail in history:
         for part, begin, end in spans:
             out.append(rect("phase", page.px(begin), page.px(end), y, COLORS[part],
-                             f"{who}, attempt {attempt}: {part} {_when(page, begin, end)}",
-                             ranks=ranges(ranks), attempt=attempt, part=part))
+                            f"{who}, attempt {attempt}: {part} {_when(page, begin, end)}",
+                            ranks=ranges(ranks), attempt=attempt, part=part))
         tip = f"{who}, attempt {attempt}: {state} ({detail}) at +{died - page.start:.2f} s"
-        out.append(f'<g data-kind="end" data-ranks="{esc(ranges(ranks))}" data-attempt="{attempt}" '
-                   f'data-state="{esc(state)}" data-x="{page.px(died):.1f}" data-y="{y + LANE / 2}"><title>{esc(tip)}</title>{_end_mark(state, page.px(died), y)}</g>')
+        x = page.px(died)
+        out.append(marked("end", tip, _end_mark(state, x, y), ranks=ranges(ranks), attempt=attempt, state=state,
+                          x=f"{x:.1f}", y=y + LANE / 2))
     return out
+
+
+def marked(kind: str, tip: str, shape: str, **data: object) -> str:
+    """A marker: ``shape`` (already escaped SVG) in a group with its hover text and data."""
+    attrs = "".join(f' data-{k.replace("_", "-")}="{esc(v)}"' for k, v in data.items())
+    return f'<g data-kind="{kind}"{attrs}><title>{esc(tip)}</title>{shape}</g>'
+
+
+def ring(x: float, y: float, thick: bool = True) -> str:
+    """The failure ring (where a failure's lost time began)."""
+    return (f'<circle cx="{x:.2f}" cy="{y}" r="{9 if thick else 6}" fill="none" stroke="#b71c1c" '
+            f'stroke-width="{3 if thick else 2}"/>')
 
 
 def _end_mark(state: str, x: float, y: float) -> str:
@@ -292,9 +306,8 @@ def _markers(run: List[dict], good: "goodput_mod.Goodput", page: Page, lanes, he
         count = "unknown" if failure.steps_recomputed is None else failure.steps_recomputed
         tip = (f"attempt {failure.attempt} failed: rank {failure.rank} {failure.cause} at "
                f"+{failure.at - page.start:.2f} s; lost {failure.time_lost:.2f} s, steps recomputed {count}")
-        out.append(f'<g data-kind="failure" data-rank="{esc(failure.rank)}" data-attempt="{failure.attempt}" '
-                   f'data-steps-recomputed="{esc(count)}"><title>{esc(tip)}</title><circle cx="{page.px(failure.at):.2f}" '
-                   f'cy="{y}" r="9" fill="none" stroke="#b71c1c" stroke-width="2"/></g>')
+        out.append(marked("failure", tip, ring(page.px(failure.at), y), rank=failure.rank, attempt=failure.attempt,
+                          steps_recomputed=count))
     return out
 
 
