@@ -8,11 +8,17 @@ rank (about 2,000 lines, what a heartbeat source could add). Measured: ``launche
 interpreter start, imports, reads, output), a bare ``python -c pass`` right after them (the
 interpreter's share, which no command can avoid), and ``job_status`` alone in this process (the reads
 and the goodput sweep).
+
+A second measurement (issue #31 item 3): ``launcher report`` on the events of a 16,384-rank job with 10
+restarts (every rank spawned, printing and exiting in each of 11 attempts, about 540,000 events; per
+attempt one failed rank and two that printed late): the time to write the timeline end to end, the
+file's size and its number of lanes (ranks with the same history share one).
 """
 
 import fcntl
 import json
 import os
+import resource
 import subprocess
 import time
 
@@ -22,6 +28,7 @@ NAME = "status"
 RANKS = 64
 ATTEMPTS = 4
 TARGET_MS = 100.0
+REPORT_RANKS, REPORT_RESTARTS = 16384, 10
 
 
 def synthetic_run_dir(path: str, pids: list) -> None:
@@ -92,6 +99,56 @@ def one_run() -> dict:
             "exit": done.returncode}
 
 
+def scale_events(path: str, ranks: int = REPORT_RANKS, restarts: int = REPORT_RESTARTS) -> int:
+    """Write the events.jsonl of a ``ranks``-rank job with ``restarts`` failures; returns the line count.
+    Attempt ``a``: spawned over 0.2 s, output at +20 s (ranks ``a+100`` and ``a+200``: at +60 s), rank
+    ``1000a+3`` fails at +200 s and the rest stop; the last attempt succeeds at +300 s."""
+    t, count = time.time() - 4000, 0
+    with open(os.path.join(path, "events.jsonl"), "w") as fh:
+        def put(ts, **line):
+            nonlocal count
+            fh.write(json.dumps({"ts": round(ts, 3), "run_id": "bench", **line}) + "\n")
+            count += 1
+        put(t, event="start", argv=["python", "train.py"], server="node0", world_size=ranks)
+        for attempt in range(restarts + 1):
+            t0, late, failing = t + 1 + 310 * attempt, {attempt + 100, attempt + 200}, 1000 * attempt + 3
+            last = attempt == restarts
+            put(t0, event="attempt_start", attempt=attempt, ranks=list(range(ranks)))
+            for r in range(ranks):
+                put(t0 + 0.2 * r / ranks, event="rank_spawned", attempt=attempt, rank=r, pid=1000 + r)
+            for r in range(ranks):
+                at = t0 + (60 if r in late else 20)
+                put(at, event="rank_output", attempt=attempt, rank=r, at=at)
+            if not last:
+                put(t0 + 200, event="rank_exited", attempt=attempt, rank=failing, state="failed", exit_code=1,
+                    exited_at=t0 + 200)
+            for r in range(ranks):
+                if r != failing or last:
+                    state, code = ("succeeded", 0) if last else ("stopped", 143)
+                    put(t0 + (300 if last else 201), event="rank_exited", attempt=attempt, rank=r, state=state,
+                        exit_code=code, exited_at=t0 + (300 if last else 201))
+            put(t0 + (300 if last else 202), event="attempt_end", attempt=attempt, failed=not last)
+            if not last:
+                put(t0 + 203, event="restart", attempt=attempt + 1, scope="group")
+        put(t + 1 + 310 * restarts + 301, event="job_end", reason="succeeded")
+    return count
+
+
+def report_run(run_dir: str) -> dict:
+    """``launcher report`` on the scale run dir: time end to end, the page's size and lanes."""
+    out = os.path.join(os.path.dirname(run_dir), "timeline.html")
+    started, before = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run([PYTHON, "-m", "launcher", "report", run_dir, "-o", out], env=job_env(), cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    seconds, after = time.perf_counter() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    ok = done.returncode == 0 and os.path.exists(out)
+    size = os.path.getsize(out) if ok else None
+    lanes = open(out, encoding="utf-8").read().count('data-kind="lane"') if ok else None
+    return {"report_s": seconds if ok else None, "report_cpu_s": cpu if ok else None, "bytes": size, "lanes": lanes,
+            "ok": ok}
+
+
 def run(settings: Settings) -> Result:
     """``launcher status --json`` on a 64-rank run dir, end to end and in process."""
     runs = alternate({"ours": one_run}, settings, "status")["ours"]
@@ -106,5 +163,22 @@ def run(settings: Settings) -> Result:
                 "< 100 ms", own is not None and own < TARGET_MS, len(runs)),
             Row(NAME, f"`job_status` in process, {RANKS} ranks", "ms", inproc, {}, "-", "-", None, len(runs))]
     values = ", ".join(fmt(ms(v), 1) for v in column(runs, "cli_s"))
-    return Result(rows, {"ours": runs}, [f"- {RANKS} live ranks (sleeping processes), {ATTEMPTS} attempts, "
-                                         f"heartbeat events; end to end per run (ms): {values}."])
+    notes = [f"- {RANKS} live ranks (sleeping processes), {ATTEMPTS} attempts, heartbeat events; end to end "
+             f"per run (ms): {values}."]
+    with TempDir("report") as tmp:
+        run_dir = os.path.join(tmp, "run")
+        os.makedirs(run_dir)
+        lines = scale_events(run_dir, 2048 if settings.quick else REPORT_RANKS)
+        reports = alternate({"report": lambda: report_run(run_dir)},
+                            Settings(runs=1 if settings.quick else min(settings.runs, 3), warmup=0))["report"]
+    seconds, size = median(column(reports, "report_s")), median(column(reports, "bytes"))
+    ranks = 2048 if settings.quick else REPORT_RANKS
+    rows += [Row(NAME, f"`launcher report`, {ranks:,} ranks, {REPORT_RESTARTS} restarts ({lines:,} events), "
+                       "end to end", "s", seconds, {}, "-", "-", None, len(reports)),
+             Row(NAME, "the same, CPU time of the command (user + sys: what a busy machine does not inflate)", "s",
+                 median(column(reports, "report_cpu_s")), {}, "-", "-", None, len(reports)),
+             Row(NAME, f"its timeline.html ({reports[0]['lanes']} lanes)", "KiB",
+                 None if size is None else size / 1024, {}, "-", "-", None, len(reports))]
+    notes.append(f"- report: {lines:,} events; per run (s): "
+                 f"{', '.join(fmt(v, 2) for v in column(reports, 'report_s'))}.")
+    return Result(rows, {"ours": runs, "report": reports}, notes)

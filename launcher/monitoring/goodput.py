@@ -1,44 +1,32 @@
 """Goodput: a run's wall time split into what it was spent on, from ``events.jsonl`` alone.
 
 The run's wall time runs from its ``start`` event to its ``job_end`` (or ``stop``, or "now" for a live
-run). Every instant of it belongs to exactly one part, so the parts always add up to the wall time.
-A sweep over the events in file order moves one "current part" along; each part is defined by the
-event that enters it:
+run). Every instant of it belongs to exactly one part, so the parts always add up to the wall time. A
+sweep over the events in file order moves one "current part" along (``startup`` until every rank of
+attempt 0 is spawned; ``detection`` from a failed rank's exit until the launcher recorded it;
+``stopping`` until ``attempt_end``; ``restarting`` until the next attempt's ranks are spawned;
+``waiting`` during a cluster hold); the time the ranks then run is split afterwards by what the
+launcher measured of them, never more:
 
-* ``startup`` - from ``start`` until every rank of attempt 0 is spawned (``rank_spawned`` for each rank
-  ``attempt_start`` named): reading the rank table, the integrations, spawning; with step events
-  (below), until the attempt's first step: the ranks' interpreter start, imports and rendezvous too.
-* ``productive`` - from there until a failure is detected or the attempt is stopped; the whole
-  remaining run time of a successful attempt.
-* ``detection`` - from a failed rank's exit (``rank_exited.exited_at``, its reaping time) until the
-  launcher recorded it (the event's ``ts``). Hangs are not seen here: without rank heartbeats a hung
-  rank counts as productive until it exits.
-* ``stopping`` - from the failure (or a ``stop_group`` / ``gasp`` on a request or signal) until the
-  attempt's ``attempt_end``: stopping the other ranks, the dying gasp; after a successful attempt,
-  the launcher's own shutdown until ``job_end``.
-* ``restarting`` - from a failed ``attempt_end`` until every rank of the next attempt is spawned:
-  the restart decision, backoff, the restore plan, spawning (a ``scope: rank`` restart: until that
-  rank is spawned again); with step events, until the attempt's first step: the ranks' start-up,
-  imports, rendezvous and checkpoint load, which is most of a restart's cost (and what warm standbys
-  save). Without them that time counts as productive.
-* ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
-  restart.
-* ``recomputed`` - carved from the productive time after a restart: the time spent re-running steps
-  the failed attempt had already done. The steps come from the ranks' heartbeat slots, which the hang
-  detector records (``launcher.run.hangwatch``): ``step_last`` (an attempt's highest step, at its
-  end), ``step_first`` (its first beat with a step) and ``step_regained`` (a restarted attempt reached
-  the step before the failure again), each with the beat's time ``at``; ``heartbeat`` events with a
-  ``step`` count the same way. Per failure, steps recomputed = the failed attempt's last step - the
-  step the next attempt's ``restore_plan`` resumes from; their time = the next attempt's productive
-  time from its first step until it regained that step (or until its productive time ended, when it
-  never did). Without those events both stay ``None`` (unknown, never 0) and the time stays in
-  ``productive``.
+* with step beats (``step_first``, ``heartbeat`` with a step): start-up / restarting until the
+  attempt's first step, ``productive`` after it, ``recomputed`` while it re-ran the failed attempt's
+  steps (``step_last`` - ``restore_plan.step``, until ``step_regained``);
+* without them: start-up / restarting until the attempt's first output (``rank_output``), and
+  ``unknown`` after it: training or still importing, rendezvousing or loading cannot be told apart;
+* ``hung``: from a hung rank's last output or beat (``hang_detected.last_output`` / ``last_beat``, its
+  spawn without either) until the detector found it.
+
+Steps recomputed and their seconds stay ``None`` (unknown, never 0) without the events they need; the
+ratio is ``None`` when some time is unknown, with its bounds in :attr:`Goodput.bounds`. docs/status.md
+has the table of every part and where each number comes from.
 """
 
 import json
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-PARTS = ("productive", "startup", "detection", "stopping", "restarting", "recomputed", "waiting")
+PARTS = ("productive", "unknown", "startup", "detection", "hung", "stopping", "restarting", "recomputed", "waiting")
+#: The parts during which the ranks may have been training: time lost ends where one begins.
+RUNNING = ("productive", "unknown", "recomputed")
 
 
 class Failure(NamedTuple):
@@ -92,8 +80,15 @@ class Goodput(NamedTuple):
 
     @property
     def ratio(self) -> Optional[float]:
-        """Productive share of the wall time (None for an empty run)."""
-        return self.parts["productive"] / self.wall if self.wall > 0 else None
+        """Productive share of the wall time (None for an empty run, or when some time is ``unknown``)."""
+        return self.parts["productive"] / self.wall if self.wall > 0 and not self.parts["unknown"] else None
+
+    @property
+    def bounds(self) -> Optional[Tuple[float, float]]:
+        """The productive share's least and greatest value: without and with the ``unknown`` time."""
+        if self.wall <= 0:
+            return None
+        return self.parts["productive"] / self.wall, (self.parts["productive"] + self.parts["unknown"]) / self.wall
 
     @property
     def steps_recomputed(self) -> Optional[int]:
@@ -104,6 +99,7 @@ class Goodput(NamedTuple):
     def to_json(self) -> dict:
         """The ``goodput`` object of ``launcher status --json``."""
         return {"wall": round(self.wall, 3), "ratio": None if self.ratio is None else round(self.ratio, 4),
+                "ratio_bounds": None if self.bounds is None else [round(b, 4) for b in self.bounds],
                 "ended": self.ended, "parts": {k: round(v, 3) for k, v in self.parts.items()},
                 "steps_recomputed": self.steps_recomputed,
                 "failures": [{"attempt": f.attempt, "rank": f.rank, "cause": f.cause, "at": f.at,
@@ -113,7 +109,7 @@ class Goodput(NamedTuple):
     def summary(self) -> str:
         """One line: ``goodput 93.1% of 120.4 s: productive 112.1 s, startup 2.0 s, ...; 1 failure(s),
         30 steps recomputed`` (``steps recomputed unknown`` without step numbers)."""
-        ratio = "?" if self.ratio is None else f"{100 * self.ratio:.1f}%"
+        ratio = ratio_text(self.ratio, self.bounds)
         parts = ", ".join(f"{name} {self.parts[name]:.1f} s" for name in PARTS if self.parts[name] or name == "productive")
         return f"goodput {ratio} of {self.wall:.1f} s: {parts}; {len(self.failures)} failure(s){self._steps_note()}"
 
@@ -125,6 +121,16 @@ class Goodput(NamedTuple):
             return ", steps recomputed unknown"
         unknown = len(self.failures) - len(known)
         return f", {sum(known)} steps recomputed" + (f" (unknown for {unknown})" if unknown else "")
+
+
+def ratio_text(ratio: Optional[float], bounds: Optional[Sequence[float]]) -> str:
+    """``93.1%``; ``at most 85.2%`` (``10.0-85.2%``) when some time is unknown; ``?`` for an empty run."""
+    if ratio is not None:
+        return f"{100 * ratio:.1f}%"
+    if not bounds:
+        return "?"
+    low, high = bounds
+    return f"{100 * low:.1f}-{100 * high:.1f}%" if low else f"at most {100 * high:.1f}%"
 
 
 def _rounded(value: Optional[float]) -> Optional[float]:
@@ -188,6 +194,9 @@ class _Sweep:
         self.spans: List[Tuple[str, float, float, int]] = []
         self.pending: set = set()
         self.held_from = "restarting"  # the part a cluster hold interrupted
+        self.spawned: Dict[int, float] = {}       # rank -> when it was spawned in this attempt
+        self.outputs: Dict[int, float] = {}       # attempt -> its first output (``rank_output.at``)
+        self.hangs: List[Tuple[int, float, float]] = []  # (attempt, hung rank silent since, detected)
 
     def to(self, part: str, at: float) -> None:
         at = max(at, self.since)
@@ -223,7 +232,10 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
     if end is None:
         end = max(now if now is not None else 0.0, float(run[-1].get("ts", start)), sweep.since)
     sweep.to("end", end)
-    spans, failures = _carve_recomputed(_carve_startup(sweep.spans, steps), failures, steps)
+    spans = _carve_startup(sweep.spans, steps, sweep.outputs)
+    for attempt, since, detected in sweep.hangs:
+        spans, _ = _relabel(spans, attempt, since, detected, "hung", RUNNING + ("startup", "restarting"))
+    spans, failures = _carve_recomputed(spans, failures, steps)
     parts = dict.fromkeys(PARTS, 0.0)
     for part, begin, stop, _ in spans:
         parts[part] += stop - begin
@@ -233,7 +245,8 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
 #: The events that move the sweep or carry steps.
 _STEP_EVENTS = frozenset(("heartbeat", "rank_exited", "step_first", "step_regained", "step_last"))
 _KINDS = _STEP_EVENTS | {"job_end", "stop", "attempt_start", "rank_spawned", "stop_group", "gasp", "attempt_end",
-                         "restart", "cluster_hold", "cluster_hold_end", "restore_plan"}
+                         "restart", "cluster_hold", "cluster_hold_end", "restore_plan", "rank_output",
+                         "hang_detected"}
 
 
 def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
@@ -242,9 +255,10 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
         attempt = int(ev.get("attempt", sweep.attempt))
         if sweep.part not in ("startup", "waiting"):
             sweep.to("restarting" if attempt else "startup", ts)
-        sweep.attempt, sweep.pending = attempt, set(ev.get("ranks") or ())
+        sweep.attempt, sweep.pending, sweep.spawned = attempt, set(ev.get("ranks") or ()), {}
     elif kind == "rank_spawned":
         sweep.pending.discard(ev.get("rank"))
+        sweep.spawned[ev.get("rank")] = ts
         if not sweep.pending and sweep.part in ("startup", "restarting"):
             sweep.to("productive", ts)
     elif kind == "rank_exited" and ev.get("state") == "failed" and sweep.part == "productive":
@@ -253,6 +267,15 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
         sweep.to("stopping", ts)
         cause = f"signal {ev['signal']}" if ev.get("signal") else f"exit code {ev.get('exit_code')}"
         failures.append(Failure(sweep.attempt, ev.get("rank"), cause, min(exited, ts)))
+    elif kind == "rank_output" and isinstance(ev.get("at"), (int, float)):
+        attempt = ev.get("attempt", sweep.attempt)
+        sweep.outputs[attempt] = min(float(ev["at"]), sweep.outputs.get(attempt, float("inf")))
+    elif kind == "hang_detected" and sweep.part == "productive":
+        signs = [t for t in (ev.get("last_beat"), ev.get("last_output")) if isinstance(t, (int, float))]
+        since = min(max(signs) if signs else sweep.spawned.get(ev.get("rank"), sweep.since), ts)
+        sweep.hangs.append((sweep.attempt, since, ts))
+        sweep.to("stopping", ts)
+        failures.append(Failure(sweep.attempt, ev.get("rank"), f"hung ({ev.get('reason')})", since))
     elif kind in ("stop_group", "gasp") and sweep.part == "productive":
         sweep.to("stopping", ts)  # a signal or request (prestop, exit): stopping time, not a failure
     elif kind == "attempt_end":
@@ -302,19 +325,28 @@ class _StepLog:
             self.regained[attempt] = (at, step)
 
 
-def _carve_startup(spans: List[Tuple[str, float, float, int]], steps: _StepLog) -> List[Tuple[str, float, float, int]]:
-    """Each attempt's productive time before its first step relabelled ``startup`` (attempt 0) or
+def _carve_startup(spans: List[Tuple[str, float, float, int]], steps: _StepLog,
+                   outputs: Dict[int, float]) -> List[Tuple[str, float, float, int]]:
+    """Each attempt's productive time before it began training relabelled ``startup`` (attempt 0) or
     ``restarting``: a spawned rank is not training until it has started Python, imported its framework,
-    joined the rendezvous and loaded its checkpoint. The boundary is the first step beat, or the
-    earlier start of recomputation when that was estimated back from a later beat."""
+    joined the rendezvous and loaded its checkpoint. With step beats the boundary is the first step
+    beat, or the earlier start of recomputation when that was estimated back from a later beat.
+    Without them only the attempt's first output (``rank_output``) is known: before it is start-up,
+    after it start-up and training cannot be told apart, so the rest is ``unknown``."""
     out = spans
-    for attempt, (at, _) in steps.first.items():
-        resumed = steps.plan.get(attempt)
+    for attempt in sorted({span[3] for span in spans}):
+        label = "startup" if attempt == 0 else "restarting"
+        if attempt not in steps.first:
+            if attempt in outputs:
+                out, _ = _relabel(out, attempt, float("-inf"), outputs[attempt], label)
+            out, _ = _relabel(out, attempt, float("-inf"), float("inf"), "unknown")
+            continue
+        at, resumed = steps.first[attempt][0], steps.plan.get(attempt)
         if resumed is not None:
             at = min(at, _recompute_start(steps, attempt, resumed))
             if at == float("-inf"):
                 continue  # no usable estimate of when training resumed: left as it was
-        out, _ = _relabel(out, attempt, float("-inf"), at, "startup" if attempt == 0 else "restarting")
+        out, _ = _relabel(out, attempt, float("-inf"), at, label)
     return out
 
 
@@ -354,11 +386,13 @@ def _recompute_start(steps: _StepLog, attempt: int, resumed: int) -> float:
 
 
 def _relabel(spans: List[Tuple[str, float, float, int]], attempt: int, lo: float, hi: float,
-             label: str = "recomputed") -> Tuple[List[Tuple[str, float, float, int]], float]:
-    """``attempt``'s productive time between ``lo`` and ``hi`` made ``label``; and how much it was."""
+             label: str = "recomputed", source: Tuple[str, ...] = ("productive",),
+             ) -> Tuple[List[Tuple[str, float, float, int]], float]:
+    """``attempt``'s time in the ``source`` parts between ``lo`` and ``hi`` made ``label``; and how much
+    it was."""
     out, moved = [], 0.0
     for part, begin, end, at in spans:
-        if part != "productive" or at != attempt or end <= lo or begin >= hi:
+        if part not in source or at != attempt or end <= lo or begin >= hi:
             out.append((part, begin, end, at))
             continue
         cut, stop = max(begin, lo), min(end, hi)
@@ -375,7 +409,7 @@ def _charge(failure: Failure, spans: List[Tuple[str, float, float, int]]) -> Fai
     for part, begin, stop, _ in spans:
         if stop <= failure.at:
             continue
-        if part in ("productive", "recomputed", "end"):
+        if part in RUNNING or part == "end":
             break  # training again (recomputation is charged to the failure whose steps it re-ran, above)
         lost += stop - max(begin, failure.at)
     return failure._replace(time_lost=lost)

@@ -209,7 +209,7 @@ def format_status(doc: dict) -> List[str]:
                                                              f"{sb['rss_bytes'] >> 20} MiB" for sb in doc["standbys"]))
     if doc.get("stragglers"):
         lines.append(f"stragglers (slower than their peers): ranks {', '.join(map(str, doc['stragglers']))}")
-    ratio = "?" if good["ratio"] is None else f"{100 * good['ratio']:.1f}%"
+    ratio = goodput_mod.ratio_text(good["ratio"], good.get("ratio_bounds"))
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in good["parts"].items() if v or k == "productive")
     lines.append(f"goodput {ratio} of {good['wall']:.1f}s: {parts}")
     for failure in good["failures"]:

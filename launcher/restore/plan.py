@@ -199,7 +199,7 @@ class RestorePlan:
             "world_size": self.world_size,
             "epoch": self.epoch,
             "step": self.step,
-            "restore_ranks": self._env_values[0],
+            "restore_ranks": list(self.restore_ranks),
             "restore_ranks_map": dict(self.restore_ranks_map),
             "fault_ranks": list(self.fault_ranks),
             "fault_origins": {str(rank): list(origin) for rank, origin in self.fault_origins},

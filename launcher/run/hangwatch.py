@@ -178,13 +178,25 @@ class HangWatch(Integration):
             self.output[rank] = (size, at)
         return at
 
+    def _last_output(self, rank: int) -> Optional[float]:
+        """Wall-clock time of the rank's last output since its spawn (its log's mtime; None: it printed
+        nothing), for the goodput: from then until now the silent rank was not training."""
+        if not self.output.get(rank, (0, 0.0))[1]:
+            return None
+        try:
+            return round(os.stat(self.host.group.log_paths[rank]).st_mtime, 3)
+        except (KeyError, OSError):
+            return None
+
     def _report(self, hung: Dict[int, str], beats: Dict[int, Optional[Beat]]) -> None:
         self.reported = True
         rank = min(hung)
         beat = beats.get(rank)
         attempt = self.attempt
         self.host.emit("hang_detected", attempt=attempt, rank=rank, reason=hung[rank], hung_ranks=sorted(hung),
-                       step=beat.step if beat else None, section=beat.section if beat else None)
+                       step=beat.step if beat else None, section=beat.section if beat else None,
+                       last_beat=self._wall(beat.at) if beat and beat.at else None,
+                       last_output=self._last_output(rank))
         log.warning("%s hung (rank %d: %s); dumping the stacks of every local rank before stopping it",
                     f"ranks {','.join(map(str, sorted(hung)))} look" if len(hung) > 1 else f"rank {rank} looks",
                     rank, hung[rank])

@@ -5,7 +5,7 @@ supervisor. ``prometheus_client`` is the optional extra ``metrics`` and is impor
 are asked for: a plain ``launcher run`` does not pay for it, and a cluster image without it still runs
 (asking for metrics without it is a usage error naming the extra). The HTTP server binds 127.0.0.1
 only (a node-local scraper or a sidecar reads it; nothing is exposed off the node); the textfile is
-rewritten atomically after every attempt and at the end (node_exporter's textfile collector).
+rewritten atomically whenever a value in it changes and at the end (node_exporter's textfile collector).
 """
 
 import logging
@@ -73,15 +73,22 @@ class Metrics(Integration):
             log.info("metrics on http://127.0.0.1:%d/metrics", self.port)
 
     def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
+        if self._count(event, fields):
+            self._write()  # the textfile says what the HTTP endpoint says, not the last attempt's values
+
+    def _count(self, event: str, fields: Mapping[str, Any]) -> bool:
+        """Count one event; True when a value the textfile holds changed (heartbeat ages are computed
+        when read, so a heartbeat alone does not rewrite the file)."""
         now = time.time()
         if event == "attempt_start":
             self.attempt.set(fields.get("attempt", 0))
             self._pending = set(fields.get("ranks") or ())
         elif event == "rank_spawned":
             self._pending.discard(fields.get("rank"))
-            if not self._pending and self._failed_at is not None:
-                self.lost.inc(max(0.0, now - self._failed_at))
-                self._failed_at = None
+            if self._pending or self._failed_at is None:
+                return False
+            self.lost.inc(max(0.0, now - self._failed_at))
+            self._failed_at = None
         elif event == "rank_exited" and fields.get("state") == "failed":
             self.failures.labels(f"signal {fields['signal']}" if fields.get("signal")
                                  else f"exit code {fields.get('exit_code')}").inc()
@@ -89,6 +96,7 @@ class Metrics(Integration):
             self._failed_attempts.add(fields.get("attempt"))
         elif event == "step_last":
             self._last_steps[fields.get("attempt")] = fields.get("step")
+            return False
         elif event == "restore_plan":
             self._count_recomputed(fields)
         elif event == "restart":
@@ -104,6 +112,10 @@ class Metrics(Integration):
             if rank not in self._beats:  # the age is computed at each scrape, not at the last event
                 self.beat.labels(str(rank)).set_function(lambda r=rank: time.time() - self._beats[r])
             self._beats[rank] = now
+            return False
+        else:
+            return False
+        return True
 
     def _count_recomputed(self, plan: Mapping[str, Any]) -> None:
         """The steps the attempt this plan starts re-runs, after a failure of the one before."""
@@ -111,9 +123,6 @@ class Metrics(Integration):
         last, resumed = self._last_steps.get(before), plan.get("step")
         if before in self._failed_attempts and isinstance(last, int) and isinstance(resumed, int):
             self.recomputed.inc(max(0, last - resumed))
-
-    def attempt_ended(self, attempt: int, failed: bool) -> None:
-        self._write()
 
     def stop(self) -> None:
         self.up.set(0)

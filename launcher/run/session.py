@@ -30,6 +30,7 @@ from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.metrics import Metrics
+from launcher.run.outputwatch import OutputWatch
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, standby_pool,
                                   taskd_rank_env)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
@@ -73,7 +74,7 @@ class Session:
         metrics = [Metrics(opts.metrics_port, opts.metrics_textfile)] \
             if opts.metrics_port is not None or opts.metrics_textfile else []
         self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), self.hangs,
-                                          *metrics])
+                                          OutputWatch(), *metrics])
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan

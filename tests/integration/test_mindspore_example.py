@@ -256,7 +256,7 @@ def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, lau
     assert again.wait() == 0, again.explain()
     plan = latest_plan(again)
     assert (plan["kind"], plan["restore_ranks"], plan["restore_ranks_map"], plan["groups"]) == (
-        "breakpoint", "0", {"0,1": 0}, [[0, 1]]), plan
+        "breakpoint", [0], {"0,1": 0}, [[0, 1]]), plan
     second = again.rank_logs(0)
     for rank, text in second.items():
         resumed = RESUMED.findall(text)

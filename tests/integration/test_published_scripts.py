@@ -12,8 +12,6 @@ The ranks' environment is caught without touching the scripts: a ``sitecustomize
 Lines the tests change, the same way for both tools: 2 processes (2 cores here), a free port instead
 of a fixed one (tests run side by side), fewer epochs for multigpu_torchrun.py (50 10 -> 4 2). The
 module takes 4-6 minutes on 2 loaded cores (eleven real-framework launches).
-Spellings the launcher refuses today are ``xfail(strict=True)``: they pass once the option table
-(branch opts) lands, and the marker must go then.
 """
 
 import json
@@ -36,7 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 PUBLISHED = REPO / "tests" / "data" / "published"
 BIN = Path(sys.executable).parent
 TIMEOUT = 300
-NEEDS_OPTS = "needs branch opts"
 
 # Each test runs two real-framework jobs (plus a module fixture's): above the suite's 300 s default on a busy machine.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -141,7 +138,6 @@ def test_ddp_example_run_example_sh(ddp_torchrun, tmp_path):
     _compare_ddp(reference, ours, port)
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_OPTS)
 def test_ddp_example_with_torchruns_free_port_idiom(ddp_torchrun, tmp_path):
     """``--rdzv_endpoint=localhost:0``: torchrun's single-node idiom for a free port."""
     reference, _port = ddp_torchrun
@@ -272,7 +268,6 @@ def test_mindspore_net_py_in_the_launchers_spelling(net_msrun, tmp_path):
     assert set(_rank_losses(ours)) == {"0", "1"}
 
 
-@pytest.mark.xfail(strict=True, reason=NEEDS_OPTS)
 def test_mindspore_msrun_single_sh(net_msrun, tmp_path):
     """msrun_single.sh's line with ``msrun`` replaced by ``launcher run``."""
     reference, env, port = net_msrun

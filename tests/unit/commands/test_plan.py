@@ -57,7 +57,7 @@ def test_json_output(ckpt_dir, reports):
     assert result.exit_code == 0, result.output
     record = json.loads(result.output)
     assert record["kind"] == "breakpoint" and record["step"] == 12
-    assert record["restore_ranks"] == "0,1" and record["restore_ranks_map"] == {"0,2": 0, "1,3": 1}
+    assert record["restore_ranks"] == [0, 1] and record["restore_ranks_map"] == {"0,2": 0, "1,3": 1}
     assert record["env"]["variables"]["LAUNCHER_RESUME_SOURCE_RANK"] == "0"
 
 

@@ -37,16 +37,70 @@ def one_failure_run(steps=False):
     return log
 
 
-def test_parts_of_a_run_with_one_failure():
+def with_outputs(log, *outputs):
+    """``log`` with ``rank_output`` events ``(ts, attempt, rank, at)`` put in time order."""
+    return sorted(log + [ev(ts, "rank_output", attempt=a, rank=r, at=at) for ts, a, r, at in outputs],
+                  key=lambda e: e["ts"])
+
+
+def test_without_step_beats_nothing_is_called_productive():
+    """No step beats and no output: the launcher saw the ranks spawned and exit, nothing about training
+    in between: that time is unknown, and the goodput a bound, not a number."""
     g = goodput.compute(one_failure_run())
     assert g.wall == 100.0 and g.ended
-    assert g.parts == {"startup": 3.0, "productive": 47.0 + 28.0, "detection": 0.5, "stopping": 5.5 + 1.0,
-                       "restarting": 2.0 + 3.0, "waiting": 10.0, "recomputed": 0.0}
+    assert g.parts == {"startup": 3.0, "productive": 0.0, "unknown": 47.0 + 28.0, "detection": 0.5, "hung": 0.0,
+                       "stopping": 5.5 + 1.0, "restarting": 2.0 + 3.0, "waiting": 10.0, "recomputed": 0.0}
     [failure] = g.failures
     assert (failure.attempt, failure.rank, failure.cause) == (0, 1, "exit code 3")
-    assert failure.time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 3.0  # up to attempt 1's productive time
+    assert failure.time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 3.0  # up to attempt 1's ranks running again
     assert failure.steps_recomputed is None  # no step numbers in the events: not guessed
-    assert math.isclose(g.ratio, 0.75)
+    assert g.ratio is None and g.bounds == (0.0, 0.75)
+    assert g.summary().startswith("goodput at most 75.0% of 100.0 s: productive 0.0 s, unknown 75.0 s,")
+    assert g.to_json()["ratio"] is None and g.to_json()["ratio_bounds"] == [0.0, 0.75]
+
+
+def test_spawn_to_first_output_is_startup_or_restarting():
+    """Attempt 0's first output at t=10 (rank 1; rank 0 at 12), attempt 1's at t=76: from the spawns
+    until then is start-up / restart; the failure costs the restart's ranks' silence too."""
+    log = with_outputs(one_failure_run(), (10.2, 0, 1, 10.0), (12.2, 0, 0, 12.0), (76.1, 1, 0, 76.0))
+    g = goodput.compute(log)
+    assert g.parts["startup"] == 10.0 and g.parts["unknown"] == 40.0 + 23.0
+    assert g.parts["restarting"] == 2.0 + 3.0 + 5.0
+    assert g.failures[0].time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 8.0
+    assert math.isclose(sum(g.parts.values()), g.wall)
+
+
+def hung_run(last_output=30.0, last_beat=None):
+    """2 ranks, no step beats: rank 0 prints from t=5, goes silent at ``last_output``, is found hung at
+    t=40 (stopping until 43); attempt 1 prints at t=50 and succeeds at t=90."""
+    return [ev(0.0, "start"), ev(1.0, "attempt_start", attempt=0, ranks=[0, 1]),
+            ev(2.0, "rank_spawned", attempt=0, rank=0), ev(2.0, "rank_spawned", attempt=0, rank=1),
+            ev(5.1, "rank_output", attempt=0, rank=0, at=5.0),
+            ev(40.0, "hang_detected", attempt=0, rank=0, reason="no heartbeat or output for 10.0 s",
+               hung_ranks=[0], last_output=last_output, last_beat=last_beat),
+            ev(42.0, "rank_exited", attempt=0, rank=0, state="failed", signal="SIGKILL", exited_at=41.9),
+            ev(43.0, "attempt_end", attempt=0, failed=True), ev(44.0, "restart", attempt=1, scope="group"),
+            ev(45.0, "attempt_start", attempt=1, ranks=[0, 1]),
+            ev(46.0, "rank_spawned", attempt=1, rank=0), ev(46.0, "rank_spawned", attempt=1, rank=1),
+            ev(50.1, "rank_output", attempt=1, rank=1, at=50.0),
+            ev(89.0, "attempt_end", attempt=1, failed=False), ev(90.0, "job_end", reason="succeeded")]
+
+
+def test_after_a_hung_ranks_last_output_the_time_is_lost():
+    g = goodput.compute(hung_run())
+    assert g.parts["hung"] == 10.0 and g.parts["unknown"] == 25.0 + 39.0
+    assert g.parts["startup"] == 5.0 and g.parts["restarting"] == 2.0 + 1.0 + 4.0
+    assert g.parts["stopping"] == 3.0 + 1.0 and g.parts["detection"] == 0.0 and g.parts["productive"] == 0.0
+    [failure] = g.failures
+    assert (failure.rank, failure.cause, failure.at) == (0, "hung (no heartbeat or output for 10.0 s)", 30.0)
+    assert failure.time_lost == 10.0 + 3.0 + 7.0
+    assert math.isclose(sum(g.parts.values()), g.wall)
+
+
+def test_a_hung_rank_silent_since_its_last_beat_or_its_spawn():
+    assert goodput.compute(hung_run(last_output=20.0, last_beat=33.0)).parts["hung"] == 7.0
+    g = goodput.compute(hung_run(last_output=None))  # it never printed: lost from its spawn
+    assert g.parts["hung"] == 38.0 and g.parts["startup"] == 2.0 and g.failures[0].at == 2.0
 
 
 def test_recomputed_steps_from_step_events_and_the_restore_plan():
@@ -136,10 +190,10 @@ def test_without_steps_it_says_unknown_never_zero():
 def test_a_live_run_ends_now_and_only_the_newest_run_counts():
     old = [dict(e, run_id="old") for e in one_failure_run()]
     live = [ev(200.0, "start"), ev(201.0, "attempt_start", attempt=0, ranks=[0]),
-            ev(202.0, "rank_spawned", attempt=0, rank=0)]
+            ev(202.0, "rank_spawned", attempt=0, rank=0), ev(205.0, "rank_output", attempt=0, rank=0, at=204.0)]
     g = goodput.compute(old + live, now=250.0)
     assert (g.start, g.end, g.ended) == (200.0, 250.0, False)
-    assert g.parts["productive"] == 48.0 and g.parts["startup"] == 2.0
+    assert g.parts["unknown"] == 46.0 and g.parts["startup"] == 4.0
 
 
 def test_an_empty_log():
@@ -149,7 +203,7 @@ def test_an_empty_log():
 
 KINDS = ["attempt_start", "rank_spawned", "rank_exited", "stop_group", "gasp", "attempt_end", "restart",
          "cluster_hold", "cluster_hold_end", "heartbeat", "restore_plan", "job_end", "other",
-         "step_first", "step_regained", "step_last"]
+         "step_first", "step_regained", "step_last", "rank_output", "hang_detected"]
 
 
 @st.composite
@@ -164,7 +218,8 @@ def event_logs(draw):
                   "state": draw(st.sampled_from(["failed", "stopped", "succeeded"])),
                   "exited_at": draw(st.floats(0, 1e6)), "step": draw(st.integers(0, 1000)),
                   "scope": draw(st.sampled_from(["group", "rank"])), "after_rank": draw(st.integers(0, 3)),
-                  "at": draw(st.floats(0, 1e6))}
+                  "at": draw(st.floats(0, 1e6)), "last_output": draw(st.none() | st.floats(0, 1e6)),
+                  "last_beat": draw(st.none() | st.floats(0, 1e6))}
         log.append(ev(draw(st.floats(0, 1e6)), kind, **fields))
     return log
 

@@ -56,13 +56,13 @@ def test_env_for_out_of_range(rank):
 
 def test_to_json_is_serialisable_and_complete():
     record = json.loads(json.dumps(BREAKPOINT.to_json()))
-    assert record["kind"] == "breakpoint" and record["restore_ranks"] == "0,3"
+    assert record["kind"] == "breakpoint" and record["restore_ranks"] == [0, 3]
     assert record["restore_ranks_map"] == {"0,2": 0, "1,3": 3}
     assert record["sources"] == [0, 3, 0, 3]
     assert record["checkpoints"]["3"].endswith("breakpoint.ckpt")
     assert record["fault_origins"] == {"1": ["fault-npus"]}
     assert record["version"] == 1 and record["full_env_maps"] is True
-    assert json.loads(json.dumps(NONE.to_json()))["restore_ranks"] == "-1"
+    assert json.loads(json.dumps(NONE.to_json()))["restore_ranks"] == []
 
 
 def test_table_breakpoint():

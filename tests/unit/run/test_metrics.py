@@ -38,7 +38,6 @@ def test_counts_from_events_and_writes_the_textfile(tmp_path):
               ("heartbeat", {"rank": 0, "step": 5}), ("gasp", {}), ("gasp_done", {})]
     for event, fields in script:
         metrics.on_event(event, fields)
-    metrics.attempt_ended(1, False)
     got = values(metrics)
     assert got[("launcher_failures_total", (("cause", "exit code 3"),))] == 1.0
     assert got[("launcher_failures_total", (("cause", "signal SIGKILL"),))] == 1.0
@@ -49,6 +48,31 @@ def test_counts_from_events_and_writes_the_textfile(tmp_path):
     assert "launcher_restarts_total 1.0" in textfile.read_text()
     metrics.stop()
     assert "launcher_up 0.0" in textfile.read_text()
+
+
+def textfile_values(path):
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(path.read_text()) for s in family.samples}
+
+
+def test_the_textfile_is_current_after_every_change_not_only_at_attempt_ends(tmp_path):
+    """The textfile agrees with the HTTP endpoint (the registry) after each event, mid-attempt too."""
+    textfile = tmp_path / "m.prom"
+    metrics = Metrics(textfile=str(textfile))
+    metrics.start(Host())
+    script = [("attempt_start", {"attempt": 0, "ranks": [0]}), ("rank_spawned", {"rank": 0}),
+              ("rank_exited", {"rank": 0, "state": "failed", "exit_code": 3, "signal": None, "exited_at": 1.0}),
+              ("restart", {"attempt": 1}), ("attempt_start", {"attempt": 1, "ranks": [0]}),
+              ("rank_spawned", {"rank": 0}), ("gasp", {}), ("gasp_done", {})]
+    for event, fields in script:
+        metrics.on_event(event, fields)
+        assert textfile_values(textfile) == values(metrics), event
+    assert textfile_values(textfile)[("launcher_attempt", ())] == 1.0
+    mtime = textfile.stat().st_mtime_ns
+    metrics.on_event("heartbeat", {"rank": 0})  # nothing the file holds changed (ages are read-time)
+    metrics.on_event("step_last", {"attempt": 1, "step": 3})
+    assert textfile.stat().st_mtime_ns == mtime
+    metrics.stop()
 
 
 def test_without_prometheus_client_it_is_a_usage_error(monkeypatch):
