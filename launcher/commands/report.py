@@ -5,7 +5,7 @@ from typing import Optional
 
 import click
 
-from launcher.common.errors import LauncherError
+from launcher.common.errors import LauncherError, UsageError
 
 
 @click.command()
@@ -14,14 +14,28 @@ from launcher.common.errors import LauncherError
               help="The HTML file to write (default: RUN_DIR/timeline.html).")
 def report(run_dir: str, output: Optional[str]) -> int:
     """Draw a run's timeline (attempts per rank, failures, gasps, restarts, goodput) as HTML + SVG."""
-    from launcher.monitoring.events import read_events
+    from launcher.common.inputfiles import InputFileError
+    from launcher.common.outputfiles import write_file
+    from launcher.monitoring.goodput import read_events
     from launcher.monitoring.timeline import render
 
-    events = read_events(os.path.join(run_dir, "events.jsonl"))
+    path = os.path.join(run_dir, "events.jsonl")
+    try:
+        events, skipped = read_events(path, newest_run=True)
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise LauncherError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if skipped:
+        click.echo(f"launcher: warning: skipped {skipped} line(s) of {path} that are not launcher events", err=True)
     if not events:
         raise LauncherError(f"no events in {run_dir}", ["pass the run dir of a `launcher run`"])
-    path = output or os.path.join(run_dir, "timeline.html")
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(render(events, f"launcher run {os.path.basename(os.path.normpath(run_dir))}"))
-    click.echo(path)
+    target = output or os.path.join(run_dir, "timeline.html")
+    page = render(events, f"launcher run {os.path.basename(os.path.normpath(run_dir))}")
+    try:
+        # A new file renamed into place: a symlink planted at the target is replaced, never followed.
+        write_file(target, page.encode("utf-8"))
+    except OSError as exc:
+        raise LauncherError(f"cannot write {target}: {exc.strerror or exc}") from None
+    click.echo(target)
     return 0

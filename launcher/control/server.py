@@ -13,6 +13,7 @@ import socket
 import struct
 from typing import Any, Callable, Dict, Optional
 
+from launcher.common.inputfiles import loads_json
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import ControlRequest
 
@@ -82,7 +83,7 @@ class ControlServer:
         del self._buffers[fd]
         conn = self._conns[fd]
         try:
-            request = json.loads(buffer.split(b"\n", 1)[0])
+            request = loads_json(buffer.split(b"\n", 1)[0], "control socket", "request on")  # bounded: no RecursionError
             command, args = request["command"], dict(request.get("args") or {})
             if not isinstance(command, str):
                 raise TypeError(command)

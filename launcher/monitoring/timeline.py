@@ -5,6 +5,10 @@ One row for the job (its goodput parts, ``goodput.py``) and one per rank (a bar 
 and restarts. No scripts and nothing fetched: the file opens offline in any browser. Every drawn
 element carries ``data-kind`` (``part``, ``attempt``, ``failure``, ``gasp``, ``restart``) and the
 attempt / rank it belongs to, so tests (and people with an inspector) can check what it shows.
+
+Every element is built by :func:`_element`, the one place values reach the page: each attribute and
+title is escaped there, whatever an events file held (issue #27: an ``attempt`` went into an attribute
+unescaped).
 """
 
 import html
@@ -45,10 +49,16 @@ def render(events: List[dict], title: str) -> str:
             f"</body></html>\n")
 
 
+def _element(tag: str, attrs: Dict[str, object], title: str, inside: str = "") -> str:
+    """``<tag a="v" ...><title>title</title>inside</tag>``, every attribute value and the title escaped."""
+    text = "".join(f' {name}="{html.escape(str(value))}"' for name, value in attrs.items())
+    return f"<{tag}{text}><title>{html.escape(title)}</title>{inside}</{tag}>"
+
+
 def _rect(kind: str, x: float, y: float, width: float, color: str, tip: str, **data: object) -> str:
-    attrs = "".join(f' data-{k}="{html.escape(str(v))}"' for k, v in data.items())
-    return (f'<rect data-kind="{kind}"{attrs} x="{x:.2f}" y="{y}" width="{max(width, 1.0):.2f}" height="{ROW - 4}" '
-            f'fill="{color}"><title>{html.escape(tip)}</title></rect>')
+    attrs = {"data-kind": kind, **{f"data-{k}": v for k, v in data.items()},
+             "x": f"{x:.2f}", "y": y, "width": f"{max(width, 1.0):.2f}", "height": ROW - 4, "fill": color}
+    return _element("rect", attrs, tip)
 
 
 def _rank_bars(run: List[dict], end: float) -> Dict[Tuple[int, int], Tuple[float, float, str]]:
@@ -71,16 +81,15 @@ def _markers(run: List[dict], good: "goodput_mod.Goodput", x, row_y: Dict[int, i
         count = "unknown" if failure.steps_recomputed is None else failure.steps_recomputed
         tip = (f"attempt {failure.attempt} failed: rank {failure.rank} {failure.cause}; lost {failure.time_lost:.2f} s, "
                f"steps recomputed {count}")
-        out.append(f'<g data-kind="failure" data-rank="{failure.rank}" data-attempt="{failure.attempt}" '
-                   f'data-steps-recomputed="{count}">'
-                   f'<title>{html.escape(tip)}</title><circle cx="{x(failure.at):.2f}" cy="{y}" r="6" '
-                   f'fill="white" stroke="#c62828" stroke-width="2"/></g>')
+        circle = f'<circle cx="{x(failure.at):.2f}" cy="{y}" r="6" fill="white" stroke="#c62828" stroke-width="2"/>'
+        out.append(_element("g", {"data-kind": "failure", "data-rank": failure.rank, "data-attempt": failure.attempt,
+                                  "data-steps-recomputed": count}, tip, circle))
     for ev in run:
         kind = ev.get("event")
         if kind in ("restart", "gasp"):
             color, tip = ("#6a1b9a", f"restart to attempt {ev.get('attempt')}") if kind == "restart" else \
                 ("#000000", f"dying gasp ({ev.get('source')})")
-            out.append(f'<line data-kind="{kind}" data-attempt="{ev.get("attempt", "")}" x1="{x(ev["ts"]):.2f}" '
-                       f'y1="{TOP - 5}" x2="{x(ev["ts"]):.2f}" y2="{height - 25}" stroke="{color}" '
-                       f'stroke-dasharray="4 3"><title>{html.escape(tip)}</title></line>')
+            out.append(_element("line", {"data-kind": kind, "data-attempt": ev.get("attempt", ""),
+                                         "x1": f"{x(ev['ts']):.2f}", "y1": TOP - 5, "x2": f"{x(ev['ts']):.2f}",
+                                         "y2": height - 25, "stroke": color, "stroke-dasharray": "4 3"}, tip))
     return out

@@ -11,8 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.common import inputfiles
-from launcher.common.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, InputFileError,
-                                        loads_json, nests_too_deep, read_bytes, read_json, read_line, read_yaml)
+from launcher.common.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, MAX_NUMBER,
+                                        InputFileError,
+                                        loads_json, nests_too_deep, read_bytes, read_json, read_line)
+from launcher.common.inputyaml import read_yaml
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "malformed"
 CORPUS_FILES = sorted(p.name for p in CORPUS.iterdir() if p.name != "README.md")
@@ -206,7 +208,8 @@ def test_read_line(tmp_path, content, problem):
 
 
 # -- properties ---------------------------------------------------------------------------------
-SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(alphabet=st.sampled_from(
+SCALARS = st.none() | st.booleans() | st.integers(-MAX_NUMBER, MAX_NUMBER) \
+    | st.floats(-MAX_NUMBER, MAX_NUMBER, allow_nan=False) | st.text(alphabet=st.sampled_from(
     list('[]{}"\\ax\n\u00e9\u4e2d')), max_size=8)
 VALUES = st.recursive(SCALARS, lambda children: st.lists(children, max_size=3)
                       | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=3), children, max_size=3),
