@@ -152,7 +152,7 @@ EVENT_FIELDS = {"event": TEXT, "ts": NUMBER, "attempt": INT + OR_NONE, "rank": I
                 "exit_code": INT + OR_NONE, "state": TEXT + OR_NONE, "restarts_left": INT + OR_NONE,
                 "max_restarts": INT + OR_NONE, "rss_bytes": INT + OR_NONE, "pid": INT + OR_NONE}
 #: Per kind of event, fields whose type differs from :data:`EVENT_FIELDS`.
-_KIND_FIELDS = {"attempt_start": {"ranks": INTS}}
+_KIND_FIELDS = {"attempt_start": {"ranks": INTS, "attempt": INT}}
 
 
 class EventsRead(NamedTuple):
@@ -164,7 +164,7 @@ class EventsRead(NamedTuple):
 
 def usable(event: dict) -> bool:
     """Whether ``event`` has an ``event`` name, a ``ts``, and the types of :data:`EVENT_FIELDS`."""
-    if "event" not in event or "ts" not in event:
+    if type(event.get("event")) is not str or "ts" not in event:
         return False
     fields = {**EVENT_FIELDS, **_KIND_FIELDS.get(event["event"], {})} if event["event"] in _KIND_FIELDS \
         else EVENT_FIELDS
