@@ -11,8 +11,8 @@ uses has the type it converts (``{"rank": [1]}`` made ``set.discard`` raise Type
 import os
 from typing import Any, Dict, Iterator, List, Optional
 
-from launcher.common.inputfiles import (LIMIT_EVENT_LINE, MAYBE_HUGE, MIB, InputFileError, loads_json, nests_too_deep,
-                                        open_regular, refuse_constant)
+from launcher.common.inputfiles import (LIMIT_EVENT_LINE, MIB, InputFileError, loads_json, nests_too_deep,
+                                        maybe_huge, open_regular, refuse_constant)
 
 
 class JsonLines:
@@ -31,7 +31,7 @@ class JsonLines:
     """
 
     def __init__(self, path: str, what: str, follow: bool = False, dir_fd: Optional[int] = None,
-                 line_limit: int = LIMIT_EVENT_LINE, block: int = MIB):
+                 line_limit: int = LIMIT_EVENT_LINE, block: int = 4 * MIB):
         self.path, self.what, self.follow, self.dir_fd = os.fspath(path), what, follow, dir_fd
         self.line_limit, self.block = line_limit, block
         self.skipped = 0
@@ -73,13 +73,13 @@ class JsonLines:
         """The JSON objects of the lines of ``block`` (skipped lines counted in :attr:`skipped`)."""
         import json
 
-        lines = [line for line in block.split(b"\n") if line.strip()]
+        lines = [line for line in block.split(b"\n") if line and not line.isspace()]
         if not lines:
             return []
         if max(map(len, lines)) <= self.line_limit:
             joined = b"[" + b",".join(lines) + b"]"  # one json.loads for all: per line costs 3x more
             try:
-                if MAYBE_HUGE.search(joined) is None and not nests_too_deep(joined[1:-1]):
+                if not maybe_huge(joined) and not nests_too_deep(joined[1:-1]):
                     parsed = json.loads(joined.decode("utf-8"), parse_constant=refuse_constant)
                     if all(type(item) is dict for item in parsed):
                         return parsed
@@ -127,10 +127,10 @@ def typed(record: Dict[str, Any], fields: Dict[str, Any]) -> Optional[str]:
         fields: Field -> a tuple of types (:data:`INT`, :data:`NUMBER`, :data:`TEXT`, ``+ OR_NONE``)
             or :data:`INTS`. Fields a record lacks are the reader's to default.
     """
-    for name, kinds in fields.items():
-        if name not in record:
+    for name, value in record.items():  # records hold a few fields, tables more
+        kinds = fields.get(name)
+        if kinds is None:
             continue
-        value = record[name]
         if kinds is INTS:
             if type(value) is not list or any(type(item) is not int for item in value):
                 return f"its {name!r} is not {INTS}"

@@ -16,7 +16,6 @@ replaced a root-owned 0600 file through a planted ``timeline.html``). So:
 
 import errno
 import os
-import secrets
 import stat
 
 from launcher.common.errors import UsageError
@@ -52,7 +51,7 @@ def write_file(path: str, data: bytes, mode: int = 0o644) -> None:
 def _create_temporary(dir_fd: int, name: str, mode: int):
     """``(name, fd)`` of a new file beside ``name``, created exclusively (no symlink followed)."""
     for attempt in range(_TRIES):
-        tmp = f".{name}.{secrets.token_hex(6)}.tmp"
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"  # unguessable: not planted in advance
         try:
             return tmp, os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                                 dir_fd=dir_fd)

@@ -164,11 +164,15 @@ class EventsRead(NamedTuple):
 
 def usable(event: dict) -> bool:
     """Whether ``event`` has an ``event`` name, a ``ts``, and the types of :data:`EVENT_FIELDS`."""
-    if type(event.get("event")) is not str or "ts" not in event:
+    kind = event.get("event")
+    if type(kind) is not str or "ts" not in event:
         return False
-    fields = {**EVENT_FIELDS, **_KIND_FIELDS.get(event["event"], {})} if event["event"] in _KIND_FIELDS \
-        else EVENT_FIELDS
-    return typed(event, {k: v for k, v in fields.items() if v is not None}) is None
+    return typed(event, _CHECKS.get(kind, _CHECKS[None])) is None
+
+
+#: Per kind of event (None: any other), the checks :func:`usable` makes.
+_CHECKS = {kind: {k: v for k, v in {**EVENT_FIELDS, **fields}.items() if v is not None}
+           for kind, fields in {None: {}, **_KIND_FIELDS}.items()}
 
 
 def read_events(path: str, newest_run: bool = False) -> EventsRead:

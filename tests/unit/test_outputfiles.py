@@ -21,9 +21,9 @@ def test_write_file_replaces_a_planted_symlink_and_leaves_its_target(tmp_path):
 
 
 def test_write_file_tries_another_name_when_one_is_taken(tmp_path, monkeypatch):
-    names = iter(["taken", "free"])
-    monkeypatch.setattr(outputfiles.secrets, "token_hex", lambda n: next(names))
-    (tmp_path / ".f.taken.tmp").symlink_to(tmp_path / "target")  # planted at the temporary name
+    names = iter([b"taken!", b"free!!"])
+    monkeypatch.setattr(outputfiles.os, "urandom", lambda n: next(names))
+    (tmp_path / f".f.{b'taken!'.hex()}.tmp").symlink_to(tmp_path / "target")  # planted at the temporary name
     write_file(str(tmp_path / "f"), b"x")
     assert (tmp_path / "f").read_bytes() == b"x" and not (tmp_path / "target").exists()
 
