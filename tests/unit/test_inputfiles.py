@@ -271,7 +271,8 @@ def test_utf8_text_round_trips(text):
 
 # -- numbers, symlinks, records, JSON lines (issue #27) --------------------------------------------
 @pytest.mark.parametrize("text", ["1e999", "-1e999", "[NaN]", '{"a": Infinity}', "-Infinity", "9223372036854775809",
-                                  "-9223372036854775809", "1e19", '{"x": "e99", "n": 1e300}'])
+                                  "-9223372036854775809", "1e19", '{"x": "e99", "n": 1e300}',
+                                  "12345678901.5e9", "[1E+0019]"])
 def test_numbers_out_of_range_are_refused(text):
     """1e999 was ``inf`` to json.loads and OverflowError to every ``int()`` after it."""
     with pytest.raises(InputFileError, match=r"holds a number out of range \(.*\): numbers must be finite"):
@@ -339,3 +340,16 @@ def test_json_lines_refuse_fifos_and_symlinks_at_once(tmp_path):
 ])
 def test_typed(record, problem):
     assert typed(record, {"rank": INT, "ranks": INTS, "ts": NUMBER, "name": TEXT, "note": TEXT + OR_NONE}) == problem
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False) | st.integers(-2 ** 70, 2 ** 70))
+def test_the_number_bound_is_exact(number):
+    """The fast hint never lets a number out of range through, whatever its spelling."""
+    for text in {json.dumps(number), repr(number).replace("e+", "e"), f"{number:.6e}" if isinstance(number, float)
+                 else str(number)}:
+        if abs(number) <= MAX_NUMBER and "e" not in text.lower():
+            assert loads_json(text.encode(), "p", "x") == json.loads(text)
+        elif abs(json.loads(text)) > MAX_NUMBER:
+            with pytest.raises(InputFileError, match="out of range"):
+                loads_json(text.encode(), "p", "x")
