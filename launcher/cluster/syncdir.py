@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from launcher.common.errors import LauncherError
-from launcher.common.inputfiles import InputFileError, read_record
+from launcher.common.inputfiles import InputFileError, loads_record, read_record
 from launcher.common.inputrecords import INT, INTS, NUMBER, OR_NONE, TEXT, typed
 from launcher.common.warnonce import WarnOnce
 from launcher.supervision.policy import Failure
@@ -165,22 +165,19 @@ def problem(record: object, kind: str) -> Optional[str]:
     return typed(record, _STAMP) or typed(record, fields)
 
 
-def checked(data: Optional[bytes], where: str, name: str, parse=None) -> Optional[dict]:
+def checked(data: Optional[bytes], where: str, name: str) -> Optional[dict]:
     """The record ``name`` read from ``where`` (None: absent), or None with one warning (once per
     record and problem) when it cannot be used: the job goes on without it.
 
     Args:
-        data: The raw record, or None to read the file ``where`` (``parse`` unused then).
+        data: The raw record (an etcd value), or None to read the file ``where``.
         where: The file or key, for messages.
         name: The record's name (``failed.1.json``): its kind.
-        parse: ``parse(where)`` reads the file (default: :func:`read_record`).
     """
-    from launcher.common.inputfiles import loads_json
-
     kind = _kind(name)
     try:
-        record = (parse or read_record)(where, "coordination record") if data is None \
-            else loads_json(data, where, "coordination record")
+        record = read_record(where, "coordination record") if data is None \
+            else loads_record(data, where, "coordination record")
     except FileNotFoundError:
         return None
     except InputFileError as exc:

@@ -287,6 +287,18 @@ def read_json(path: str, what: str, limit: int, follow: bool = True, dir_fd: Opt
     return loads_json(read_bytes(path, what, limit, follow, dir_fd), os.fspath(path), what)
 
 
+def loads_record(data: bytes, where: str, what: str) -> Any:
+    """A JSON record that does not come from a file (an etcd value): as :func:`loads_json`, within
+    :data:`LIMIT_RECORD` bytes.
+
+    Raises:
+        InputFileError: too big, or as :func:`loads_json`.
+    """
+    if len(data) > LIMIT_RECORD:
+        raise InputFileError(what, where, f"is larger than {_size(LIMIT_RECORD)}, the limit for a {what}")
+    return loads_json(data, where, what)
+
+
 def read_record(path: str, what: str, dir_fd: Optional[int] = None) -> Any:
     """A JSON record in a directory someone else may control (a run dir, ``--sync-dir``): as
     :func:`read_json` within :data:`LIMIT_RECORD`, a symlink refused.

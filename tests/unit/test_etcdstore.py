@@ -316,3 +316,12 @@ def test_unusable_values_are_none_with_one_warning(caplog):
     assert _parse(b'{"servers": [0, 1]}', "/launcher/r/inc_0/gen_0/next.json")["servers"] == [0, 1]
     assert _parse(None, "/launcher/r/inc_0/gen_0/abort") is None
     assert len([r for r in caplog.records if "ignoring it" in r.getMessage()]) == 3
+
+
+def test_values_over_the_record_limit_are_refused(caplog):
+    from launcher.cluster.etcdstore import _parse
+    from launcher.common.inputfiles import LIMIT_RECORD
+
+    big = b'{"reason": "' + b"x" * LIMIT_RECORD + b'"}'
+    assert _parse(big, "/launcher/r/inc_0/gen_0/abort") is None
+    assert any("is larger than 1 MiB" in r.getMessage() for r in caplog.records)
