@@ -27,6 +27,10 @@ import threading
 from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
+from launcher.common.inputfiles import loads_json
+
+#: The largest answer or watch message read from etcd: a range of every record of a 10,000-node job fits.
+LIMIT_ANSWER = 64 * 1024 * 1024
 
 __all__ = ["EtcdClient", "EtcdError", "EtcdRejected", "Security"]
 
@@ -82,13 +86,15 @@ class EtcdClient:
             response = conn.getresponse()
             if path == "/v3/watch" and response.status == 200:
                 return response.status, {"response": response}, conn
-            raw = response.read()
+            raw = response.read(LIMIT_ANSWER + 1)
         except BaseException:
             conn.close()
             raise
         try:
-            data = json.loads(raw or b"{}")
-        except ValueError:
+            if len(raw) > LIMIT_ANSWER:
+                raise ValueError("too long")
+            data = loads_json(raw or b"{}", f"{host}:{port}{path}", "etcd answer from")  # bounded, like any input
+        except ValueError:  # InputFileError too: not JSON, too deep, numbers out of range
             data = {"message": raw[:200].decode("utf-8", "replace").strip()}
         return response.status, data if isinstance(data, dict) else {}, conn
 
@@ -206,14 +212,17 @@ def _watch_revisions(response: http.client.HTTPResponse) -> Iterator[int]:
     """The revision of each message of a watch stream, until it closes, stalls or breaks."""
     while True:
         try:
-            line = response.readline()
+            line = response.readline(LIMIT_ANSWER + 1)
         except (OSError, socket.timeout, ssl.SSLError, http.client.HTTPException):
             return
-        if not line:
+        if not line or len(line) > LIMIT_ANSWER:
             return
         try:
-            result = json.loads(line).get("result", {})
+            message = loads_json(line, "etcd", "watch stream of")
+            result = message.get("result", {}) if isinstance(message, dict) else {}
         except ValueError:
+            return
+        if not isinstance(result, dict):
             return
         if result.get("canceled") or result.get("compact_revision"):
             return

@@ -35,7 +35,7 @@ import tenacity
 from launcher.cluster.etcdclient import EtcdClient, EtcdError, EtcdRejected
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
 from launcher.common.errors import UsageError
-from launcher.cluster.syncdir import CLOSED, JOIN_NOTE, Generation, collect, stamp, valid
+from launcher.cluster.syncdir import CLOSED, JOIN_NOTE, Generation, checked, collect, stamp
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ class EtcdStore:
         snapshot = {**self._mine, **self._snapshot}
         sub = f"{self.prefix}gen_{generation}/"
         names = [key[len(sub):] for key in snapshot if key.startswith(sub)]
-        state = collect(generation, names, lambda name: _parse(snapshot.get(sub + name)))
+        state = collect(generation, names, lambda name: _parse(snapshot.get(sub + name), sub + name))
         present: Dict[str, set] = {"join": set(), "member": set()}
         for key in snapshot:
             match = _MEMBER.fullmatch(key[len(self.prefix):]) if key.startswith(self.prefix) else None
@@ -212,7 +212,7 @@ class EtcdStore:
         snapshot = self._snapshot
         found = {}
         for index in range(self.count):
-            record = _parse(snapshot.get(f"{self.prefix}join.{index}")) or {}
+            record = _parse(snapshot.get(f"{self.prefix}join.{index}"), f"{self.prefix}join.{index}") or {}
             if record.get("address"):
                 found[index] = str(record["address"])
         return found
@@ -361,8 +361,6 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, EtcdError) and not isinstance(exc, EtcdRejected)
 
 
-def _parse(raw: Optional[bytes]) -> Optional[dict]:
-    try:
-        return valid(json.loads(raw)) if raw is not None else None
-    except ValueError:
-        return None
+def _parse(raw: Optional[bytes], key: str) -> Optional[dict]:
+    """The record etcd holds at ``key`` (None: absent, or unusable: warned once, the job goes on)."""
+    return checked(raw, key, key.rsplit("/", 1)[-1]) if raw is not None else None

@@ -14,7 +14,10 @@ started again with the same run id, as a Volcano job restart does, gets the next
     gen_0/start.json          elastic (etcd): the servers generation 0 starts on (first writer wins)
 
 Every file is written whole (temp file, then rename, or link for the exclusive ones), so a reader sees
-all of it or nothing, and a node only ever creates its own files. Other nodes' files are found by
+all of it or nothing, and a node only ever creates its own files. Other nodes' records are input like
+any file: read by the one reader (:func:`launcher.common.inputfiles.read_record`: bounded, no symlink
+followed, numbers in range) and checked by :func:`valid`; one that fails either is left out with one
+warning, and the job goes on. Other nodes' files are found by
 listing the generation directory every ``interval`` seconds from the event loop: inotify does not
 see other NFS clients' writes.
 """
@@ -29,6 +32,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from launcher.common.errors import LauncherError
+from launcher.common.inputfiles import InputFileError, loads_record, read_record
+from launcher.common.inputrecords import INT, INTS, NUMBER, OR_NONE, TEXT, typed
+from launcher.common.warnonce import WarnOnce
 from launcher.supervision.policy import Failure
 from launcher.supervision.states import ExitInfo
 
@@ -85,8 +91,8 @@ class Generation:
 
     def failures(self, exclude: Optional[int] = None) -> List[Failure]:
         """Each node's first failure, earliest first (by the failing node's clock)."""
-        found = [(r.get("exited_at", 0.0), i, failure_of(self.number, r))
-                 for i, r in self.failed.items() if i != exclude]
+        found = [(failure.info.wall_time, i, failure) for i, failure in
+                 ((i, failure_of(self.number, r)) for i, r in self.failed.items() if i != exclude)]
         return [f for _, _, f in sorted(found, key=lambda item: item[:2])]
 
     def exit_code(self) -> int:
@@ -133,14 +139,68 @@ def stamp(index: int, name: str, data: dict) -> dict:
             **data}
 
 
-def valid(record: object) -> Optional[dict]:
-    """``record`` if it is one of ours (the fields its readers convert do convert), else None."""
+#: What a launcher writes in every record (:func:`stamp`), and per kind of record the fields its
+#: readers use, with the fields that must be there.
+_STAMP = {"server": INT, "name": TEXT, "host": TEXT, "pid": INT, "ts": NUMBER}
+_FIELDS = {
+    "failed": ({"rank": INT, "ranks": INTS, "label": TEXT, "returncode": INT, "exit_code": INT,
+                "exited_at": NUMBER, "note": TEXT + OR_NONE}, ()),
+    ABORT: ({"exit_code": INT + OR_NONE, "reason": TEXT}, ("reason",)),
+    NEXT: ({"servers": INTS}, ("servers",)),
+    START: ({"servers": INTS}, ("servers",)),
+    MASTER: ({"addr": TEXT, "port": INT, "reason": TEXT}, ("addr",)),
+    "join": ({"address": TEXT}, ()),
+}
+_bad_record = WarnOnce(log)
+
+
+def problem(record: object, kind: str) -> Optional[str]:
+    """Why ``record`` is not a record of ``kind`` the launcher can use (None: it is)."""
+    if not isinstance(record, dict):
+        return f"it is {type(record).__name__}, not an object"
+    fields, required = _FIELDS.get(kind, ({}, ()))
+    missing = next((name for name in required if name not in record), None)
+    if missing is not None:
+        return f"it has no {missing!r}"
+    return typed(record, _STAMP) or typed(record, fields)
+
+
+def checked(data: Optional[bytes], where: str, name: str) -> Optional[dict]:
+    """The record ``name`` read from ``where`` (None: absent), or None with one warning (once per
+    record and problem) when it cannot be used: the job goes on without it.
+
+    Args:
+        data: The raw record (an etcd value), or None to read the file ``where``.
+        where: The file or key, for messages.
+        name: The record's name (``failed.1.json``): its kind.
+    """
+    kind = _kind(name)
     try:
-        failure_of(0, record)  # type: ignore[arg-type]
-        int(record.get("exit_code") or 1) + sum(int(r) for r in record.get("ranks", ()))  # type: ignore[union-attr]
-    except (ValueError, TypeError, AttributeError):
+        record = read_record(where, "coordination record") if data is None \
+            else loads_record(data, where, "coordination record")
+    except FileNotFoundError:
         return None
-    return record  # type: ignore[return-value]
+    except InputFileError as exc:
+        _bad_record((where, str(exc)), "%s; ignoring it, the job goes on", exc)
+        return None
+    except OSError as exc:
+        _bad_record((where, exc.errno), "cannot read coordination record %s (%s); ignoring it, the job goes on",
+                    where, exc.strerror or exc)
+        return None
+    why = problem(record, kind)
+    if why is None:
+        return record
+    _bad_record((where, why), "coordination record %s is not one a launcher writes (%s); ignoring it, the job "
+                "goes on", where, why)
+    return None
+
+
+def _kind(name: str) -> str:
+    """``failed``, ``abort``, ``next``, ... for a record's name (``failed.1.json``, ``join.3``)."""
+    match = _MARKER.fullmatch(name)
+    if match is None:
+        return name.split(".", 1)[0]
+    return "failed" if match.group(1) else (match.group(3) or match.group(5) or match.group(6))
 
 
 class SyncDir:
@@ -235,9 +295,5 @@ class SyncDir:
 
 
 def _load(path: str) -> Optional[dict]:
-    """A record written by a launcher, or None (unreadable, incomplete, or not one of ours)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return valid(json.load(fh))
-    except (OSError, ValueError):
-        return None
+    """A record written by a launcher, or None (missing, or unusable: warned once)."""
+    return checked(None, path, os.path.basename(path))

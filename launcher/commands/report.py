@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 
 import click
 
-from launcher.common.errors import LauncherError
+from launcher.common.errors import LauncherError, UsageError
 
 
 @click.command()
@@ -19,18 +19,35 @@ def report(run_dirs: Tuple[str, ...], output: Optional[str]) -> int:
     Several RUN_DIRs (the run dirs of one job's nodes): one lane per node, clocks aligned from the
     coordinator's records, which node failed first and how long each node waited at each restart.
     """
-    from launcher.monitoring.events import read_events
+    from launcher.common.outputfiles import write_file
     from launcher.monitoring import nodes, timeline
 
-    runs = []
-    for run_dir in run_dirs:
-        events = read_events(os.path.join(run_dir, "events.jsonl"))
-        if not events:
-            raise LauncherError(f"no events in {run_dir}", ["pass the run dir of a `launcher run`"])
-        runs.append((os.path.abspath(run_dir), events))
-    path = output or os.path.join(run_dirs[0], "timeline.html")
+    runs = [(os.path.abspath(run_dir), _events(run_dir)) for run_dir in run_dirs]
+    target = output or os.path.join(run_dirs[0], "timeline.html")
     page = timeline.render(runs[0][1], where=runs[0][0]) if len(runs) == 1 else nodes.render(nodes.load(runs))
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(page)
-    click.echo(path)
+    try:
+        # A new file renamed into place: a symlink planted at the target is replaced, never followed.
+        write_file(target, page.encode("utf-8"))
+    except OSError as exc:
+        raise LauncherError(f"cannot write {target}: {exc.strerror or exc}") from None
+    click.echo(target)
     return 0
+
+
+def _events(run_dir: str) -> list:
+    """A run dir's events through the bounded reader (the newest run's, lines that are not events skipped)."""
+    from launcher.common.inputfiles import InputFileError
+    from launcher.monitoring.goodput import read_events
+
+    path = os.path.join(run_dir, "events.jsonl")
+    try:
+        events, skipped = read_events(path, newest_run=True)
+    except InputFileError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise LauncherError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if skipped:
+        click.echo(f"launcher: warning: skipped {skipped} line(s) of {path} that are not launcher events", err=True)
+    if not events:
+        raise LauncherError(f"no events in {run_dir}", ["pass the run dir of a `launcher run`"])
+    return events

@@ -1,7 +1,8 @@
 """Shared ground every layer stands on: errors, env var names, bounded input reading, the run dir.
 
-Owns: ``errors`` (UsageError / LauncherError), ``envnames`` (every env var name), ``inputfiles``
-(bounded reads of user files), ``resources`` (shipped schemas), ``rundir`` and ``jobs`` (the run dir
+Owns: ``errors`` (UsageError / LauncherError), ``envnames`` (every env var name), ``inputfiles``,
+``inputrecords`` and ``inputyaml`` (the one bounded reader of every file and record the launcher did
+not write), ``outputfiles`` (the one way to create files where someone else may plant a symlink), ``resources`` (shipped schemas), ``rundir`` and ``jobs`` (the run dir
 and the jobs under the base dir), ``signals`` (handlers that only record), ``warnonce``,
 ``filewatch`` and ``gcpause`` (the cyclic collector paused while any thread asks, and long-lived
 objects frozen out of its passes).

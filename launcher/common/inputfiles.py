@@ -13,11 +13,23 @@ used to crash or hang the launcher somewhere else:
   The nesting is measured on the raw bytes before parsing (JSON) or bounded while composing (YAML);
 * not UTF-8 (UTF-16 from a Windows editor, Latin-1), or an integer of more digits than Python converts.
 
+* a number out of range: ``1e999`` is ``inf`` to ``json.loads`` and OverflowError to ``int()``; every
+  number read must be finite and within +-2**63 (:data:`MAX_NUMBER`), so that any sum or conversion
+  of a few of them stays finite;
+* following what it should not: in a directory someone else may control (a run dir read by root,
+  a shared ``--sync-dir``), ``follow=False`` opens with ``O_NOFOLLOW`` (a symlink is refused).
+
+Records that do not come from a file (etcd values) go through :func:`loads_json` with the same
+bounds. :mod:`launcher.common.inputrecords` adds JSON-lines files (``events.jsonl``: a long line is
+skipped, never loaded) and the type checks of the fields a reader uses. docs/inputs.md lists every
+reader and what it does with what it cannot use.
+
 Every problem is an :class:`InputFileError` (a ValueError) whose text is one line naming the file.
 A missing file is ``FileNotFoundError`` and other system errors are ``OSError``, unchanged: callers
 decide what absence means (often: nothing reported yet).
 """
 
+import errno
 import os
 import re
 import stat
@@ -35,6 +47,12 @@ LIMIT_REPORT = 16 * MIB
 LIMIT_CONFIG = 1 * MIB
 LIMIT_BINARY = 16 * MIB
 LIMIT_LINE = 4 * KIB
+#: A record of another node (``--sync-dir`` file, etcd value) or a run-dir state file.
+LIMIT_RECORD = 1 * MIB
+#: One line of ``events.jsonl`` (a ``gasp_done`` of 1,000 ranks is about 100 KiB).
+LIMIT_EVENT_LINE = 1 * MIB
+#: Numbers: finite, and ``-MAX_NUMBER <= n <= MAX_NUMBER``.
+MAX_NUMBER = 2 ** 63
 #: Deepest nesting accepted (rank tables nest 5 levels, reports 3, configs 1-2).
 MAX_DEPTH = 64
 
@@ -55,6 +73,21 @@ _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'[]{}"')
 #: Openers become +1 and closers -1 (as signed bytes) for the running depth.
 _SIGNS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
 _TOO_DEEP_RUN = b"\x01" * (MAX_DEPTH + 1)
+#: What could be a number out of range: 19+ digits, an exponent of 10 or more, or any positive exponent
+#: with a run of 10+ digits (``12345678901.5e9``). Only text with a match is parsed with the (slower)
+#: checking hooks; a match inside a string costs time, not a refusal. One ``translate`` and a few
+#: substring searches: 10x faster than a regular expression.
+_NUMBER_SHAPE = bytes(ord("1") if chr(b).isdigit() and b < 128 else ord("e") if chr(b) in "eE" else
+                      ord("+") if b == ord("+") else ord(".") for b in range(256))
+_HUGE_SHAPES = (b"1" * 19, b"e11", b"e+11")
+
+
+def maybe_huge(data: bytes) -> bool:
+    """Whether the JSON text ``data`` may hold a number out of range (see :data:`MAX_NUMBER`)."""
+    shape = data.translate(_NUMBER_SHAPE)
+    if any(pattern in shape for pattern in _HUGE_SHAPES):
+        return True
+    return (b"e1" in shape or b"e+1" in shape) and b"1" * 10 in shape
 
 
 class InputFileError(ValueError):
@@ -83,16 +116,30 @@ def _size(limit: int) -> str:
     return f"{limit // MIB} MiB" if limit >= MIB and limit % MIB == 0 else f"{limit // KIB} KiB"
 
 
-def open_regular(path: str, what: str) -> int:
-    """A read-only descriptor of the regular file ``path`` (symlinks followed); the caller closes it.
+def open_regular(path: str, what: str, follow: bool = True, dir_fd: Optional[int] = None) -> int:
+    """A read-only descriptor of the regular file ``path``; the caller closes it.
+
+    Args:
+        path: The file (relative to ``dir_fd`` when given).
+        what: The kind of file, for messages.
+        follow: Follow a symlink at ``path`` itself (ConfigMap volumes are made of them). False for a
+            file in a directory someone else may control: a symlink there is refused.
+        dir_fd: A directory descriptor ``path`` is relative to (``openat``).
 
     Raises:
         FileNotFoundError: there is no such file.
         OSError: it cannot be opened.
-        InputFileError: it is not a regular file (a FIFO is refused without waiting for a writer).
+        InputFileError: it is not a regular file (a FIFO is refused without waiting for a writer), or
+            a symlink and not ``follow``.
     """
     # O_NONBLOCK: a FIFO opens at once instead of waiting for a writer; no effect on regular files.
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if not follow and exc.errno == errno.ELOOP:
+            raise InputFileError(what, os.fspath(path), "is a symlink, refused here") from None
+        raise
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
@@ -101,8 +148,9 @@ def open_regular(path: str, what: str) -> int:
     return fd
 
 
-def read_bytes(path: str, what: str, limit: int) -> bytes:
-    """The content of the regular file ``path``, at most ``limit`` bytes.
+def read_bytes(path: str, what: str, limit: int, follow: bool = True, dir_fd: Optional[int] = None) -> bytes:
+    """The content of the regular file ``path``, at most ``limit`` bytes (``follow``, ``dir_fd``: as
+    :func:`open_regular`).
 
     Raises:
         FileNotFoundError: there is no such file.
@@ -110,7 +158,7 @@ def read_bytes(path: str, what: str, limit: int) -> bytes:
         InputFileError: it is not a regular file, or it is larger than ``limit``.
     """
     path = os.fspath(path)
-    fd = open_regular(path, what)
+    fd = open_regular(path, what, follow, dir_fd)
     try:
         size = os.fstat(fd).st_size
         too_big = InputFileError(what, path, f"is larger than {_size(limit)}, the limit for a {what}")
@@ -172,11 +220,11 @@ def nests_too_deep(data: bytes) -> bool:
 
 
 def loads_json(data: bytes, path: str, what: str) -> Any:
-    """Parse the JSON ``data`` read from ``path``, within :data:`MAX_DEPTH` levels.
+    """Parse the JSON ``data`` read from ``path``, within :data:`MAX_DEPTH` levels and number bounds.
 
     Raises:
-        InputFileError: empty, not UTF-8, nested too deep, not JSON (with line and column), or an
-            integer too long to convert.
+        InputFileError: empty, not UTF-8, nested too deep, not JSON (with line and column), an
+            integer too long to convert, or a number out of range (``1e999``, ``NaN``, 2**64).
     """
     import json
 
@@ -186,16 +234,46 @@ def loads_json(data: bytes, path: str, what: str) -> Any:
     if nests_too_deep(data):
         raise InputFileError(what, path, f"nests arrays or objects deeper than {MAX_DEPTH} levels")
     try:
-        return json.loads(text)
+        if not maybe_huge(data):  # the C parser's own number conversion is 2-3x faster
+            return json.loads(text, parse_constant=refuse_constant)
+        return json.loads(text, parse_int=_checked_int, parse_float=_checked_float, parse_constant=refuse_constant)
     except json.JSONDecodeError as exc:
         # A writer cut short and a real mistake look alike; the caller decides whether to wait.
         raise InputFileError(what, path, f"is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}",
                              INCOMPLETE) from None
+    except OutOfRange as exc:
+        raise InputFileError(what, path, str(exc)) from None
     except ValueError as exc:  # int(): more digits than sys.get_int_max_str_digits()
-        raise InputFileError(what, path, _value_problem(text, exc)) from None
+        raise InputFileError(what, path, value_problem(text, exc)) from None
 
 
-def _value_problem(text: str, exc: ValueError) -> str:
+class OutOfRange(ValueError):
+    """A number JSON or YAML can write that the launcher refuses; the text is the problem."""
+
+    def __init__(self, number: str):
+        super().__init__(f"holds a number out of range ({brief(number, 40)}): numbers must be finite and "
+                         f"within +-2**63")
+
+
+def _checked_int(text: str) -> int:
+    value = int(text)  # ValueError beyond sys.get_int_max_str_digits(): reported as such
+    if -MAX_NUMBER <= value <= MAX_NUMBER:
+        return value
+    raise OutOfRange(text)
+
+
+def _checked_float(text: str) -> float:
+    value = float(text)
+    if -MAX_NUMBER <= value <= MAX_NUMBER:  # False for inf and nan
+        return value
+    raise OutOfRange(text)
+
+
+def refuse_constant(text: str) -> None:
+    raise OutOfRange(text)  # NaN, Infinity, -Infinity: not JSON, but json.loads takes them
+
+
+def value_problem(text: str, exc: ValueError) -> str:
     """One line for a ValueError of a parser's value conversion (usually an over-long integer)."""
     limit = sys.get_int_max_str_digits()
     match = re.search(r"\d{%d,}" % (limit + 1), text)
@@ -204,9 +282,31 @@ def _value_problem(text: str, exc: ValueError) -> str:
     return f"has an integer of more than {limit} digits at line {text.count(chr(10), 0, match.start()) + 1}"
 
 
-def read_json(path: str, what: str, limit: int) -> Any:
+def read_json(path: str, what: str, limit: int, follow: bool = True, dir_fd: Optional[int] = None) -> Any:
     """The parsed JSON file ``path`` (see :func:`read_bytes` and :func:`loads_json`)."""
-    return loads_json(read_bytes(path, what, limit), os.fspath(path), what)
+    return loads_json(read_bytes(path, what, limit, follow, dir_fd), os.fspath(path), what)
+
+
+def loads_record(data: bytes, where: str, what: str) -> Any:
+    """A JSON record that does not come from a file (an etcd value): as :func:`loads_json`, within
+    :data:`LIMIT_RECORD` bytes.
+
+    Raises:
+        InputFileError: too big, or as :func:`loads_json`.
+    """
+    if len(data) > LIMIT_RECORD:
+        raise InputFileError(what, where, f"is larger than {_size(LIMIT_RECORD)}, the limit for a {what}")
+    return loads_json(data, where, what)
+
+
+def read_record(path: str, what: str, dir_fd: Optional[int] = None) -> Any:
+    """A JSON record in a directory someone else may control (a run dir, ``--sync-dir``): as
+    :func:`read_json` within :data:`LIMIT_RECORD`, a symlink refused.
+
+    Raises:
+        FileNotFoundError, OSError, InputFileError: as :func:`read_json`.
+    """
+    return read_json(path, what, LIMIT_RECORD, follow=False, dir_fd=dir_fd)
 
 
 def read_line(path: str, what: str, limit: int = LIMIT_LINE) -> Optional[str]:
@@ -223,64 +323,3 @@ def read_line(path: str, what: str, limit: int = LIMIT_LINE) -> Optional[str]:
         bad = next(ch for ch in text if not ch.isprintable())
         raise InputFileError(what, path, f"is not one line of text (it holds {bad!r})")
     return text or None
-
-
-def read_yaml(path: str, what: str, limit: int) -> Any:
-    """The parsed YAML (or JSON) file ``path``, within :data:`MAX_DEPTH` levels and without aliases.
-
-    Aliases are refused because one line of them can expand into billions of nodes for whatever
-    walks the result.
-
-    Raises:
-        FileNotFoundError, OSError: as :func:`read_bytes`.
-        InputFileError: not a regular file, too big, not UTF-8, not YAML (the parser's message on
-            one line), nested too deep, with an alias, or with an integer too long to convert.
-    """
-    import yaml  # only paid for when a YAML file is read
-
-    path = os.fspath(path)
-    text = decode_text(read_bytes(path, what, limit), path, what)
-    loader = None
-    try:
-        loader = _bounded_loader(yaml)(text)  # the reader refuses unprintable characters right here
-        return loader.get_single_data()
-    except yaml.YAMLError as exc:
-        raise InputFileError(what, path, f"is not valid YAML: {brief(exc)}") from None
-    except InputFileError as exc:
-        raise InputFileError(what, path, exc.problem) from None
-    except ValueError as exc:  # a constructor's int() or date() refused the value
-        raise InputFileError(what, path, _value_problem(text, exc)) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-_LOADER: Any = None
-
-
-def _bounded_loader(yaml: Any) -> type:
-    """``yaml.SafeLoader`` that refuses aliases and more than :data:`MAX_DEPTH` levels (built once)."""
-    global _LOADER  # pylint: disable=global-statement
-    if _LOADER is not None:
-        return _LOADER
-
-    class BoundedLoader(yaml.SafeLoader):  # pylint: disable=too-many-ancestors
-        """Composing is the recursive step of PyYAML (the scanner and parser are not): bound it there."""
-
-        depth = 0
-
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                mark = self.peek_event().start_mark
-                raise InputFileError("", "", f"uses an alias (line {mark.line + 1}); aliases are not supported")
-            self.depth += 1
-            try:
-                if self.depth > MAX_DEPTH:
-                    mark = self.peek_event().start_mark
-                    raise InputFileError("", "", f"nests deeper than {MAX_DEPTH} levels (line {mark.line + 1})")
-                return super().compose_node(parent, index)
-            finally:
-                self.depth -= 1
-
-    _LOADER = BoundedLoader
-    return _LOADER

@@ -16,6 +16,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 from launcher.common import envnames
 from launcher.common import rundir as rundir_mod
 from launcher.common.errors import UsageError
+from launcher.common.inputfiles import read_record
 
 #: Run dirs of jobs no launcher holds any more that ``launcher run`` keeps under the base dir.
 KEEP_DEAD = 10
@@ -84,7 +85,12 @@ def scan(base: str, details: bool = True) -> List[Job]:
     Args:
         base: The base dir.
         details: Also read each ``launcher.json`` (pid, start and end times).
+
+    Raises:
+        UsageError: ``base`` is a symlink, not ours, or open to others (:func:`rundir.check_base`).
     """
+    if not rundir_mod.check_base(base):  # a planted base dir is refused, never listed or followed
+        return []
     try:
         entries = [e for e in os.scandir(base) if not e.name.startswith(".") and e.is_dir(follow_symlinks=False)]
     except (FileNotFoundError, NotADirectoryError):
@@ -113,7 +119,7 @@ def is_live(path: str) -> bool:
 def _locked(path: str) -> Optional[bool]:
     """Whether a launcher holds ``path``'s lock (a shared probe, released at once); None: no lock file."""
     try:
-        fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -126,12 +132,8 @@ def _locked(path: str) -> Optional[bool]:
 
 
 def _launcher_record(path: str) -> dict:
-    import json
-
     try:
-        fd = os.open(os.path.join(path, rundir_mod.LAUNCHER), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, encoding="utf-8") as fh:
-            record = json.load(fh)
+        record = read_record(os.path.join(path, rundir_mod.LAUNCHER), rundir_mod.LAUNCHER)
     except (OSError, ValueError):
         return {}
     return record if isinstance(record, dict) else {}
@@ -201,7 +203,7 @@ def prune(base: str, keep: int = KEEP_DEAD, exclude: Sequence[str] = ()) -> List
 def _remove(home: "rundir_mod.RunDir", name: str) -> bool:
     hidden = f".{name}.removing-{os.getpid()}"
     try:
-        lock = os.open(os.path.join(name, rundir_mod.LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+        lock = os.open(os.path.join(name, rundir_mod.LOCK), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                        dir_fd=home.fd)
     except OSError:  # gone meanwhile
         return False

@@ -17,8 +17,9 @@ import os
 import stat
 from typing import Any, Dict, Optional
 
-from launcher.common import envnames
+from launcher.common import envnames, outputfiles
 from launcher.common.errors import LauncherError, UsageError
+from launcher.common.inputfiles import read_record
 from launcher.common.warnonce import WarnOnce
 
 # By name: importing logging is left to the first failure (launcher status / prestop start fast).
@@ -42,6 +43,17 @@ def base_dir(environ: Optional[Dict[str, str]] = None) -> str:
     if env.get(envnames.XDG_RUNTIME_DIR):
         return os.path.join(env[envnames.XDG_RUNTIME_DIR], "launcher")
     return f"/tmp/launcher-{os.getuid()}"
+
+
+def check_base(path: str, create: bool = False) -> bool:
+    """Refuse a base dir (:func:`base_dir`) planted by someone else, as ssh and tmux check theirs: it
+    must be a directory itself (not a symlink), owned by this user and not writable by others. ``create``
+    makes it (0700) when missing; otherwise a missing one gives False.
+
+    Raises:
+        UsageError: one line naming it and what is wrong.
+    """
+    return outputfiles.private_dir(path, "base dir", create)
 
 
 def check_ancestors(path: str) -> None:
@@ -150,6 +162,8 @@ class RunDir:
     def __init__(self, path: str, create: bool = True):
         self.path = os.path.abspath(path)
         check_ancestors(self.path)
+        if os.path.dirname(self.path) == os.path.abspath(base_dir()):  # a job's default home
+            check_base(os.path.dirname(self.path), create)
         if create:
             self._create()
         self.fd = _open_dir(self.path)
@@ -258,10 +272,10 @@ class RunDir:
         return True
 
     def read_json(self, name: str) -> Optional[Any]:
-        """Parsed content of ``name``, or None when missing or unreadable."""
+        """Parsed content of ``name``, or None when missing or unusable (a FIFO, a symlink, too big,
+        too deep, not JSON: :func:`launcher.common.inputfiles.read_record`, relative to the dir fd)."""
         try:
-            with os.fdopen(self.open(name, os.O_RDONLY), encoding="utf-8") as fh:
-                return json.load(fh)
+            return read_record(name, name, dir_fd=self.fd)
         except (OSError, ValueError):
             return None
 

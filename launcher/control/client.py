@@ -10,6 +10,7 @@ import time
 from typing import Any, Dict, Iterator, Optional
 
 from launcher.common.errors import LauncherError
+from launcher.common.inputfiles import loads_json
 
 
 class NoSupervisor(LauncherError):
@@ -58,7 +59,10 @@ def request(path: str, command: str, args: Optional[Dict[str, Any]] = None,
             sock.sendall((json.dumps({"command": command, "args": args or {}}) + "\n").encode())
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             for line in reader:
-                answer = json.loads(line)
+                try:
+                    answer = loads_json(line, path, "answer on")  # bounded: no RecursionError
+                except ValueError as exc:
+                    raise LauncherError(f"malformed answer from the launcher on {path}: {exc}") from None
                 if not answered:
                     answered = True
                     sock.settimeout(timeout)

@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
+from launcher.common.inputfiles import read_record
+
 log = logging.getLogger(__name__)
 
 GASP_STATE = "gasp.json"
@@ -35,8 +37,7 @@ class GaspGate:
     def last(self) -> Optional[float]:
         """Time of the last gasp that sent the save signal, if any (None for a damaged file)."""
         try:
-            with open(self.path, encoding="utf-8") as fh:
-                last = float(json.load(fh)["last_save"])
+            last = float(read_record(self.path, GASP_STATE)["last_save"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return last if math.isfinite(last) else None

@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from launcher.common.warnonce import WarnOnce
+from launcher.common.inputfiles import loads_json
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import ControlRequest
 
@@ -182,7 +183,7 @@ class ControlServer:
         del self._buffers[fd], self._since[fd]
         conn = self._conns[fd]
         try:
-            request = json.loads(buffer.split(b"\n", 1)[0])
+            request = loads_json(buffer.split(b"\n", 1)[0], "control socket", "request on")  # bounded: no RecursionError
             command, args = request["command"], dict(request.get("args") or {})
             if not isinstance(command, str):
                 raise TypeError(command)

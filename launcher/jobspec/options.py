@@ -13,7 +13,8 @@ import click
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
-from launcher.common.inputfiles import LIMIT_CONFIG, InputFileError, brief, read_yaml
+from launcher.common.inputfiles import LIMIT_CONFIG, InputFileError, brief
+from launcher.common.inputyaml import read_yaml
 
 FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
 DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}

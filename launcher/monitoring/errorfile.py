@@ -8,11 +8,12 @@ still print their traceback to stderr, which is in the rank's log: the last one 
 best explanation. Every read is bounded: a rank can leave a huge file or log behind.
 """
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
+
+from launcher.common.inputfiles import loads_json, read_bytes
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +48,14 @@ def read_error_file(path: str) -> Optional[RankError]:
     Both of torch's formats are understood: ``{"message": {"message": ..., "extraInfo":
     {"py_callstack": ...}}}`` (what ``@record`` writes) and ``{"message": "text"}``.
     """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_ERROR_FILE_BYTES + 1)
-    except OSError:
+    try:  # the one reader: a FIFO or device is refused at once, the size is bounded
+        data = read_bytes(path, "error file", MAX_ERROR_FILE_BYTES)
+    except (OSError, ValueError):
         return None
-    if not data or len(data) > MAX_ERROR_FILE_BYTES:
+    if not data:
         return None
     try:
-        message = json.loads(data.decode("utf-8", "replace"))["message"]
+        message = loads_json(data.decode("utf-8", "replace").encode(), path, "error file")["message"]
         if isinstance(message, str):
             return RankError(message, (), path)
         callstack = message.get("extraInfo", {}).get("py_callstack", "")

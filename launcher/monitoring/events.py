@@ -6,6 +6,7 @@ fails (full disk, I/O error) is reported once and the run goes on; the next even
 written again starts on a fresh line.
 """
 
+import errno
 import json
 import logging
 import os
@@ -28,9 +29,21 @@ class EventLog:
     def __init__(self, path: str, run_id: str):
         self.path = path
         self.run_id = run_id
-        self._fd: Optional[int] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._warn = WarnOnce(log)
         self._torn = False  # a short write left part of a line: end it before the next event
+        self._fd: Optional[int] = self._open(path)
+
+    def _open(self, path: str) -> Optional[int]:
+        """The events file for appending; None, with a warning, for a symlink (it would be followed)
+        or a FIFO nobody reads (``O_NONBLOCK``: the open would block prestop in a preStop hook)."""
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
+                           0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENXIO):  # ENXIO: a FIFO nobody reads
+                raise
+        self._warn("open", "%s is a symlink or a FIFO: events are not recorded, the job goes on", path)
+        return None
 
     def emit(self, event: str, **fields: Any) -> dict:
         """Record ``event`` with ``fields``; returns the record (also when it could not be written)."""
@@ -57,15 +70,12 @@ class EventLog:
 
 
 def read_events(path: str) -> list:
-    """All events in ``path`` (skipping a torn last line, which O_APPEND should make impossible)."""
-    events = []
-    try:
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                try:
-                    events.append(json.loads(line))
-                except ValueError:
-                    continue
-    except FileNotFoundError:
-        pass
-    return events
+    """The usable events in ``path`` (all runs), through the one reader (``goodput.read_events``):
+    lines that are not events are skipped; [] without the file.
+
+    Raises:
+        InputFileError: ``path`` is not a regular file (a FIFO, a device, a symlink).
+    """
+    from launcher.monitoring.goodput import read_events as read
+
+    return read(path).events

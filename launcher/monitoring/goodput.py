@@ -21,8 +21,9 @@ ratio is ``None`` when some time is unknown, with its bounds in :attr:`Goodput.b
 has the table of every part and where each number comes from.
 """
 
-import json
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+from launcher.common.inputrecords import INT, INTS, NUMBER, OR_NONE, TEXT, JsonLines, typed
 
 PARTS = ("productive", "unknown", "startup", "detection", "hung", "stopping", "restarting", "recomputed", "waiting")
 #: The parts during which the ranks may have been training: time lost ends where one begins.
@@ -150,40 +151,73 @@ def last_run(events: Sequence[dict]) -> List[dict]:
 #: How ``EventLog`` writes a ``start`` event (``json.dumps``' default separators): a hint where the
 #: newest run begins, checked after parsing.
 _START = b'"event": "start"'
+#: The fields of an event that its readers (goodput, status, the timeline) convert or use as keys,
+#: with their types; an event with any of them of another type is skipped (counted), never half-used.
+EVENT_FIELDS = {"event": TEXT, "ts": NUMBER, "attempt": INT + OR_NONE, "rank": INT + OR_NONE, "ranks": None,
+                "exited_at": NUMBER + OR_NONE, "at": NUMBER + OR_NONE, "after_rank": INT + OR_NONE,
+                "exit_code": INT + OR_NONE, "state": TEXT + OR_NONE, "restarts_left": INT + OR_NONE,
+                "max_restarts": INT + OR_NONE, "rss_bytes": INT + OR_NONE, "pid": INT + OR_NONE}
+#: Per kind of event, fields whose type differs from :data:`EVENT_FIELDS`.
+_KIND_FIELDS = {"attempt_start": {"ranks": INTS, "attempt": INT}}
+
+
+class EventsRead(NamedTuple):
+    """The events read from an events file and how many lines were skipped (not a usable event)."""
+
+    events: List[dict]
+    skipped: int
+
+
+def usable(event: dict) -> bool:
+    """Whether ``event`` has an ``event`` name, a ``ts``, and the types of :data:`EVENT_FIELDS`."""
+    kind = event.get("event")
+    if type(kind) is not str or "ts" not in event:
+        return False
+    return typed(event, _CHECKS.get(kind, _CHECKS[None])) is None
+
+
+#: Per kind of event (None: any other), the checks :func:`usable` makes.
+_CHECKS = {kind: {k: v for k, v in {**EVENT_FIELDS, **fields}.items() if v is not None}
+           for kind, fields in {None: {}, **_KIND_FIELDS}.items()}
+
+
+def read_events(path: str, newest_run: bool = False) -> EventsRead:
+    """The usable events of the events file ``path`` ([] without one), in file order.
+
+    Read by the one reader (``launcher.common.inputrecords.JsonLines``: a FIFO, a device or a symlink
+    is refused, a line over 1 MiB is skipped while it is read, numbers are bounded). With
+    ``newest_run`` only the newest run's events are kept, read fast: ``launcher status`` must answer
+    in under 100 ms, so only the lines from the newest ``start`` on are parsed, in one ``json.loads`` per
+    block (a per-line ``json.loads`` cost more than everything else ``status`` does).
+
+    Raises:
+        InputFileError: the file is not a regular file (or a symlink).
+        OSError: it cannot be read.
+    """
+    lines = JsonLines(path, "events file")
+    events: List[dict] = []
+    try:
+        blocks = lines.blocks()
+    except FileNotFoundError:
+        return EventsRead([], 0)
+    for block in blocks:
+        hint = block.rfind(_START) if newest_run else -1
+        if hint >= 0:
+            newest = lines.parse(block[block.rfind(b"\n", 0, hint) + 1:])
+            if newest and newest[0].get("event") == "start":
+                events = newest  # what came before belongs to older runs
+                continue
+            block = block[:block.rfind(b"\n", 0, hint) + 1]  # the hint missed: parse the rest too
+            events += lines.parse(block) + newest
+            continue
+        events += lines.parse(block)
+    kept = [ev for ev in events if usable(ev)]
+    return EventsRead(last_run(kept) if newest_run else kept, lines.skipped + len(events) - len(kept))
 
 
 def read_last_run(path: str) -> List[dict]:
-    """The newest run's events in the events file ``path`` ([] without one), read fast.
-
-    An events file collects every run on its run dir and may be long; ``launcher status`` must answer
-    in under 100 ms. So only the lines from the newest ``start`` on are parsed, all in one
-    ``json.loads`` (a per-line ``json.loads`` cost more than everything else ``status`` does). A torn or
-    foreign line makes it fall back to parsing line by line, skipping what is not a JSON object.
-    """
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        return []
-    begin = data.rfind(b"\n", 0, max(data.rfind(_START), 0)) + 1
-    events = _parse_lines(data[begin:])
-    if begin and (not events or events[0].get("event") != "start"):
-        events = _parse_lines(data)  # the hint missed (a value held the text): read it all
-    return last_run(events)
-
-
-def _parse_lines(data: bytes) -> List[dict]:
-    lines = [line for line in data.split(b"\n") if line.strip()]
-    try:
-        parsed = json.loads(b"[" + b",".join(lines) + b"]")
-    except ValueError:
-        parsed = []
-        for line in lines:
-            try:
-                parsed.append(json.loads(line))
-            except ValueError:
-                continue
-    return [ev for ev in parsed if isinstance(ev, dict)]
+    """The newest run's usable events in the events file ``path`` (see :func:`read_events`)."""
+    return read_events(path, newest_run=True).events
 
 
 class _Sweep:

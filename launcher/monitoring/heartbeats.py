@@ -14,6 +14,8 @@ import struct
 from types import MappingProxyType
 from typing import Deque, Dict, List, Mapping, NamedTuple, Optional, Tuple
 
+from launcher.common.inputfiles import open_regular
+
 SLOT_FORMAT = "<IIdqd32s"
 SLOT_SIZE = struct.calcsize(SLOT_FORMAT)
 FLAG_FAULTHANDLER = 1
@@ -47,11 +49,16 @@ class Beat(NamedTuple):
 
 def read_slot(path: str) -> Optional[Beat]:
     """The slot at ``path``, or None when the rank has not created it (yet)."""
+    try:  # a FIFO or a device in its place is refused at once, a symlink not followed
+        fd = open_regular(path, "heartbeat slot", follow=False)
+    except (OSError, ValueError):
+        return None
     try:
-        with open(path, "rb") as f:
-            data = f.read(SLOT_SIZE)
+        data = os.pread(fd, SLOT_SIZE, 0)
     except OSError:
         return None
+    finally:
+        os.close(fd)
     if len(data) < SLOT_SIZE:
         return None
     flags, pid, at, step, start, name = struct.unpack(SLOT_FORMAT, data)

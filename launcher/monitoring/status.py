@@ -19,19 +19,29 @@ from typing import Dict, List, Optional, Tuple
 from launcher.common import jobs as jobs_mod
 from launcher.common import rundir as rundir_mod
 from launcher.common.errors import LauncherError
+from launcher.common.inputfiles import InputFileError, read_record
+from launcher.common.inputrecords import INT, NUMBER, OR_NONE, typed
 from launcher.monitoring import goodput as goodput_mod
 from launcher.monitoring.heartbeats import HEARTBEAT_DIR, read_slot, slot_path
 
 EVENTS = "events.jsonl"
 
 
+#: The fields of ``launcher.json``, ``state.json`` and its rank entries that status shows or uses.
+_RECORD_FIELDS = {"pid": INT + OR_NONE, "started": NUMBER + OR_NONE, "ended": NUMBER + OR_NONE,
+                  "attempt": INT + OR_NONE, "ranks": (list,) + OR_NONE}
+_RANK_FIELDS = {"rank": INT, "pid": INT}
+
+
 def _read_json(path: str) -> dict:
+    """A run-dir record by the one reader; {} when missing or unusable, its wrong-typed fields dropped."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        data = read_record(path, os.path.basename(path))
     except (OSError, ValueError):
         return {}
-    return data if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: v for k, v in data.items() if typed({k: v}, _RECORD_FIELDS) is None}
 
 
 def _proc_state(pid: int) -> Optional[str]:
@@ -79,7 +89,12 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
     record = _read_json(os.path.join(run_dir, rundir_mod.LAUNCHER))
     state = _read_json(os.path.join(run_dir, rundir_mod.STATE))
     live = jobs_mod.is_live(run_dir)
-    events = goodput_mod.read_last_run(os.path.join(run_dir, EVENTS))
+    try:
+        events, skipped = goodput_mod.read_events(os.path.join(run_dir, EVENTS), newest_run=True)
+        unreadable = None
+    except (OSError, InputFileError) as exc:
+        events, skipped, unreadable = [], 0, str(exc) if isinstance(exc, InputFileError) else \
+            f"cannot read {os.path.join(run_dir, EVENTS)}: {exc.strerror or exc}"
     attempt = state.get("attempt")
     seen = _Seen(events, attempt)
     doc = {"job": os.path.basename(os.path.normpath(run_dir)), "run_dir": run_dir,
@@ -89,7 +104,8 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
            "ranks": _ranks(state, seen, attempt, now, os.path.join(run_dir, HEARTBEAT_DIR)),
            "stragglers": sorted(seen.stragglers), "restore_plan": _bare(seen.plan),
            "cluster": {"hold": seen.hold, "update": _bare(seen.update)},
-           "standbys": _standbys(seen, state) if live else [], "now": now}
+           "standbys": _standbys(seen, state) if live else [], "now": now,
+           "events_skipped": skipped, "events_unreadable": unreadable}
     good = goodput_mod.compute(events, now=now if live else None)
     doc["goodput"] = good.to_json()
     return doc
@@ -151,7 +167,7 @@ def _ranks(state: dict, seen: _Seen, attempt: Optional[int], now: float, slots: 
     rank's heartbeat slot under ``slots`` when it has one, else a ``heartbeat`` event)."""
     rows = []
     for entry in state.get("ranks") or ():
-        if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
+        if not isinstance(entry, dict) or "pid" not in entry or typed(entry, _RANK_FIELDS) is not None:
             continue
         rank, pid = entry.get("rank"), entry["pid"]
         proc = _proc_state(pid) if pid > 0 else None
@@ -161,7 +177,8 @@ def _ranks(state: dict, seen: _Seen, attempt: Optional[int], now: float, slots: 
         if age is None and beat:
             age, step = round(now - beat["ts"], 3), beat.get("step")
         rows.append({"rank": rank, "pid": pid, "attempt": attempt, "process": proc,
-                     "state": done["state"] if done else ("running" if proc and proc != "Z" else "gone"),
+                     "state": (done.get("state") or "exited") if done else ("running" if proc and proc != "Z"
+                                                                          else "gone"),
                      "exit_code": done.get("exit_code") if done else None,
                      "heartbeat_age": age, "step": step})
     return rows
@@ -179,10 +196,11 @@ def _slot_beat(path: str, pid: int) -> Tuple[Optional[float], Optional[int]]:
 
 def _standbys(seen: _Seen, state: dict) -> List[dict]:
     """``--preload``'s warm standbys waiting now: the newest ready one of each rank, alive, no rank yet."""
-    ranks = {row.get("pid") for row in state.get("ranks", [])}
+    ranks = {row.get("pid") for row in state.get("ranks") or () if isinstance(row, dict)}
     return [{"rank": rank, "pid": ev.get("pid"), "rss_bytes": ev.get("rss_bytes")}
             for rank, ev in sorted(seen.standbys.items())
-            if ev.get("pid") not in ranks and _proc_state(ev.get("pid")) not in (None, "Z")]
+            if ev.get("pid") not in ranks and isinstance(ev.get("pid"), int) and ev["pid"] > 0
+            and _proc_state(ev["pid"]) not in (None, "Z")]
 
 
 def format_status(doc: dict) -> List[str]:
@@ -206,9 +224,13 @@ def format_status(doc: dict) -> List[str]:
                      f"{_dash(row['exit_code']):>5} {age:>10} {_dash(row['step']):>8}")
     if doc.get("standbys"):
         lines.append("warm standbys (--preload): " + ", ".join(f"rank {sb['rank']} pid {sb['pid']} "
-                                                             f"{sb['rss_bytes'] >> 20} MiB" for sb in doc["standbys"]))
+                                                             f"{(sb['rss_bytes'] or 0) >> 20} MiB" for sb in doc["standbys"]))
     if doc.get("stragglers"):
         lines.append(f"stragglers (slower than their peers): ranks {', '.join(map(str, doc['stragglers']))}")
+    if doc.get("events_unreadable"):
+        lines.append(f"events: {doc['events_unreadable']}")
+    elif doc.get("events_skipped"):
+        lines.append(f"events: {doc['events_skipped']} line(s) of {EVENTS} skipped (not an event the launcher writes)")
     ratio = goodput_mod.ratio_text(good["ratio"], good.get("ratio_bounds"))
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in good["parts"].items() if v or k == "productive")
     lines.append(f"goodput {ratio} of {good['wall']:.1f}s: {parts}")

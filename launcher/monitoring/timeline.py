@@ -90,7 +90,10 @@ class Page:
 
     def __init__(self, start: float, wall: float):
         self.start, self.wall, self.top = start, max(wall, 1e-6), 78
-        self.started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
+        try:
+            self.started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(start))
+        except (OverflowError, OSError, ValueError):  # a start time no clock shows (a damaged events file)
+            self.started = f"{start:g} s since the epoch"
 
     def px(self, ts: float) -> float:
         return LEFT + (WIDTH - LEFT - RIGHT) * (ts - self.start) / self.wall

@@ -27,7 +27,8 @@ from functools import lru_cache
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from launcher.common.errors import UsageError
-from launcher.common.inputfiles import LIMIT_BINARY, LIMIT_REPORT, InputFileError, brief, read_bytes, read_yaml
+from launcher.common.inputfiles import LIMIT_BINARY, LIMIT_REPORT, InputFileError, brief, read_bytes
+from launcher.common.inputyaml import read_yaml
 from launcher.common.resources import load_schema
 
 logger = logging.getLogger(__name__)

@@ -34,6 +34,7 @@ import psutil
 
 from launcher.common import signals
 from launcher.common.errors import LauncherError
+from launcher.common.inputfiles import open_regular
 from launcher.supervision import guard
 
 logger = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ def plan_job(checkpoint_dir: str, sources: Sequence[Tuple[int, str]], src_strate
 
 def _file_digest(path: str) -> str:
     digest = hashlib.sha256()
-    with open(path, "rb") as stream:
+    with os.fdopen(open_regular(path, "checkpoint file"), "rb") as stream:  # a FIFO would block open()
         for chunk in iter(lambda: stream.read(_CHUNK), b""):
             digest.update(chunk)
     return digest.hexdigest()

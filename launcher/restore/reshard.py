@@ -16,6 +16,7 @@ as new as the per-rank choice (pure: the caller read the step with
 from dataclasses import replace
 from typing import Optional, Tuple
 
+from launcher.common.inputfiles import LIMIT_BINARY, InputFileError, read_bytes
 from launcher.restore.dcpsteps import FORMAT_DCP, FROM_MANIFEST, SavedStep, layout_text
 from launcher.restore.mssteps import FORMAT_MINDSPORE, StrategyStep
 from launcher.restore.mstransform import plan_job
@@ -103,7 +104,7 @@ def with_ms(plan: RestorePlan, step: Optional[StrategyStep], warnings: Tuple[str
             f"converted for {plan.world_size} ranks, and its files are not loaded",))
     try:
         job = plan_job(checkpoint_dir, step.files, step.strategy_file, strategy_file, plan.world_size)
-    except OSError as exc:
+    except (OSError, InputFileError) as exc:
         return replace(plan, warnings=plan.warnings + (f"{written}; cannot plan its conversion: {exc}",))
     conversion = Conversion(format=FORMAT_MINDSPORE, source=step.manifest, source_world_size=step.world_size,
                             target_world_size=plan.world_size, source_layout=layout_text(step.layout),
@@ -116,9 +117,8 @@ def with_ms(plan: RestorePlan, step: Optional[StrategyStep], warnings: Tuple[str
 def _same_bytes(path: str, other: str) -> bool:
     """Whether two strategy files are the same sharding (small files: read whole)."""
     try:
-        with open(path, "rb") as a, open(other, "rb") as b:
-            return a.read() == b.read()
-    except OSError:
+        return read_bytes(path, "strategy file", LIMIT_BINARY) == read_bytes(other, "strategy file", LIMIT_BINARY)
+    except (OSError, InputFileError):
         return False
 
 

@@ -6,6 +6,7 @@ Everything set up here is torn down in ``__exit__``, whatever happened in betwee
 import dataclasses
 import logging
 import os
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Dict, Optional, Sequence
@@ -164,9 +165,27 @@ class Session:
                                 self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
                                 progress=self.hangs.max_step, status=self.hangs.status)
         supervisor.attempt_no = self.sync.first_generation  # > 0 when it joined a running elastic job
-        result = supervisor.run()
+        try:
+            result = supervisor.run()
+        except Exception:
+            self._gasp_on_error(policy)
+            raise
         self._report(result)
         return result.exit_code
+
+    def _gasp_on_error(self, policy: RestartPolicy) -> None:
+        """The launcher itself failed (a bug): a stop is still a stop with the gasp. The running ranks
+        get the save signal and the gasp timeout, as on a SIGTERM to the launcher, before the error
+        ends it (the ranks' groups are SIGKILLed on the way out)."""
+        running = self.group.pids()
+        if not running:
+            return
+        name = signal.Signals(policy.gasp_signal).name
+        log.error("the launcher failed unexpectedly (the traceback follows); %s to %d rank(s), %.0f s to save",
+                  name, len(running), policy.grace_period)
+        self.emit("gasp", source="launcher-error", save=True, signal=name, timeout=policy.grace_period)
+        self.group.signal_main(sorted(running), policy.gasp_signal)
+        gasp_mod.wait_exits(sorted(running.values()), policy.grace_period)
 
     def _warn_uncoordinated(self) -> None:
         """Several servers, no --sync-dir, --coordinator or reset.json: say that restarts stay node-local."""
@@ -328,7 +347,10 @@ class Session:
         else:
             log.info("stopped (%s); exit %d", result.reason, result.exit_code)
         if self.events is not None:
-            log.info("%s", goodput.compute(read_events(self.events.path)).summary())
+            try:
+                log.info("%s", goodput.compute(read_events(self.events.path)).summary())
+            except (OSError, ValueError) as exc:  # its events file swapped for a FIFO or a symlink meanwhile
+                log.warning("no goodput summary: %s", exc)
         sys.stdout.flush()
 
     def _report_console(self) -> None:

@@ -25,6 +25,7 @@ import time
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from launcher.jobspec.binding import format_cpulist, pin
+from launcher.common.inputfiles import loads_json
 from launcher.jobspec.preload import PythonEntry, python_entry, start_env_diff
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision import guard as guard_mod
@@ -215,7 +216,7 @@ class StandbyPool:
 
     def _on_answer(self, standby: Standby) -> None:
         try:
-            answer = json.loads(standby.sock.recv(_MAX_ANSWER) or b"null")
+            answer = loads_json(standby.sock.recv(_MAX_ANSWER) or b"null", f"rank {standby.rank}", "standby answer of")
         except (BlockingIOError, InterruptedError):
             return
         except (OSError, ValueError):

@@ -302,3 +302,26 @@ def test_a_changed_cluster_id_is_lost_data(etcd):
     a._refresh()
     assert a._notices[0][1]["reason"] == "etcd lost its data: cluster id 7 -> 8"
     assert a.prefix + "reset.1" in etcd.kv
+
+
+def test_unusable_values_are_none_with_one_warning(caplog):
+    """``etcdctl put .../failed.1.json '{"ranks": [1e999]}'`` (OverflowError on main) or ``[[[...``
+    (RecursionError): left out, one warning per key and problem."""
+    from launcher.cluster.etcdstore import _parse
+
+    for _ in range(2):
+        assert _parse(b'{"ranks": [1e999]}', "/launcher/r/inc_0/gen_0/failed.1.json") is None
+        assert _parse(b"[" * 100000, "/launcher/r/inc_0/gen_0/failed.0.json") is None
+        assert _parse(b'{"servers": [0, "1"]}', "/launcher/r/inc_0/gen_0/next.json") is None
+    assert _parse(b'{"servers": [0, 1]}', "/launcher/r/inc_0/gen_0/next.json")["servers"] == [0, 1]
+    assert _parse(None, "/launcher/r/inc_0/gen_0/abort") is None
+    assert len([r for r in caplog.records if "ignoring it" in r.getMessage()]) == 3
+
+
+def test_values_over_the_record_limit_are_refused(caplog):
+    from launcher.cluster.etcdstore import _parse
+    from launcher.common.inputfiles import LIMIT_RECORD
+
+    big = b'{"reason": "' + b"x" * LIMIT_RECORD + b'"}'
+    assert _parse(big, "/launcher/r/inc_0/gen_0/abort") is None
+    assert any("is larger than 1 MiB" in r.getMessage() for r in caplog.records)

@@ -78,3 +78,37 @@ def test_writes_are_whole_files_and_abort_has_one_writer(tmp_path):
     assert a.files.read(0).abort["reason"] == "first"
     assert Generation(0, abort={"exit_code": 3}).exit_code() == 3
     assert Generation(0).exit_code() == 1
+
+
+# -- records another node (or anyone) put there: one warning each, the job goes on ----------------
+BAD = [b'{"ranks": [1e999]}', b"[" * 100000, b'{"rank": "0", "returncode": [1]}', b"\xff\xfe{}", b"null",
+       b'{"ranks": [1, 2], "exited_at": NaN}', b'{"ranks": [18446744073709551616]}']
+
+
+def test_unusable_records_are_left_out_with_one_warning_each(tmp_path, caplog):
+    a = Node(tmp_path, 0)
+    gen = tmp_path / "job" / "inc_0" / "gen_0"
+    gen.mkdir(parents=True, exist_ok=True)
+    for i, content in enumerate(BAD):
+        (gen / f"failed.{i + 1}.json").write_bytes(content)
+    (gen / "abort").write_text('{"exit_code": 3}')  # no reason: sync.py reads abort["reason"]
+    (gen / "next.json").symlink_to("/dev/zero")
+    for _ in range(3):  # every poll reads them again; one warning each, not one per poll
+        state = a.files.read(0)
+        assert state.failed == {} and state.abort is None and state.next is None
+        assert state.failures() == [] and state.failed_ranks() == ()
+    warned = [r.getMessage() for r in caplog.records if "ignoring it, the job goes on" in r.getMessage()]
+    assert len(warned) == len(BAD) + 2, warned
+    assert any("number out of range (1e999)" in w for w in warned)
+    assert any("deeper than 64 levels" in w for w in warned)
+    assert any("is a symlink" in w for w in warned)
+
+
+def test_failures_sort_whatever_the_clock_fields_hold(tmp_path):
+    """``exited_at`` of an int and a float (or absent) sorted together; main compared raw values."""
+    a = Node(tmp_path, 0)
+    gen = tmp_path / "job" / "inc_0" / "gen_0"
+    gen.mkdir(parents=True, exist_ok=True)
+    (gen / "failed.1.json").write_text('{"rank": 2, "ranks": [2], "returncode": 1, "exited_at": 5}')
+    (gen / "failed.2.json").write_text('{"rank": 4, "ranks": [4], "returncode": 9, "ts": 3.5}')
+    assert [f.rank for f in a.files.read(0).failures()] == [4, 2]

@@ -10,8 +10,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from launcher.common import inputfiles
-from launcher.common.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, InputFileError,
-                                        loads_json, nests_too_deep, read_bytes, read_json, read_line, read_yaml)
+from launcher.common.inputfiles import (INCOMPLETE, LIMIT_CONFIG, LIMIT_REPORT, MALFORMED, MAX_DEPTH, MAX_NUMBER,
+                                        InputFileError,
+                                        loads_json, nests_too_deep, read_bytes, read_json, read_line)
+from launcher.common.inputfiles import LIMIT_RECORD, read_record
+from launcher.common.inputrecords import INT, INTS, NUMBER, OR_NONE, TEXT, JsonLines, typed
+from launcher.common.inputyaml import read_yaml
 from tests.helpers.paths import DATA
 
 CORPUS = DATA / "malformed"
@@ -206,7 +210,8 @@ def test_read_line(tmp_path, content, problem):
 
 
 # -- properties ---------------------------------------------------------------------------------
-SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(alphabet=st.sampled_from(
+SCALARS = st.none() | st.booleans() | st.integers(-MAX_NUMBER, MAX_NUMBER) \
+    | st.floats(-MAX_NUMBER, MAX_NUMBER, allow_nan=False) | st.text(alphabet=st.sampled_from(
     list('[]{}"\\ax\n\u00e9\u4e2d')), max_size=8)
 VALUES = st.recursive(SCALARS, lambda children: st.lists(children, max_size=3)
                       | st.dictionaries(st.text(alphabet='[]{}"\\k', max_size=3), children, max_size=3),
@@ -262,3 +267,89 @@ def test_any_yaml_gives_a_value_or_one_line(tmp_path_factory, text):
 @given(st.text(max_size=50))
 def test_utf8_text_round_trips(text):
     assert inputfiles.decode_text(text.encode("utf-8"), "p", "x") == text
+
+
+# -- numbers, symlinks, records, JSON lines (issue #27) --------------------------------------------
+@pytest.mark.parametrize("text", ["1e999", "-1e999", "[NaN]", '{"a": Infinity}', "-Infinity", "9223372036854775809",
+                                  "-9223372036854775809", "1e19", '{"x": "e99", "n": 1e300}',
+                                  "12345678901.5e9", "[1E+0019]"])
+def test_numbers_out_of_range_are_refused(text):
+    """1e999 was ``inf`` to json.loads and OverflowError to every ``int()`` after it."""
+    with pytest.raises(InputFileError, match=r"holds a number out of range \(.*\): numbers must be finite"):
+        loads_json(text.encode(), "p", "record")
+
+
+@pytest.mark.parametrize("text, value", [("9223372036854775808", MAX_NUMBER), ("-9223372036854775808", -MAX_NUMBER),
+                                         ("1.5e18", 1.5e18), ("1e-300", 1e-300), ('{"h": "e12345678901234567890"}',
+                                                                                  {"h": "e12345678901234567890"})])
+def test_numbers_in_range_and_look_alikes_in_strings_are_kept(text, value):
+    assert loads_json(text.encode(), "p", "record") == value
+
+
+@pytest.mark.parametrize("text", ["a: .inf", "a: 1.0e+999", "a: .nan", "a: 99999999999999999999"])
+def test_yaml_numbers_out_of_range_are_refused(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(InputFileError, match="number out of range"):
+        read_yaml(str(path), "config file", LIMIT_CONFIG)
+
+
+def test_read_record_refuses_symlinks_and_reads_relative_to_a_dir_fd(tmp_path):
+    (tmp_path / "real.json").write_text('{"a": 1}')
+    (tmp_path / "link.json").symlink_to("real.json")
+    with pytest.raises(InputFileError, match="is a symlink, refused here"):
+        read_record(str(tmp_path / "link.json"), "state file")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert read_record("real.json", "state file", dir_fd=fd) == {"a": 1}
+    finally:
+        os.close(fd)
+    (tmp_path / "big.json").write_bytes(b" " * (LIMIT_RECORD + 1))
+    with pytest.raises(InputFileError, match="is larger than 1 MiB"):
+        read_record(str(tmp_path / "big.json"), "state file")
+
+
+def test_json_lines_skip_what_is_not_an_object_and_long_lines_while_reading(tmp_path):
+    path = tmp_path / "events.jsonl"
+    with open(path, "wb") as fh:
+        fh.write(b'{"a": 1}\n[1, 2]\n\xff\xfe\n' + b"[" * 1000 + b"\n" + b'{"n": 1e999}\n')
+        fh.write(b'{"pad": "' + b"x" * 5000 + b'"}\n')  # over the line limit below
+        fh.write(b'{"b": 2}\n{"torn": ')
+    lines = JsonLines(str(path), "events file", line_limit=1024, block=300)
+    assert lines.objects() == [{"a": 1}, {"b": 2}]
+    assert lines.skipped == 6
+
+
+def test_json_lines_refuse_fifos_and_symlinks_at_once(tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    with pytest.raises(InputFileError, match="FIFO"):
+        JsonLines(str(tmp_path / "fifo"), "events file").objects()
+    with pytest.raises(InputFileError, match="symlink"):
+        JsonLines(str(tmp_path / "zero"), "events file").objects()
+    assert JsonLines(str(tmp_path / "absent"), "events file").objects() == []
+
+
+@pytest.mark.parametrize("record, problem", [
+    ({"rank": 1, "ranks": [1, 2], "ts": 1.5, "name": "x"}, None),
+    ({"rank": True}, "its 'rank' is bool, not int"),
+    ({"rank": None}, "its 'rank' is NoneType, not int"),
+    ({"ranks": [1, "2"]}, "its 'ranks' is not a list of integers"),
+    ({"ts": "1"}, "its 'ts' is str, not int or float"),
+    ({"note": None}, None),
+])
+def test_typed(record, problem):
+    assert typed(record, {"rank": INT, "ranks": INTS, "ts": NUMBER, "name": TEXT, "note": TEXT + OR_NONE}) == problem
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(allow_nan=False, allow_infinity=False) | st.integers(-2 ** 70, 2 ** 70))
+def test_the_number_bound_is_exact(number):
+    """The fast hint never lets a number out of range through, whatever its spelling."""
+    for text in {json.dumps(number), repr(number).replace("e+", "e"), f"{number:.6e}" if isinstance(number, float)
+                 else str(number)}:
+        if abs(number) <= MAX_NUMBER and "e" not in text.lower():
+            assert loads_json(text.encode(), "p", "x") == json.loads(text)
+        elif abs(json.loads(text)) > MAX_NUMBER:
+            with pytest.raises(InputFileError, match="out of range"):
+                loads_json(text.encode(), "p", "x")

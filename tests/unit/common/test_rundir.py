@@ -414,3 +414,24 @@ def test_open_without_create_missing_is_file_not_found(tmp_path):
     with pytest.raises(FileNotFoundError):
         RunDir(str(tmp_path / "nothing"), create=False)
     assert not (tmp_path / "nothing").exists()
+
+
+def test_a_planted_base_dir_is_refused_never_followed(tmp_path, monkeypatch):
+    """Issue #27.5: ``$XDG_RUNTIME_DIR/launcher`` made a symlink by someone else."""
+    from launcher.common import jobs
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "launcher").symlink_to(elsewhere)
+    with pytest.raises(UsageError, match="is a symlink: refused"):
+        RunDir(str(tmp_path / "launcher" / "job"))
+    with pytest.raises(UsageError, match="is a symlink: refused"):
+        jobs.scan(str(tmp_path / "launcher"))
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_the_base_dir_is_created_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    RunDir(str(tmp_path / "launcher" / "job")).close()
+    assert stat.S_IMODE((tmp_path / "launcher").stat().st_mode) == 0o700

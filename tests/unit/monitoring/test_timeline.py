@@ -150,3 +150,13 @@ def test_recomputed_time_and_steps_are_drawn():
     assert [e["data-steps-recomputed"] for e in of(elements, "failure")] == ["10", "5"]
     assert "steps recomputed 10" in render(hangwatch_run(), "job y")
     assert [e["data-steps-recomputed"] for e in of(drawn(render(one_failure_run(), "z")), "failure")] == ["unknown"]
+
+
+def test_every_value_from_the_events_is_escaped():
+    """An ``attempt`` (or any value) holding markup stays text: it once went into an attribute as is."""
+    log = one_failure_run()
+    hostile = '"><script>alert(1)</script><x a="'
+    log.insert(-2, ev(98.0, "gasp", source=hostile, attempt=hostile))
+    log.insert(-2, ev(98.5, "restart", attempt=hostile))
+    page = render(log, "job <b>")
+    assert "<script" not in page and "<b>" not in page
