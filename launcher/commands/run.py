@@ -282,7 +282,7 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Warm standby ranks: per rank, a Python interpreter that already imported these modules "
            "(comma-separated, e.g. torch,numpy) becomes the rank on a restart, skipping start-up and imports. "
            "Python scripts and -m modules only; never modules that start threads or open devices "
-           "(docs/warm-standby.md). Default: none.")
+           "(docs/warm-standby.md). Default: auto (the installed packages the ranks import); none: no standbys.")
 @_opt("--preload-max-rss", type=click.FloatRange(min=0), default=4096.0, metavar="MIB",
       help="Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
            "(0: no cap).")

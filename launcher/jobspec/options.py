@@ -81,7 +81,7 @@ class RunOptions:
     pdb: bool = False
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
-    preload: Optional[str] = None
+    preload: Optional[str] = "auto"
     preload_max_rss: float = 4096.0
     dry_run: bool = False
     json_output: bool = False
