@@ -129,6 +129,14 @@ def _installed(name):
     return bool(where) and any(part in ("site-packages", "dist-packages") for part in where.split(os.sep))
 
 
+def _iterating(code):
+    """Whether a lookup comes from walking the whole environment (``os.environ.items()``, ``.copy()``):
+    a module that does so at import (networkx does) would otherwise make every variable, the
+    per-attempt ones too, count as read, and no standby would ever match its rank."""
+    return ((code.co_name == "__iter__" and "_collections_abc" in code.co_filename)
+            or (code.co_name == "copy" and code.co_filename in (os.__file__, "<frozen os>")))
+
+
 class _Refused(Exception):
     """A module that must not be in a standby: ``(module, reason)``."""
 
@@ -144,7 +152,8 @@ def _import(names, auto, env_read):
     original = environ_type.__getitem__
 
     def recording(self, key):
-        env_read.add(key if isinstance(key, str) else os.fsdecode(key))
+        if not _iterating(sys._getframe(1).f_code):
+            env_read.add(key if isinstance(key, str) else os.fsdecode(key))
         return original(self, key)
 
     imported = []

@@ -104,3 +104,20 @@ def test_memory_room_keeps_a_margin(monkeypatch):
     monkeypatch.setattr(standbylearn, "_cgroup_free", lambda: None)
     monkeypatch.setattr(standbylearn, "_machine_free", lambda: (1 << 30, 1 << 30, "MemAvailable"))
     assert standbylearn.memory_room()[0] == (1 << 30) - standbylearn.MIN_MARGIN
+
+
+def test_a_module_that_walks_the_environment_does_not_make_every_variable_count(tmp_path, monkeypatch):
+    """networkx reads ``os.environ.items()`` at import: the standby counts only the lookups by name,
+    or the per-attempt variables would count and no standby would ever match its rank."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("standby_boot", os.path.join(HOOKS_DIR, "launcher_standby.py"))
+    boot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(boot)
+    (tmp_path / "walker.py").write_text("import os\nALL = dict(os.environ.items())\nCOPY = os.environ.copy()\n"
+                                        "ONE = os.environ.get('WALKER_OPTION')\nTWO = os.environ['HOME']\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    read = set()
+    assert boot._import(["walker"], False, read) == ["walker"]
+    assert read == {"WALKER_OPTION", "HOME"}
