@@ -39,6 +39,7 @@ _SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signa
 _FRESH_HANDLERS = {s: signal.getsignal(s) for s in _SIGNALS}
 _FRESH_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 _MAX_MESSAGE = 1 << 22
+_FRESH_POLICY = None  # the scheduling policy the standby was born with (see _batch)
 #: Character devices every process may hold: not accelerators.
 _BENIGN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
                    "/dev/console")
@@ -212,8 +213,23 @@ def _prepare(sock):
             return None
 
 
+def _batch():
+    """Wait as SCHED_BATCH (as any process may): a batch task woken up does not preempt the running one,
+    so the launcher hands every rank of a restart over before the first standby takes its CPU, and
+    the standbys' imports yield to the ranks. Returns the policy to restore as the rank."""
+    try:
+        policy = os.sched_getscheduler(0)
+        if policy == os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        return policy
+    except (AttributeError, OSError):
+        return None
+
+
 def _become(sock, message, fds):
     """Become the rank ``message`` describes; returns ``(module?, target)``."""
+    if _FRESH_POLICY == getattr(os, "SCHED_OTHER", None):
+        os.sched_setscheduler(0, _FRESH_POLICY, os.sched_param(0))  # the rank's policy, as a cold one has
     sys.stdout.flush()
     sys.stderr.flush()
     for target_fd, fd in enumerate(fds):
@@ -278,6 +294,8 @@ def _user_traceback(tb, module):
 
 
 def _main():
+    global _FRESH_POLICY
+    _FRESH_POLICY = _batch()
     sock = socket.socket(fileno=int(sys.argv[1]))
     os.set_inheritable(sock.fileno(), False)
     try:

@@ -104,6 +104,11 @@ class StandbyPool:
         self._loop, self._tree, self._guard = loop, tree, guard
 
     # -- activation ---------------------------------------------------------------------------------
+    def ready_ranks(self) -> set:
+        """Ranks whose standby is ready now: the process group hands these over before it starts the
+        others cold (all standbys at once, without moving itself into the attempt's cgroup)."""
+        return {rank for rank, standby in self._standbys.items() if standby.ready}
+
     def activate(self, spec: WorkerSpec, env: Dict[str, str],
                  stdio: Dict[str, int]) -> Optional[Tuple[subprocess.Popen, Leaf]]:
         """Make ``spec``'s standby the rank; None (reason noted) when it must start cold.

@@ -124,7 +124,8 @@ def _figures(directory: str, files: Tuple[str, str, str]) -> Optional[Tuple[int,
             return None
         limit = int(text)
         usage = int(read_file(os.path.join(directory, usage_file)))
-        stat = dict(line.split()[:2] for line in read_file(os.path.join(directory, "memory.stat")).decode().splitlines())
+        stat_text = read_file(os.path.join(directory, "memory.stat")).decode()
+        stat = dict(line.split()[:2] for line in stat_text.splitlines())
         used = usage - int(stat.get(inactive_key, 0))
     except (OSError, ValueError):
         return None
