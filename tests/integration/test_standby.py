@@ -275,3 +275,34 @@ def test_auto_learns_lazy_imports_and_leaves_out_a_module_that_opens_a_device(tm
     assert stderr.count("warm standbys leave out fakedevice") == 1
     assert [e["ranks"] for e in job.events("standby_start")] == [[0, 1]]
     assert _importer_outputs(job, 1) == [["fakeheavy", "fakeheavy.lazy"]] * 2
+
+
+def test_a_restart_hands_ready_standbys_over_first_without_entering_the_attempts_cgroup(tmp_path, monkeypatch):
+    """Moving the launcher into the attempt's cgroup costs 10-20 ms each way: a rank whose standby is
+    ready never needs it (the standby has a cgroup of its own), so those ranks go first, and only the
+    cold ones are started inside it."""
+    from launcher.jobspec.rankenv import WorkerSpec
+    from launcher.supervision.jobtree import JobTree
+    from launcher.supervision.procgroup import LocalProcessGroup
+    from launcher.supervision.standby import StandbyPool
+    from tests.helpers.procs import TOKEN
+
+    script = tmp_path / "rank.py"
+    script.write_text("import sys\nsys.exit(0)\n")
+    specs = [WorkerSpec(r, r, r, "worker", (sys.executable, str(script)), {"RANK": str(r)}) for r in (0, 1)]
+    pool = StandbyPool(("json",), 0, str(tmp_path / "standby"), lambda name, **fields: None)
+    group = LocalProcessGroup(lambda spec, attempt: str(tmp_path / f"a{attempt}" / f"r{spec.rank}.log"),
+                              lambda spec: False, tree=JobTree(TOKEN, None), standby=pool)
+    try:
+        pool.prepare(specs[:1])  # rank 0 only
+        assert wait_until(lambda: group.wait_event(0.05) is None and pool.ready_ranks() == {0}, 60)
+        entered, inside = [], group._tree.inside
+        monkeypatch.setattr(group._tree, "inside", lambda name: entered.append((name, sorted(group.pids()))) or
+                            inside(name))
+        group.start(specs, 1)
+        assert entered == [("a1", [0])]  # rank 0 was handed over before the launcher entered, for rank 1
+        group.start([WorkerSpec(0, 0, 0, "worker", (sys.executable, str(script)), {"RANK": "0"})], 2)
+        assert entered == [("a1", [0])] + [("a2", [])]  # no standby ready (the next one comes later): cold
+    finally:
+        group.ensure_gone(5, final=True)
+        group.close()
