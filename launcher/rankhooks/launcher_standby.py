@@ -237,8 +237,7 @@ def _become(sock, message, fds):
         os.close(fd)
     sock.close()
     os.chdir(message["cwd"])
-    os.environ.clear()  # unsetenv / putenv: the C-level environment follows
-    os.environ.update(message["env"])
+    _replace_environ(message["env"])
     module, target, args = _entry(message["script"])
     _set_path0(_path0(module, target, message["cwd"]))
     sys.argv = ["-m" if module else target, *args]
@@ -248,6 +247,25 @@ def _become(sock, message, fds):
             signal.signal(signum, handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, _FRESH_MASK)
     return module, target
+
+
+def _replace_environ(new):
+    """``os.environ`` (and through ``unsetenv`` / ``putenv`` the C-level environment) becomes ``new``.
+
+    Only the variables that differ are unset or set: the standby started with the previous attempt's
+    environment, and each ``putenv`` scans the C environment (clearing and setting all of 100 took
+    1.4 ms per rank here). Then the mapping is put in ``new``'s order, as a fresh interpreter's is.
+    """
+    old = dict(os.environ)
+    for name in old.keys() - new.keys():
+        del os.environ[name]
+    for name, value in new.items():
+        if old.get(name) != value:
+            os.environ[name] = value
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict):
+        data.clear()
+        data.update((os.environ.encodekey(name), os.environ.encodevalue(value)) for name, value in new.items())
 
 
 def _fresh_main(target):
