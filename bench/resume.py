@@ -156,8 +156,9 @@ def run(settings: Settings) -> Result:
                  f"{NPROC}, standby RSS {fmt(median(column(runs[kind], 'standby_rss_mib')), 0)} MiB each"
                  if kind in WARM else "")
         details.append(f"- {kind} (medians): resumed at step {step}{extra}")
-    details.append(f"- torchrun (`--max-restarts 3`, the script's `--resume-latest`): resumed at step "
-                   f"{fmt(median(column(runs['torchrun'], 'resumed_step')), 0)} (the newest step every rank "
-                   f"holds); on this machine its restarted gloo ranks failed to connect (connectFullMesh) in every "
-                   f"run so far, quiet or loaded, and it restarted again (docs/warm-standby.md)")
+    resumed = len(column(runs["torchrun"], "resume_s"))
+    details.append(f"- torchrun (`--max-restarts 3`, the script's `--resume-latest`): resumed in {resumed} of "
+                   f"{len(runs['torchrun'])} runs, at step {fmt(median(column(runs['torchrun'], 'resumed_step')), 0)} "
+                   f"(the newest step every rank holds); in the others its restarted gloo ranks failed to connect "
+                   f"(connectFullMesh) and it restarted again (docs/warm-standby.md)")
     return Result(rows, runs, details)
