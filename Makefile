@@ -38,7 +38,7 @@ example: $(VENV)/.base
 		--run-dir $(RUNS)/run --log-dir $(RUNS)/logs --checkpoint-dir $(RUNS)/ckpt --dp 4 \
 		--heartbeat-timeout 120 -- \
 		examples/pytorch/train.py --ckpt-dir $(RUNS)/ckpt \
-		--steps 200 --ckpt-every 20 --fail-at-step 70 --fail-rank 2 --fail-mode kill
+		--steps 200 --ckpt-every 20 --step-time 0.2 --fail-at-step 150 --fail-rank 2 --fail-mode kill
 
 test: $(VENV)/.test
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile

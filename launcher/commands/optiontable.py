@@ -139,11 +139,12 @@ ROWS: Tuple[Row, ...] = (
     _own("module", FLAG, None, COMMAND, "COMMAND is a Python module: run it as `python -m COMMAND`.",
          torchrun="--module", spellings=("-m", "--module"), env=False),
     _own("role", None, "default", COMMAND, "The ranks' ROLE_NAME (torchrun's --role).", torchrun="--role"),
-    _own("preload", None, None, COMMAND,
+    _own("preload", None, "auto", COMMAND,
          "Warm standby ranks: per rank, a Python interpreter that already imported these modules "
          "(comma-separated, e.g. torch,numpy) becomes the rank on a restart, skipping start-up and imports. "
          "Python scripts and -m modules only; never modules that start threads or open devices "
-         "(docs/warm-standby.md). Default: none.", schema=_NULLABLE_STRING,
+         "(docs/warm-standby.md). Default: auto (the installed packages the ranks import); none: no standbys.",
+         schema=_NULLABLE_STRING,
          kwargs=dict(metavar="MODULES", callback=_check_preload)),
     _own("preload_max_rss", _FLOAT0, 4096.0, COMMAND,
          "Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "

@@ -46,6 +46,7 @@ PYTHONUNBUFFERED = "PYTHONUNBUFFERED"  # torchrun runs `python -u`; the legacy s
 PYTHONBREAKPOINT = "PYTHONBREAKPOINT"  # ranks without the terminal: breakpoint() prints a hint
 PYTHONPATH = "PYTHONPATH"
 LAUNCHER_PY_SPY = "LAUNCHER_PY_SPY"  # read: the py-spy for hang dumps; empty: use faulthandler only
+LAUNCHER_IMPORTS_FILE = "LAUNCHER_IMPORTS_FILE"  # --preload auto: where the ranks record their imports
 LAUNCHER_HEARTBEAT_FILE = "LAUNCHER_HEARTBEAT_FILE"  # --heartbeat-timeout: the rank's heartbeat slot (mmap'd)
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------

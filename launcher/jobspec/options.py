@@ -95,7 +95,7 @@ class RunOptions:
     metrics_port: Optional[int] = None
     metrics_textfile: Optional[str] = None
     role: str = "default"
-    preload: Optional[str] = None
+    preload: Optional[str] = "auto"
     preload_max_rss: float = 4096.0
     bind_cores: str = "none"
     dry_run: bool = False

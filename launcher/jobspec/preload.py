@@ -10,6 +10,7 @@ I/O, so they are unit-tested apart from the processes.
 import dataclasses
 import os
 import re
+import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common.errors import UsageError
@@ -27,6 +28,49 @@ _NOT_A_SCRIPT = ("-c", "-", "-h", "-?", "--help", "-V", "--version", "--help-env
 #: pools, preloaded libraries such as TaskD's libtaskd.so, locale and stdio encodings).
 START_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "MALLOC_", "GLIBC_", "LC_", "TORCH_")
 START_NAMES = ("LANG", "LANGUAGE", "HOME", "PATH", "TMPDIR")
+
+
+#: ``--preload`` values that are not module lists.
+AUTO, NONE = "auto", "none"
+#: What the ranks record that is never a standby's to import: the launcher's hooks, the script.
+_NEVER = ("__main__", "sitecustomize", "usercustomize")
+#: The standard library: cheap to import, so not worth a standby's memory (Python 3.10+ lists it).
+_STDLIB = frozenset(getattr(sys, "stdlib_module_names", ()))
+
+
+def preload_mode(text: Optional[str]) -> Tuple[bool, Tuple[str, ...]]:
+    """``--preload``'s value as ``(auto, modules)``: unset or ``auto`` -> ``(True, ())``, ``none`` or
+    empty -> ``(False, ())``, a list -> ``(False, modules)``.
+
+    Raises:
+        UsageError: a name that is not a dotted Python module name.
+    """
+    if text is None or text.strip() == AUTO:
+        return True, ()
+    if text.strip() == NONE:
+        return False, ()
+    return False, parse_modules(text)
+
+
+def learned_modules(names: Iterable[str], known: Iterable[str], excluded: Iterable[str]) -> List[str]:
+    """The names the ranks recorded that a standby has yet to import, in order, once each.
+
+    Args:
+        names: Names as recorded (``launcher_imports``), duplicates and all.
+        known: Names already preloaded or pending.
+        excluded: Modules refused in this run: they and their submodules are left out.
+    """
+    seen = set(known)
+    prefixes = tuple(excluded)
+    out = []
+    for name in names:
+        if (name in seen or not _MODULE.match(name) or name.startswith("launcher_") or name in _NEVER
+                or name.partition(".")[0] in _STDLIB
+                or any(name == p or name.startswith(p + ".") for p in prefixes)):
+            continue
+        seen.add(name)
+        out.append(name)
+    return out
 
 
 def parse_modules(text: Optional[str]) -> Tuple[str, ...]:

@@ -5,12 +5,17 @@ Standard library only, and never ``import launcher`` (the ranks' Python may not 
 parent-death signal, the job's token and cgroup) as ``PYTHON [OPTIONS] launcher_standby.py FD``,
 where FD is one end of a SOCK_SEQPACKET socket pair whose other end the launcher holds:
 
-1. The launcher sends ``{"modules", "script", "cwd"}``: what to import, and the rank command it will
-   most likely run after the interpreter and its options (so the imports see the ``sys.path[0]`` and
-   working directory the rank will).
-2. The standby imports the modules, refuses to go on if that started a thread, and answers
-   ``{"ready": true, "rss": bytes, "threads": n, "env_read": [...]}`` (``env_read``: the variables
-   the imports looked up through ``os.environ``) or ``{"ready": false, "error": "..."}``.
+1. The launcher sends ``{"modules", "script", "cwd", "auto"}``: what to import, and the rank command
+   it will most likely run after the interpreter and its options (so the imports see the
+   ``sys.path[0]`` and working directory the rank will). ``auto``: the modules are what the ranks
+   imported (``--preload auto``): only installed packages among them are imported, a failing one is
+   skipped.
+2. The standby imports the modules one by one; a module whose import started a thread or opened a
+   character device (an accelerator: ``/dev/davinci*``, ...) is refused. It answers ``{"ready":
+   true, "rss": bytes, "threads": n, "env_read": [...], "imported": [...]}`` (``env_read``: the
+   variables the imports looked up through ``os.environ``) or ``{"ready": false, "module": name,
+   "error": "..."}``. The launcher may send further ``{"modules", "auto"}`` (the ranks imported
+   more since): the same again.
 3. It blocks on the socket, touching nothing. On a (re)start the launcher sends
    ``{"env", "argv", "script", "cwd"}`` with the rank's stdin, stdout and stderr (SCM_RIGHTS); the standby
    becomes the rank: those fds on 0-2, ``os.environ`` replaced (which also sets the C-level
@@ -22,16 +27,22 @@ where FD is one end of a SOCK_SEQPACKET socket pair whose other end the launcher
 
 _FRESH_MAIN = dict(globals())  # what a script's __main__ holds before its first line: the rank's starts so
 
-import json  # noqa: E402  (after the snapshot above)
+import importlib.util  # noqa: E402  (after the snapshot above)
+import json  # noqa: E402
 import os  # noqa: E402
 import signal  # noqa: E402
 import socket  # noqa: E402
+import stat  # noqa: E402
 import sys  # noqa: E402
 
 _SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signal.SIGSTOP)]
 _FRESH_HANDLERS = {s: signal.getsignal(s) for s in _SIGNALS}
 _FRESH_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 _MAX_MESSAGE = 1 << 22
+_FRESH_POLICY = None  # the scheduling policy the standby was born with (see _batch)
+#: Character devices every process may hold: not accelerators.
+_BENIGN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
+                   "/dev/console")
 
 
 def _receive(sock, with_fds=0):
@@ -88,23 +99,102 @@ def _rss():
         return 0
 
 
-def _preload(modules):
-    """Import ``modules``; returns the variables they looked up through ``os.environ``."""
+def _devices():
+    """Character devices among this process's open files, other than the terminal's and /dev/null's kind."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        link = "/proc/self/fd/" + fd
+        try:
+            if stat.S_ISCHR(os.stat(link).st_mode):
+                target = os.readlink(link)
+                if target not in _BENIGN_DEVICES and not target.startswith("/dev/pts/"):
+                    found.append(target)
+        except OSError:  # the listing's own fd, or closed meanwhile
+            continue
+    return sorted(set(found))
+
+
+def _installed(name):
+    """Whether ``name``'s top-level package is installed (under a site-packages or dist-packages
+    directory): what ``--preload auto`` imports. The standard library is cheap to import, the job's
+    own modules (next to the script) may do anything at import: neither is preloaded."""
+    top = name.partition(".")[0]
+    if top.startswith("launcher_") or top in ("__main__", "sitecustomize", "usercustomize"):
+        return False
+    module = sys.modules.get(top)
+    try:
+        spec = module.__spec__ if module is not None else importlib.util.find_spec(top)
+    except (ImportError, ValueError, AttributeError):
+        return False
+    where = spec and (spec.origin if spec.has_location else next(iter(spec.submodule_search_locations or ()), None))
+    return bool(where) and any(part in ("site-packages", "dist-packages") for part in where.split(os.sep))
+
+
+def _iterating(code):
+    """Whether a lookup comes from walking the whole environment (``os.environ.items()``, ``.copy()``):
+    a module that does so at import (networkx does) would otherwise make every variable, the
+    per-attempt ones too, count as read, and no standby would ever match its rank."""
+    return ((code.co_name == "__iter__" and "_collections_abc" in code.co_filename)
+            or (code.co_name == "copy" and code.co_filename in (os.__file__, "<frozen os>")))
+
+
+class _Refused(Exception):
+    """A module that must not be in a standby: ``(module, reason)``."""
+
+
+def _import(names, auto, env_read):
+    """Import ``names`` in order, each checked for threads and devices; returns those imported.
+
+    ``auto``: the names are what the ranks imported: only installed packages, and one that fails is
+    skipped (the rank may have caught that too). ``env_read`` gets the variables the imports read.
+    Raises _Refused.
+    """
     environ_type = type(os.environ)
     original = environ_type.__getitem__
-    read = set()
 
     def recording(self, key):
-        read.add(key if isinstance(key, str) else os.fsdecode(key))
+        if not _iterating(sys._getframe(1).f_code):
+            env_read.add(key if isinstance(key, str) else os.fsdecode(key))
         return original(self, key)
 
+    imported = []
     environ_type.__getitem__ = recording
     try:
-        for name in modules:
-            __import__(name)
+        for name in names:
+            if name in sys.modules or (auto and not _installed(name)):
+                continue
+            try:
+                __import__(name)
+            except Exception as exc:
+                if not auto:
+                    raise _Refused(name, "importing failed: {}: {}".format(type(exc).__name__, exc))
+                continue
+            imported.append(name)
+            threads, devices = _threads(), _devices()
+            if threads > 1:
+                raise _Refused(name, "importing {} started {} thread(s)".format(name, threads - 1))
+            if devices:
+                raise _Refused(name, "importing {} opened {} (a device: only a rank may hold one)".format(
+                    name, ", ".join(devices)))
     finally:
         environ_type.__getitem__ = original
-    return sorted(read)
+    return imported
+
+
+def _load(sock, message, env_read):
+    """Import what ``message`` names and answer; False when this standby must not serve."""
+    try:
+        imported = _import(message["modules"], message.get("auto", False), env_read)
+    except _Refused as exc:
+        module, error = exc.args
+        _send(sock, {"ready": False, "module": module, "error": error})
+        return False
+    except BaseException as exc:  # SystemExit or worse from an import: the ranks start cold and say why
+        _send(sock, {"ready": False, "error": "importing failed: {}: {}".format(type(exc).__name__, exc)})
+        return False
+    _send(sock, {"ready": True, "rss": _rss(), "threads": _threads(), "env_read": sorted(env_read),
+                 "imported": imported})
+    return True
 
 
 def _prepare(sock):
@@ -112,23 +202,34 @@ def _prepare(sock):
     module, target, _args = _entry(message["script"])
     os.chdir(message["cwd"])
     _set_path0(_path0(module, target, message["cwd"]))
+    env_read = set()
+    if not _load(sock, message, env_read):
+        return None
+    while True:  # more modules (the ranks imported more since), or the rank's start
+        message, fds = _receive(sock, 3)
+        if "env" in message:
+            return message, fds
+        if not _load(sock, message, env_read):
+            return None
+
+
+def _batch():
+    """Wait as SCHED_BATCH (as any process may): a batch task woken up does not preempt the running one,
+    so the launcher hands every rank of a restart over before the first standby takes its CPU, and
+    the standbys' imports yield to the ranks. Returns the policy to restore as the rank."""
     try:
-        env_read = _preload(message["modules"])
-    except BaseException as exc:  # a module that fails to import: the ranks start cold and say why
-        _send(sock, {"ready": False, "error": "importing failed: {}: {}".format(type(exc).__name__, exc)})
-        return False
-    threads = _threads()
-    if threads > 1:
-        _send(sock, {"ready": False, "threads": threads,
-                     "error": "importing {} started {} thread(s)".format(", ".join(message["modules"]), threads - 1)})
-        return False
-    _send(sock, {"ready": True, "rss": _rss(), "threads": threads, "env_read": env_read})
-    return True
+        policy = os.sched_getscheduler(0)
+        if policy == os.SCHED_OTHER:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+        return policy
+    except (AttributeError, OSError):
+        return None
 
 
-def _become(sock):
-    """Wait for the rank's start; returns ``(module?, target)`` once this process is the rank."""
-    message, fds = _receive(sock, 3)
+def _become(sock, message, fds):
+    """Become the rank ``message`` describes; returns ``(module?, target)``."""
+    if _FRESH_POLICY == getattr(os, "SCHED_OTHER", None):
+        os.sched_setscheduler(0, _FRESH_POLICY, os.sched_param(0))  # the rank's policy, as a cold one has
     sys.stdout.flush()
     sys.stderr.flush()
     for target_fd, fd in enumerate(fds):
@@ -136,8 +237,7 @@ def _become(sock):
         os.close(fd)
     sock.close()
     os.chdir(message["cwd"])
-    os.environ.clear()  # unsetenv / putenv: the C-level environment follows
-    os.environ.update(message["env"])
+    _replace_environ(message["env"])
     module, target, args = _entry(message["script"])
     _set_path0(_path0(module, target, message["cwd"]))
     sys.argv = ["-m" if module else target, *args]
@@ -147,6 +247,25 @@ def _become(sock):
             signal.signal(signum, handler)
     signal.pthread_sigmask(signal.SIG_SETMASK, _FRESH_MASK)
     return module, target
+
+
+def _replace_environ(new):
+    """``os.environ`` (and through ``unsetenv`` / ``putenv`` the C-level environment) becomes ``new``.
+
+    Only the variables that differ are unset or set: the standby started with the previous attempt's
+    environment, and each ``putenv`` scans the C environment (clearing and setting all of 100 took
+    1.4 ms per rank here). Then the mapping is put in ``new``'s order, as a fresh interpreter's is.
+    """
+    old = dict(os.environ)
+    for name in old.keys() - new.keys():
+        del os.environ[name]
+    for name, value in new.items():
+        if old.get(name) != value:
+            os.environ[name] = value
+    data = getattr(os.environ, "_data", None)
+    if isinstance(data, dict):
+        data.clear()
+        data.update((os.environ.encodekey(name), os.environ.encodevalue(value)) for name, value in new.items())
 
 
 def _fresh_main(target):
@@ -193,12 +312,15 @@ def _user_traceback(tb, module):
 
 
 def _main():
+    global _FRESH_POLICY
+    _FRESH_POLICY = _batch()
     sock = socket.socket(fileno=int(sys.argv[1]))
     os.set_inheritable(sock.fileno(), False)
     try:
-        if not _prepare(sock):
+        start = _prepare(sock)
+        if start is None:
             return 3
-        module, target = _become(sock)
+        module, target = _become(sock, *start)
     except (EOFError, ConnectionError):  # the launcher no longer needs this standby
         return 0
     import atexit

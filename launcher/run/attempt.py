@@ -61,6 +61,10 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
                                     **(plan.env_for(device.rank_id) if plan is not None else {}),
                                     **debugging.rank_env(ctx.base_env, device.rank_id, opts.debug_rank, opts.pdb,
                                                          control_socket)}
+    if preload_learns(opts):
+        for rank, env in per_rank.items():
+            env[envnames.LAUNCHER_IMPORTS_FILE] = imports_file(log_session)
+            env.setdefault(envnames.PYTHONPATH, debugging.path_with_hooks(ctx.base_env))  # its sitecustomize
     if hang_rules(opts).enabled:
         for rank, env in per_rank.items():
             env[envnames.LAUNCHER_HEARTBEAT_FILE] = slot_path(os.path.join(ctx.run_dir, HEARTBEAT_DIR), rank)
@@ -69,21 +73,41 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
     return worker_specs(ctx, command, attempt, per_rank), plan
 
 
-def standby_pool(opts: RunOptions, log_session: str, emit: Callable[..., None]):
-    """``--preload``'s warm standbys (:class:`launcher.supervision.standby.StandbyPool`), or None: without
-    ``--preload``, or (after one warning) when the command is not Python running a script or ``-m module``."""
-    from launcher.jobspec.preload import parse_modules, python_entry
+def preload_learns(opts: RunOptions) -> bool:
+    """``--preload auto`` (the default) for a Python command: the ranks record what they import."""
+    from launcher.jobspec.preload import preload_mode, python_entry
 
-    modules = parse_modules(opts.preload)
-    if not modules:
+    return preload_mode(opts.preload)[0] and python_entry(opts.command) is not None
+
+
+def imports_file(log_session: str) -> str:
+    """Where ``--preload auto``'s ranks record the modules they import."""
+    return os.path.join(log_session, "standby", "imports.txt")
+
+
+def standby_pool(opts: RunOptions, log_session: str, emit: Callable[..., None]):
+    """``--preload``'s warm standbys (:class:`launcher.supervision.standby.StandbyPool`), or None: with
+    ``--preload none``, or when the command is not Python running a script or ``-m module`` (after one
+    warning when modules were named)."""
+    from launcher.jobspec.preload import preload_mode, python_entry
+
+    auto, modules = preload_mode(opts.preload)
+    if not auto and not modules:
         return None
     if python_entry(opts.command) is None:
-        log.warning("--preload %s ignored: the command is not a Python interpreter running a script or -m module "
-                    "(%s): the ranks start cold", ",".join(modules), " ".join(opts.command[:3]))
+        if modules:
+            log.warning("--preload %s ignored: the command is not a Python interpreter running a script or -m "
+                        "module (%s): the ranks start cold", ",".join(modules), " ".join(opts.command[:3]))
         return None
     from launcher.supervision.standby import StandbyPool
+    from launcher.supervision.standbylearn import ImportsLog
 
-    return StandbyPool(modules, int(opts.preload_max_rss * (1 << 20)), os.path.join(log_session, "standby"), emit)
+    learn = None
+    if auto:
+        os.makedirs(os.path.dirname(imports_file(log_session)), exist_ok=True)
+        learn = ImportsLog(imports_file(log_session))
+    return StandbyPool(modules, int(opts.preload_max_rss * (1 << 20)), os.path.join(log_session, "standby"), emit,
+                       learn)
 
 
 def hang_rules(opts: RunOptions) -> HangRules:

@@ -129,9 +129,12 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         base = dict(os.environ)
         spec = specs[0] if specs else None
         try:
-            with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
-                for spec in specs:
-                    self._spawn(spec, attempt, base, cgroup)
+            warm = self._standby.ready_ranks() if self._standby is not None else set()
+            cold = [spec for spec in specs if spec.rank not in warm or not self._spawn(spec, attempt, base, None, True)]
+            if cold:  # only cold starts need it: moving this process between cgroups costs 10-20 ms each way
+                with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
+                    for spec in cold:
+                        self._spawn(spec, attempt, base, cgroup, False if spec.rank in warm else None)
             self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
             if self._standby is not None:
                 self._standby.after_start(specs, attempt)
@@ -140,13 +143,23 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             self.ensure_gone(5.0)
             raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
 
-    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup]) -> None:
+    def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup],
+               warm_only: Optional[bool] = None) -> bool:
+        """Start ``spec``: from its standby, else cold. ``warm_only`` True: only from its standby (False
+        when it cannot); False: cold only (its standby was already asked)."""
         path = self._log_path(spec, attempt)
         log_fd = self._open_log(spec, path)
         self.log_paths[spec.rank] = path
         stdio, read_fd, target = self._stdio(spec, log_fd)
         cpus = self._cpus(spec)
-        warm = self._standby.activate(spec, {**base, **spec.env}, stdio, cpus) if self._standby is not None else None
+        warm = None
+        if self._standby is not None and warm_only is not False:
+            warm = self._standby.activate(spec, {**base, **spec.env}, stdio, cpus)
+        if warm is None and warm_only:
+            for fd in (log_fd, read_fd, target):
+                if fd >= 0:
+                    os.close(fd)
+            return False
         try:
             if warm is not None:  # the standby is the rank now: same session, its own cgroup and token
                 proc, self._leaves[spec.rank] = warm
@@ -178,6 +191,7 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
         if self._guard is not None:
             self._guard.watch(proc.pid)
+        return True
 
     def _stdio(self, spec: WorkerSpec, log_fd: int) -> Tuple[Dict[str, int], int, int]:
         """Popen's stdio for ``spec``, and its output pipe's ends (-1 for the rank on the terminal)."""

@@ -24,13 +24,14 @@ import subprocess
 import time
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
-from launcher.jobspec.binding import format_cpulist, pin
 from launcher.common.inputfiles import loads_json
-from launcher.jobspec.preload import PythonEntry, python_entry, start_env_diff
+from launcher.jobspec.binding import format_cpulist, pin
+from launcher.jobspec.preload import PythonEntry, learned_modules, python_entry, start_env_diff
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision import guard as guard_mod
 from launcher.supervision.jobtree import Leaf
 from launcher.supervision.output import open_log
+from launcher.supervision.standbylearn import ImportsLog, memory_room, rss
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,12 @@ PREPARE_DELAY = 0.5
 #: restarted ranks need to resume (measured on 2 loaded cores: 4 standbys importing torch next to 4
 #: resuming ranks made the resume take seconds longer), so they wait until the ranks are back to work.
 REPLACE_DELAY = 3.0
+#: ``--preload auto``: seconds between reads of what the ranks imported. New names go to the standbys
+#: once a read finds none (the ranks' imports paused); the first ones after two such reads, so that
+#: the standbys' imports do not slow down the ranks' own start.
+LEARN_POLL = 1.0
+#: ``--preload auto``: modules refused (threads, devices) before auto gives up for the run.
+MAX_EXCLUDED = 5
 _MAX_ANSWER = 1 << 16
 
 
@@ -58,6 +65,7 @@ class Standby:
     started: float
     ready: bool = False
     rss: int = 0
+    loading: int = 1  # import requests not yet answered
     env_read: Tuple[str, ...] = ()
 
 
@@ -69,11 +77,21 @@ class StandbyPool:
         max_rss: Largest resident size in bytes a ready standby may have (0: no cap).
         log_dir: Where each standby's own output goes (``rank_<r>.log``) until it becomes a rank.
         emit: ``emit(event, **fields)`` for events.jsonl.
+        learn: ``--preload auto``: what the ranks imported; the standbys import the installed
+            packages among it as it grows (``modules`` is then empty at first), within
+            :func:`memory_room`.
     """
 
-    def __init__(self, modules: Sequence[str], max_rss: int, log_dir: str, emit: Callable[..., None]):
+    def __init__(self, modules: Sequence[str], max_rss: int, log_dir: str, emit: Callable[..., None],
+                 learn: Optional[ImportsLog] = None):
         self.modules = tuple(modules)
         self.max_rss = max_rss
+        self.learn = learn
+        self._pending: List[str] = []
+        self._excluded: List[str] = []
+        self._specs: Dict[int, WorkerSpec] = {}
+        self._polling = self._short_of_memory = False
+        self._quiet = 0  # reads in a row that found no new name
         self.log_dir = log_dir
         self.emit = emit
         self.refused: Optional[str] = None  # a standby was refused for a reason every other would share
@@ -88,6 +106,11 @@ class StandbyPool:
         self._loop, self._tree, self._guard = loop, tree, guard
 
     # -- activation ---------------------------------------------------------------------------------
+    def ready_ranks(self) -> set:
+        """Ranks whose standby is ready now: the process group hands these over before it starts the
+        others cold (all standbys at once, without moving itself into the attempt's cgroup)."""
+        return {rank for rank, standby in self._standbys.items() if standby.ready}
+
     def activate(self, spec: WorkerSpec, env: Dict[str, str], stdio: Dict[str, int],
                  cpus: Optional[FrozenSet[int]] = None) -> Optional[Tuple[subprocess.Popen, Leaf]]:
         """Make ``spec``'s standby the rank; None (reason noted) when it must start cold.
@@ -170,7 +193,83 @@ class StandbyPool:
         if self._cold and attempt:
             log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
         self._used, self._cold = [], {}
-        self._loop.call_later(REPLACE_DELAY if attempt else PREPARE_DELAY, lambda: self.prepare(specs))
+        if every:
+            self._specs = {}
+        self._specs.update((spec.rank, spec) for spec in specs)
+        if self.learn is None:
+            self._loop.call_later(REPLACE_DELAY if attempt else PREPARE_DELAY, lambda: self.prepare(specs))
+            return
+        if not self._polling:
+            self._polling = True
+            self._loop.call_later(LEARN_POLL, self._poll)
+        if attempt:
+            self._loop.call_later(REPLACE_DELAY, self._prepare_within_memory)
+
+    # -- --preload auto -----------------------------------------------------------------------------
+    def _poll(self) -> None:
+        """Read what the ranks imported; once their imports pause, the standbys import the new names."""
+        if self.refused is not None:
+            return
+        new = learned_modules(self.learn.read_new(), (*self.modules, *self._pending), self._excluded)
+        self._pending.extend(new)
+        self._quiet = 0 if new else self._quiet + 1
+        if self._pending and self._quiet >= (1 if self.modules else 2):
+            more, self._pending = self._pending, []
+            self.modules += tuple(more)
+            for standby in list(self._standbys.values()):
+                self._send_modules(standby, more)
+            self._prepare_within_memory()
+        elif self._short_of_memory:  # memory may have been freed since
+            self._prepare_within_memory()
+        self._loop.call_later(LEARN_POLL, self._poll)
+
+    def _send_modules(self, standby: Standby, names: Sequence[str]) -> None:
+        try:
+            standby.sock.send(json.dumps({"modules": list(names), "auto": True}).encode())
+        except OSError:
+            self._discard(standby)
+            return
+        standby.loading += 1
+        standby.ready = False
+
+    def _prepare_within_memory(self) -> None:
+        """Standbys for the ranks lacking one, if all of them fit in the memory left (auto only)."""
+        missing = [spec for rank, spec in sorted(self._specs.items()) if rank not in self._standbys]
+        if not self.modules or not missing or self.refused is not None:
+            return
+        room, where = memory_room()
+        each = self._estimate()
+        if room is not None and len(missing) * each > room:
+            if not self._short_of_memory:
+                log.info("no warm standbys for now: %d x ~%d MiB needed, %d MiB free for them (%s)",
+                         len(missing), each >> 20, max(room, 0) >> 20, where)
+                self.emit("standby_skipped", ranks=[spec.rank for spec in missing], need_bytes=len(missing) * each,
+                          room_bytes=room, where=where)
+            self._short_of_memory = True
+            return
+        self._short_of_memory = False
+        self.prepare(missing)
+
+    def _estimate(self) -> int:
+        """Bytes one standby will hold: a standby's measured size, else the smallest rank's (a standby
+        imports at most what the rank imported), at most --preload-max-rss."""
+        sizes = [sb.rss for sb in self._standbys.values() if sb.rss] or [
+            size for size in map(rss, self._loop.pids().values()) if size]
+        each = min(sizes) if sizes else 0
+        return min(each, self.max_rss) if self.max_rss else each
+
+    def _exclude(self, standby: Standby, module: str, reason: str) -> None:
+        """Auto: a module that must not be preloaded is left out; the others are tried again."""
+        self._excluded.append(module)
+        self.modules = tuple(learned_modules(self.modules, (), self._excluded))
+        if len(self._excluded) > MAX_EXCLUDED:
+            self._refuse(standby.rank, f"{reason}; {len(self._excluded)} modules refused")
+            return
+        log.warning("warm standbys leave out %s: %s", module, reason)
+        self.emit("standby_refused", rank=standby.rank, reason=reason, module=module)
+        for other in list(self._standbys.values()):
+            self._discard(other)
+        self._loop.call_later(REPLACE_DELAY, self._prepare_within_memory)
 
     # -- preparing ----------------------------------------------------------------------------------
     def prepare(self, specs: Sequence[WorkerSpec]) -> None:
@@ -208,13 +307,16 @@ class StandbyPool:
         if self._guard is not None:
             self._guard.watch(proc.pid)
         script = list(spec.argv[len(entry.interpreter):])
-        ours.send(json.dumps({"modules": list(self.modules), "script": script, "cwd": os.getcwd()}).encode())
+        ours.send(json.dumps({"modules": list(self.modules), "script": script, "cwd": os.getcwd(),
+                              "auto": self.learn is not None}).encode())
         ours.setblocking(False)
         self._loop.add_reader(ours.fileno(), lambda: self._on_answer(standby))
         self._loop.watch_pid(proc.pid, lambda info: self._on_death(standby, info.returncode))
         return standby
 
     def _on_answer(self, standby: Standby) -> None:
+        if self._standbys.get(standby.rank) is not standby:  # discarded by an answer read just before
+            return
         try:
             answer = loads_json(standby.sock.recv(_MAX_ANSWER) or b"null", f"rank {standby.rank}", "standby answer of")
         except (BlockingIOError, InterruptedError):
@@ -225,12 +327,15 @@ class StandbyPool:
             self._loop.remove_reader(standby.sock.fileno())
             return
         seconds = round(time.monotonic() - standby.started, 3)
-        if not answer.get("ready"):
+        standby.loading -= 1
+        if not answer.get("ready") and self.learn is not None and answer.get("module"):
+            self._exclude(standby, str(answer["module"]), str(answer.get("error")))
+        elif not answer.get("ready"):
             self._refuse(standby.rank, str(answer.get("error")))
         elif self.max_rss and answer.get("rss", 0) > self.max_rss:
             self._refuse(standby.rank, f"its resident size {answer['rss'] >> 20} MiB is above --preload-max-rss "
                                        f"{self.max_rss >> 20} MiB")
-        else:
+        elif standby.loading == 0:
             standby.ready, standby.rss = True, int(answer.get("rss", 0))
             standby.env_read = tuple(answer.get("env_read", ()))
             self.emit("standby_ready", rank=standby.rank, pid=standby.proc.pid, rss_bytes=standby.rss,
@@ -283,5 +388,6 @@ class StandbyPool:
 
     def close(self) -> None:
         """Kill every standby (the job is over)."""
+        self.refused = self.refused or "the job is over"  # and no more polling
         for standby in list(self._standbys.values()):
             self._discard(standby)

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +22,16 @@ from tests.helpers.procs import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PROBE = str(REPO / "tests" / "workers" / "start_probe.py")
+IMPORTER = str(REPO / "tests" / "workers" / "importer.py")
 
 
 class Job:
-    """One ``launcher run`` of the probe in ``root``; ``preload`` None runs it cold; ``module``: as
-    ``python -m tests.workers.start_probe``; ``options``: more launcher options."""
+    """One ``launcher run`` of the probe in ``root``; ``preload`` None runs it cold (``--preload
+    none``); ``module``: as ``python -m tests.workers.start_probe``; ``options``: more launcher
+    options; ``worker``: another script than the probe."""
 
     def __init__(self, root: Path, preload, port: int, *probe_args: str, env=None, nproc: int = 2,
-                 module: bool = False, options=()):
+                 module: bool = False, options=(), worker=PROBE):
         self.root = root
         root.mkdir()
         self.out = root / "out"
@@ -36,8 +39,8 @@ class Job:
         self.trigger = root / "go"
         argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc), "--max-restarts", "1",
                 "--run-dir", str(root / "run"), "--log-dir", str(root / "logs"), "--run-id", "probe-job",
-                "--master-port", str(port), *(["--preload", preload] if preload else []), *options,
-                "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [PROBE]),
+                "--master-port", str(port), *(["--preload", preload or "none"] if preload != "auto" else []),
+                *options, "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [worker]),
                 "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
         self.stderr = open(root / "stderr.txt", "wb")
         self.proc = subprocess.Popen(argv, stdout=open(root / "stdout.txt", "wb"), stderr=self.stderr,
@@ -187,14 +190,17 @@ def test_standby_above_the_memory_cap_is_refused(tmp_path):
     assert [sorted(e["cold"]) for e in job.events("standby_start")] == [["0", "1"]]
 
 
-def test_preload_ignored_for_a_command_that_is_not_python(tmp_path):
+@pytest.mark.parametrize("options", [["--preload", "json"], []], ids=["named", "default"])
+def test_preload_ignored_for_a_command_that_is_not_python(tmp_path, options):
+    """Named modules: one warning; the default says nothing (there is nothing to learn)."""
     job_dir = tmp_path / "job"
     job_dir.mkdir()
     result = subprocess.run([sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir",
-                             str(job_dir / "run"), "--preload", "json", "--", "true"],
+                             str(job_dir / "run"), *options, "--", "true"],
                             capture_output=True, text=True, timeout=60, cwd=str(REPO))
     assert result.returncode == 0, result.stderr
-    assert result.stderr.count("--preload json ignored: the command is not a Python interpreter") == 1
+    assert result.stderr.count("--preload json ignored: the command is not a Python interpreter") == len(options) // 2
+    assert "WARNING" not in result.stderr or options
     assert not [e for e in read_events(str(job_dir / "run" / "events.jsonl")) if e["event"].startswith("standby")]
 
 
@@ -212,3 +218,94 @@ def test_recover_in_place_respawns_the_failed_rank_from_its_standby(tmp_path):
     assert started["attempt"] == 1 and started["ranks"] == [1] and not started["cold"]
     assert (job.out / "1-1.json").exists() and not (job.out / "1-0.json").exists()
     assert "rank(s) 1 started from warm standbys" in (job.root / "stderr.txt").read_text()
+
+
+# -- --preload auto (the default): the standbys import what the ranks imported ---------------------
+def _importer_outputs(job: Job, attempt: int):
+    return [json.loads((job.out / f"{attempt}-{rank}.json").read_text())["preloaded"] for rank in (0, 1)]
+
+
+def test_a_default_run_of_a_torch_script_keeps_standbys_and_preload_none_does_not(tmp_path):
+    """The ranks import torch; by default the launcher learns it and both ranks of the restart are
+    standbys that had imported it; with ``--preload none`` there is no standby and nothing is recorded."""
+    jobs = {}
+    for preload in ("auto", None):
+        job = jobs[preload] = Job(tmp_path / str(preload), preload, free_port(), "--now", "torch", worker=IMPORTER)
+        wanted = (lambda: len(job.events("standby_ready")) >= 2) if preload else (
+            lambda: all((job.out / f"0-{rank}.json").exists() for rank in (0, 1)))
+        assert wait_until(lambda: wanted() or job.proc.poll() is not None, 300)
+        job.trigger.touch()
+        assert job.finish(300) == 0, (job.root / "stderr.txt").read_text()
+    auto, none = jobs["auto"], jobs[None]
+    assert [e["ranks"] for e in auto.events("standby_start")] == [[0, 1]]
+    assert all("torch" in e["modules"] for e in auto.events("standby_ready"))
+    assert _importer_outputs(auto, 1) == [["torch"], ["torch"]]
+    assert "rank(s) 0, 1 started from warm standbys" in (auto.root / "stderr.txt").read_text()
+    assert not [e for e in none.events() if e["event"].startswith("standby")]
+    assert _importer_outputs(none, 1) == [[], []]
+    assert not list((none.root / "logs").glob("*/standby"))
+
+
+def _site_packages(tmp_path: Path, device: str) -> dict:
+    """An installed-looking ``fakeheavy`` (with a submodule imported later) and ``fakedevice``, which
+    opens the character device ``device`` when imported, as torch_npu opens /dev/davinci*."""
+    site = tmp_path / "lib" / "site-packages"
+    (site / "fakeheavy").mkdir(parents=True)
+    (site / "fakeheavy" / "__init__.py").write_text("VALUE = 1\n")
+    (site / "fakeheavy" / "lazy.py").write_text("VALUE = 2\n")
+    (site / "fakedevice.py").write_text(f"import os\nFD = os.open({device!r}, os.O_RDWR)\n")
+    return {**os.environ, "PYTHONPATH": str(site)}
+
+
+def test_auto_learns_lazy_imports_and_leaves_out_a_module_that_opens_a_device(tmp_path):
+    device = tmp_path / "accel0"
+    try:
+        os.mknod(device, 0o600 | stat.S_IFCHR, os.makedev(1, 3))  # /dev/null's numbers: harmless to open
+    except PermissionError:
+        pytest.skip("cannot create a device node here")
+    env = _site_packages(tmp_path, str(device))
+    job = Job(tmp_path / "job", "auto", free_port(), "--now", "fakeheavy,fakedevice", "--later", "fakeheavy.lazy",
+              env=env, worker=IMPORTER)
+    assert wait_until(lambda: any("fakeheavy.lazy" in e["modules"] for e in job.events("standby_ready")
+                                  if e["rank"] == 1) or job.proc.poll() is not None, 120)
+    assert wait_until(lambda: len({e["rank"] for e in job.events("standby_ready")
+                                   if "fakeheavy.lazy" in e["modules"]}) == 2 or job.proc.poll() is not None, 60)
+    job.trigger.touch()
+    assert job.finish() == 0, (job.root / "stderr.txt").read_text()
+    [refused] = job.events("standby_refused")
+    assert refused["module"] == "fakedevice" and f"opened {device}" in refused["reason"]
+    stderr = (job.root / "stderr.txt").read_text()
+    assert stderr.count("warm standbys leave out fakedevice") == 1
+    assert [e["ranks"] for e in job.events("standby_start")] == [[0, 1]]
+    assert _importer_outputs(job, 1) == [["fakeheavy", "fakeheavy.lazy"]] * 2
+
+
+def test_a_restart_hands_ready_standbys_over_first_without_entering_the_attempts_cgroup(tmp_path, monkeypatch):
+    """Moving the launcher into the attempt's cgroup costs 10-20 ms each way: a rank whose standby is
+    ready never needs it (the standby has a cgroup of its own), so those ranks go first, and only the
+    cold ones are started inside it."""
+    from launcher.jobspec.rankenv import WorkerSpec
+    from launcher.supervision.jobtree import JobTree
+    from launcher.supervision.procgroup import LocalProcessGroup
+    from launcher.supervision.standby import StandbyPool
+    from tests.helpers.procs import TOKEN
+
+    script = tmp_path / "rank.py"
+    script.write_text("import sys\nsys.exit(0)\n")
+    specs = [WorkerSpec(r, r, r, "worker", (sys.executable, str(script)), {"RANK": str(r)}) for r in (0, 1)]
+    pool = StandbyPool(("json",), 0, str(tmp_path / "standby"), lambda name, **fields: None)
+    group = LocalProcessGroup(lambda spec, attempt: str(tmp_path / f"a{attempt}" / f"r{spec.rank}.log"),
+                              lambda spec: False, tree=JobTree(TOKEN, None), standby=pool)
+    try:
+        pool.prepare(specs[:1])  # rank 0 only
+        assert wait_until(lambda: group.wait_event(0.05) is None and pool.ready_ranks() == {0}, 60)
+        entered, inside = [], group._tree.inside
+        monkeypatch.setattr(group._tree, "inside", lambda name: entered.append((name, sorted(group.pids()))) or
+                            inside(name))
+        group.start(specs, 1)
+        assert entered == [("a1", [0])]  # rank 0 was handed over before the launcher entered, for rank 1
+        group.start([WorkerSpec(0, 0, 0, "worker", (sys.executable, str(script)), {"RANK": "0"})], 2)
+        assert entered == [("a1", [0])] + [("a2", [])]  # no standby ready (the next one comes later): cold
+    finally:
+        group.ensure_gone(5, final=True)
+        group.close()

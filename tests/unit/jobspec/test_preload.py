@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from launcher.commands.cli import main
 from launcher.common.errors import UsageError
-from launcher.jobspec.preload import (PythonEntry, is_start_variable, parse_modules, python_entry,
-                                      start_env_diff)
+from launcher.jobspec.preload import (PythonEntry, is_start_variable, learned_modules, parse_modules, preload_mode,
+                                      python_entry, start_env_diff)
 
 PY = "/usr/bin/python3"
 
@@ -124,9 +124,31 @@ def test_bad_preload_is_a_usage_error(capsys):
     assert "--preload 'torch numpy'" in err and "Traceback" not in err
 
 
-def test_default_is_no_preload(capsys, tmp_path):
+@pytest.mark.parametrize("options, learns", [((), True), (("--preload", "auto"), True),
+                                             (("--preload", "none"), False), (("--preload", "numpy"), False)])
+def test_default_is_auto_and_its_ranks_record_their_imports(capsys, tmp_path, options, learns):
     script = tmp_path / "t.py"
     script.write_text("")
-    code = main(["run", "--dry-run", "--json", "--nproc-per-node", "1", "--", PY, str(script)])
+    code = main(["run", "--dry-run", "--json", *options, "--nproc-per-node", "1", "--", PY, str(script)])
     doc = json.loads(capsys.readouterr().out)
-    assert code == 0 and doc["ranks"][0]["argv"] == [PY, str(script)]
+    rank = doc["ranks"][0]
+    assert code == 0 and rank["argv"] == [PY, str(script)]
+    assert ("LAUNCHER_IMPORTS_FILE" in rank["env"]) == learns
+    if learns:
+        assert rank["env"]["LAUNCHER_IMPORTS_FILE"].endswith("/standby/imports.txt")
+        assert rank["env"]["PYTHONPATH"].endswith("rankhooks")  # where sitecustomize installs the recorder
+
+
+@pytest.mark.parametrize("text, expected", [
+    (None, (True, ())), ("auto", (True, ())), (" auto ", (True, ())), ("none", (False, ())), ("", (False, ())),
+    ("torch,torch._dynamo", (False, ("torch", "torch._dynamo"))),
+])
+def test_preload_mode(text, expected):
+    assert preload_mode(text) == expected
+
+
+def test_learned_modules_keeps_installed_candidates_once_in_order():
+    recorded = ["torch", "os", "numpy", "torch", "launcher_heartbeat", "__main__", "sitecustomize", "json.decoder",
+                "torch_npu", "torch_npu.contrib", "torch._dynamo", "numpy", "bad name", "mymodel"]
+    assert learned_modules(recorded, ["numpy"], ["torch_npu"]) == ["torch", "torch._dynamo", "mymodel"]
+    assert learned_modules(["torch_npu2"], [], ["torch_npu"]) == ["torch_npu2"]  # a prefix is a whole name

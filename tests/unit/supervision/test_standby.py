@@ -9,7 +9,9 @@ import pytest
 
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.jobtree import JobTree
-from launcher.supervision.standby import StandbyPool
+from launcher.supervision import standby as standby_mod
+from launcher.supervision.standby import LEARN_POLL, StandbyPool
+from launcher.supervision.standbylearn import ImportsLog
 from tests.helpers.procs import TOKEN
 
 SCRIPT = os.path.abspath(__file__)
@@ -35,6 +37,9 @@ class Loop:
 
     def call_later(self, delay, callback):
         self.timers.append((delay, callback))
+
+    def pids(self):
+        return {0: os.getpid()}  # the running ranks: this process stands in
 
     def answer(self, timeout=60.0):
         """Wait for a standby's answer and hand it to the pool, as the loop would."""
@@ -117,3 +122,60 @@ def test_ranks_no_longer_here_lose_their_standbys(pool):
     assert sorted(pool._standbys) == [1]
     pool.after_start([spec(5)], 1, every=False)  # one respawned rank: the others keep theirs
     assert sorted(pool._standbys) == [1]
+
+
+# -- --preload auto --------------------------------------------------------------------------------
+@pytest.fixture
+def auto_pool(tmp_path):
+    site = tmp_path / "site-packages"
+    (site / "fakeheavy").mkdir(parents=True)
+    (site / "fakeheavy" / "__init__.py").write_text("")
+    (site / "fakeheavy" / "lazy.py").write_text("")
+    events = []
+    made = StandbyPool((), 0, str(tmp_path / "standby"), lambda name, **fields: events.append((name, fields)),
+                       ImportsLog(str(tmp_path / "imports.txt")))
+    loop = Loop()
+    made.attach(loop, JobTree(TOKEN, None), None)
+    made.events, made.test_loop, made.record = events, loop, tmp_path / "imports.txt"
+    made.spec = spec(0, {"RANK": "0", "PYTHONPATH": str(site)})
+    yield made
+    made.close()
+
+
+def _tick(pool):
+    """Run the pool's newest timer (its poll of the record), as the loop would."""
+    delay, callback = pool.test_loop.timers.pop()
+    assert delay == LEARN_POLL
+    callback()
+
+
+def test_auto_waits_for_the_ranks_imports_to_pause_then_imports_what_they_did(auto_pool):
+    auto_pool.after_start([auto_pool.spec], 0)
+    auto_pool.record.write_text("fakeheavy\nos\njson.decoder\n")
+    _tick(auto_pool)
+    _tick(auto_pool)  # one quiet read: the ranks may still be importing
+    assert not auto_pool._standbys
+    _tick(auto_pool)
+    assert auto_pool.modules == ("fakeheavy",) and list(auto_pool._standbys) == [0]
+    auto_pool.test_loop.answer()
+    assert auto_pool.events[-1][0] == "standby_ready" and auto_pool._standbys[0].ready
+    with open(auto_pool.record, "a") as fh:
+        fh.write("fakeheavy.lazy\nnot_installed\n")  # a lazy import, and an optional one that failed
+    _tick(auto_pool)
+    _tick(auto_pool)  # the next quiet read hands the new names to the ready standby
+    assert not auto_pool._standbys[0].ready
+    auto_pool.test_loop.answer()
+    name, fields = auto_pool.events[-1]
+    assert name == "standby_ready" and fields["modules"] == ["fakeheavy", "fakeheavy.lazy", "not_installed"]
+    assert auto_pool._standbys[0].ready
+
+
+def test_auto_starts_no_standby_that_does_not_fit_in_memory(auto_pool, monkeypatch):
+    monkeypatch.setattr(standby_mod, "memory_room", lambda: (1 << 20, "a 1 MiB test limit"))
+    auto_pool.after_start([auto_pool.spec], 0)
+    auto_pool.record.write_text("fakeheavy\n")
+    for _ in range(4):
+        _tick(auto_pool)
+    assert not auto_pool._standbys
+    skipped = [fields for name, fields in auto_pool.events if name == "standby_skipped"]
+    assert len(skipped) == 1 and skipped[0]["ranks"] == [0] and skipped[0]["need_bytes"] > 1 << 20
