@@ -61,6 +61,20 @@ def test_script_without_heartbeats_is_judged_by_its_output_and_a_closed_stderr_i
     assert "hang_here" in dumped(launcher, 1)
 
 
+def test_a_rank_that_exits_0_early_is_not_hung_and_a_later_hang_of_another_is_found(launcher):
+    # Rank 1 exits 0 at once, silent; rank 0 prints for longer than the timeout, then sleeps forever.
+    code = launcher.run(["--nproc-per-node", "2", "--heartbeat-timeout", "1"],
+                        ["--no-client", "--early-exit-rank", "1", "--hang-rank", "0", "--steps", "8",
+                         "--step-pause", "0.3"], worker=HANG_RANK, timeout=30)
+    assert code == 137, launcher.stderr
+    events = launcher.events()
+    [hang] = named(events, "hang_detected")
+    assert (hang["rank"], hang["hung_ranks"]) == (0, [0])
+    [exited] = [e for e in named(events, "rank_exited") if e["rank"] == 1]
+    assert exited["state"] == "succeeded"
+    assert "rank 0 was killed as hung: no heartbeat or output" in launcher.stderr
+
+
 def test_section_timeout_applies_inside_the_named_section(launcher):
     code = launcher.run(["--nproc-per-node", "2", "--heartbeat-timeout", "60", "--section-timeout", "checkpoint=1"],
                         ["--mode", "section"], worker=HANG_RANK)
