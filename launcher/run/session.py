@@ -34,6 +34,7 @@ from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, er
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
+from launcher.supervision.hooks import ClusterHooks, JobHooks
 from launcher.supervision.supervisor import Supervisor
 
 if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
@@ -144,12 +145,12 @@ class Session:
                                max_no_progress_restarts=self.opts.max_no_progress_restarts)
         self.integrations.start(self)
         self._warn_uncoordinated()
-        supervisor = Supervisor(self.group, self._specs_for, policy, self.emit, self._on_spawned,
-                                lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
-                                self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
-                                progress=self.hangs.max_step, status=self.hangs.status)
-        supervisor.attempt_no = self.sync.first_generation  # > 0 when it joined a running elastic job
+        job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, resume_note=self._resume_note,
+                       progress=self.hangs.max_step, status=self.hangs.status)
+        cluster = ClusterHooks(self.reset.hold, self._request_exit)
+        # first_attempt > 0 when it joined a running elastic job
+        supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster, sync=self.sync.coordinator,
+                                debug=self.debug, first_attempt=self.sync.first_generation)
         result = supervisor.run()
         self._report(result)
         return result.exit_code
@@ -285,6 +286,10 @@ class Session:
             log.info("restore plan: %s", resume_summary(plan))
         for warning in plan.warnings:
             log.warning("restore plan: %s", warning)
+
+    def _request_exit(self) -> None:
+        """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""
+        gasp_mod.write_graceful_exit(self.graceful_exit_file, 1)
 
     def _resume_note(self, attempt: int) -> str:
         plan = self.plans.get(attempt)

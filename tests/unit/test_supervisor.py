@@ -10,6 +10,7 @@ from launcher.jobspec.rankenv import WorkerSpec
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.supervision.states import ExitInfo
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RestartPolicy
+from launcher.supervision.hooks import ClusterHooks, JobHooks
 from launcher.supervision.supervisor import Supervisor
 
 
@@ -70,12 +71,19 @@ def specs_for(n: int):
     return build
 
 
+def supervisor(group, build, policy, emit, hold=None, **kwargs):
+    """A Supervisor whose job is ``build`` plus the job hooks in ``kwargs`` (the rest: its own arguments)."""
+    hooks = {k: kwargs.pop(k) for k in ("resume_note", "progress", "status") if k in kwargs}
+    return Supervisor(group, JobHooks(build, **hooks), policy, emit, cluster=ClusterHooks(hold=hold or (lambda: None)),
+                      **kwargs)
+
+
 def supervise(scripts, n=2, strategy=None, **policy):
     if strategy is not None:
         policy["strategy"] = resolve_strategy(strategy, {})
     group = ScriptedGroup(scripts)
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)))
+    sup = supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)))
     return sup.run(), group, events, sup
 
 
@@ -92,7 +100,7 @@ def test_failure_stops_others_then_restarts_with_failed_ranks():
     assert result.exit_code == 0 and result.attempts == 2
     assert ("signal", (0,), signal.SIGTERM) in group.calls
     assert group.calls.index(("ensure_gone", 0)) < group.calls.index(("start", 1, (0, 1)))
-    assert sup.specs_for.seen == [(0, ()), (1, (1,))]
+    assert sup.job.specs_for.seen == [(0, ()), (1, (1,))]
     exits = [kw for name, kw in events if name == "rank_exited"]
     assert [(e["rank"], e["state"]) for e in exits[:2]] == [(1, "failed"), (0, "stopped")]
 
@@ -178,7 +186,7 @@ class ClockedGroup(ScriptedGroup):
 def clocked_supervise(scripts, **policy):
     group = ClockedGroup(scripts)
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(1), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
+    sup = supervisor(group, specs_for(1), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
                      clock=lambda: group.now)
     return sup.run(), group, [kw for name, kw in events if name == "restart"]
 
@@ -253,7 +261,7 @@ def test_recover_dumps_then_exits_for_rescheduling():
 def test_recover_in_place_respawns_only_the_failed_rank():
     scripts = [[exited(1, 1), exited(1, 0), exited(0, 0)]]
     group = ScriptedGroup(scripts)
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, strategy=resolve_strategy("recover-in-place", {}),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, strategy=resolve_strategy("recover-in-place", {}),
                                                         in_place_supported=True), lambda name, **kw: None)
     result = sup.run()
     assert result.exit_code == 0 and result.attempts == 1
@@ -276,7 +284,7 @@ def test_scheduler_is_signalled_only_after_the_workers_exited():
                [WorkerSpec(r, r, r, "worker", ("x",), {}) for r in range(2)]
     scripts = [[SignalReceived(signal.SIGTERM), exited(0, -15), exited(1, -15), exited(-1, 0)]]
     group = ScriptedGroup(scripts)
-    Supervisor(group, build, RestartPolicy(), lambda name, **kw: None).run()
+    supervisor(group, build, RestartPolicy(), lambda name, **kw: None).run()
     signals_sent = [c for c in group.calls if c[0] == "signal"]
     assert signals_sent == [("signal", (0, 1), signal.SIGTERM), ("signal", (-1,), signal.SIGTERM)]
 
@@ -310,7 +318,7 @@ def supervise_synced(scripts, agreements, n=2, wait_first=False, **policy):
     group = ScriptedGroup(scripts)
     sync = ScriptedSync(group, agreements, wait_first)
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
+    sup = supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
                      sync=sync)
     return sup.run(), group, events, sup, sync
 
@@ -366,7 +374,7 @@ def test_sync_local_failure_is_announced_before_the_others_are_stopped():
     assert group.calls.index(("sync_started", 0)) < group.calls.index(("sync_failed", 0, (1,), 1)) \
         < group.calls.index(("signal", (0,), signal.SIGTERM))
     # The barrier's union of every node's failures is the next attempt's failed_before.
-    assert sup.specs_for.seen == [(0, ()), (1, (1, 3))]
+    assert sup.job.specs_for.seen == [(0, ()), (1, (1, 3))]
     assert sync.settled == [(0, None, 1, (1,)), (1, "succeeded", None, ())]
     assert group.calls[-1] == ("sync_leave", 1, "succeeded", 0)
 
@@ -381,7 +389,7 @@ def test_sync_peer_failure_stops_the_ranks_with_the_save_signal_and_counts_once(
     assert stop["timeout"] == 4 and stop["reason"] == "rank 3 on server 1 failed"
     assert not any(c[0] == "sync_failed" for c in group.calls)  # not a local failure
     assert sync.settled[0] == (0, None, 3, ())
-    assert sup.restarts == 1 and sup.specs_for.seen == [(0, ()), (1, (3,))]
+    assert sup.restarts == 1 and sup.job.specs_for.seen == [(0, ()), (1, (3,))]
     [restart] = [kw for name, kw in events if name == "restart"]
     assert restart["after_rank"] == 3 and restart["attempt"] == 1
     assert [f.label for f in result.failures] == ["rank 3 on server 1"]
@@ -403,9 +411,9 @@ def test_sync_peer_update_of_another_generation_is_ignored():
 
 def test_sync_peer_update_after_every_local_rank_finished_is_left_to_the_finish_barrier():
     group = ScriptedGroup([[exited(0, 0), exited(1, 0)]])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None, sync=ScriptedSync(group, []))
+    sup = supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None, sync=ScriptedSync(group, []))
     attempt = sup._run_attempt(0, ())
-    sup._on_peer(attempt, peer_failed())
+    sup.outside.on_peer(attempt, peer_failed())
     assert attempt.failure is None and not sup.failures
     assert not any(c[0] == "signal" for c in group.calls)
 
@@ -444,7 +452,7 @@ def test_sync_leave_after_a_restart_uses_the_new_generation():
     group = ScriptedGroup(scripts)
     sync = ScriptedSync(group, [Agreement((1,))])
     holds = iter([None, "reset.json: FaultFlushing"])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=1, hold_timeout=0.01),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=1, hold_timeout=0.01),
                      lambda name, **kw: None, hold=lambda: next(holds, "reset.json: FaultFlushing"), sync=sync)
     result = sup.run()
     assert result.reason == "cluster-timeout"
@@ -454,7 +462,7 @@ def test_sync_leave_after_a_restart_uses_the_new_generation():
 def test_restart_line_says_why_and_what_the_ranks_resume_from(caplog):
     scripts = [[exited(1, -9), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
     group = ScriptedGroup(scripts)
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
                      resume_note=lambda attempt: f"resuming from plan {attempt}")
     with caplog.at_level("INFO", logger="launcher.supervision.supervisor"):
         assert sup.run().exit_code == 0
@@ -492,7 +500,7 @@ def test_hung_rank_is_killed_then_fails_like_a_crash_and_restarts_planned_faulty
     assert result.exit_code == 0 and result.attempts == 2
     assert group.calls.index(("kill", (1,))) < group.calls.index(("signal", (0,), signal.SIGTERM))
     assert sup.failures[0].hang == ("no heartbeat for 31 s", "rank 1 (hung) differs from the rest: in fetch (x.py:1)")
-    assert sup.specs_for.seen == [(0, ()), (1, (1,))]
+    assert sup.job.specs_for.seen == [(0, ()), (1, (1,))]
 
 
 def test_hang_after_the_attempt_already_failed_is_ignored():
@@ -509,7 +517,7 @@ def test_restarts_without_step_progress_end_the_job():
     steps = {0: 40, 1: 40, 2: 40, 3: 40}
     group = ScriptedGroup([crash() for _ in range(4)])
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=5, max_no_progress_restarts=2),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=5, max_no_progress_restarts=2),
                      lambda name, **kw: events.append((name, kw)), progress=steps.get)
     result = sup.run()
     assert (result.reason, result.exit_code, result.attempts) == ("no-progress", 3, 3)
@@ -519,11 +527,11 @@ def test_restarts_without_step_progress_end_the_job():
 def test_progress_resets_the_no_progress_count_and_unknown_steps_never_end_the_job():
     crash = lambda: [exited(1, 3), exited(0, -15)]
     group = ScriptedGroup([crash() for _ in range(4)])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3, max_no_progress_restarts=1),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=3, max_no_progress_restarts=1),
                      lambda name, **kw: None, progress={0: 10, 1: 20, 2: 30, 3: 40}.get)
     assert sup.run().reason == "failed"  # every restart got further: the budget ends it
     group = ScriptedGroup([crash() for _ in range(3)])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, max_no_progress_restarts=1),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, max_no_progress_restarts=1),
                      lambda name, **kw: None)
     assert sup.run().reason == "failed"
 
@@ -532,6 +540,6 @@ def test_status_answer_carries_the_stragglers():
     replies = []
     request = ControlRequest("status", {}, lambda payload, final=False: replies.append(payload))
     group = ScriptedGroup([[request, exited(0, 0), exited(1, 0)]])
-    Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
+    supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
                status=lambda: {"stragglers": [1]}).run()
     assert replies[0]["stragglers"] == [1] and replies[0]["ranks"] == {0: "running", 1: "running"}
