@@ -22,6 +22,8 @@ HELP_SECTIONS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
                                   "--recover-strategy",
                                   "--gasp-timeout", "--termination-grace-period", "--gasp-signal",
                                   "--gasp-min-interval", "--graceful-exit")),
+    ("Failures before the ranks run", ("--no-progress-exit-code", "--device-wait-timeout", "--health-check",
+                                       "--node-fault-exit-code")),
     ("Hangs and stragglers", ("--heartbeat-timeout", "--heartbeat-initial-timeout", "--section-timeout",
                               "--max-no-progress-restarts", "--straggler-threshold")),
     ("Logs and state", ("--console-ranks", "--log-dir", "--run-dir", "--job-name", "--run-id", "--metrics-port",
@@ -177,6 +179,18 @@ def _opt(*decls: str, **kwargs: Any) -> Callable:
       help="Which framework's environment variables the ranks get (default: $framework, else pytorch).")
 @_opt("--max-restarts", type=click.IntRange(min=0), default=0,
       help="Restart the ranks of this machine up to N times after one fails.")
+@_opt("--no-progress-exit-code", type=click.IntRange(min=1, max=255), default=93,
+      help="Exit status when the job cannot progress: the same start-up error twice in a row, "
+           "--max-no-progress-restarts, or the restart budget spent without a higher step (for a Volcano "
+           "policy exitCode -> AbortJob or a podFailurePolicy; docs/failures.md).")
+@_opt("--device-wait-timeout", type=click.FloatRange(min=0), default=60.0,
+      help="Before a rank starts: wait up to this many seconds while another process holds its NPU "
+           "(/dev/davinciN open, or listed by npu-smi); then start anyway (0: do not wait).")
+@_opt("--health-check", metavar="CMD",
+      help="Run CMD (a shell command) before each attempt, with LAUNCHER_DEVICES set to the node's "
+           "devices; a non-zero exit ends the node's part with --node-fault-exit-code.")
+@_opt("--node-fault-exit-code", type=click.IntRange(min=1, max=255), default=94,
+      help="Exit status when --health-check fails: the node is faulty, reschedule the pod elsewhere.")
 @_opt("--restart-backoff", type=click.FloatRange(min=0), default=0.5,
       help="Crash-loop backoff: a restart is immediate, unless the attempt before it also failed "
            "within 60 s of its start; then the delay starts at this many seconds and doubles.")

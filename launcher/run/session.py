@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first r
 
 log = logging.getLogger(__name__)
 
+#: Lines of a failed rank's log the restart policy reads for a known start-up cause.
+FAILURE_TEXT_LINES = 40
+
 
 class Session:
     """Context manager owning the resources of one ``launcher run``.
@@ -142,11 +145,12 @@ class Session:
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
                                self.gasp_gate.try_save, strategy, self._in_place_supported(),
                                backoff_max=self.opts.restart_backoff_max,
-                               max_no_progress_restarts=self.opts.max_no_progress_restarts)
+                               max_no_progress_restarts=self.opts.max_no_progress_restarts,
+                               no_progress_exit_code=self.opts.no_progress_exit_code)
         self.integrations.start(self)
         self._warn_uncoordinated()
-        job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, resume_note=self._resume_note,
-                       progress=self.hangs.max_step, status=self.hangs.status)
+        job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
+                       self._resume_note, self.hangs.max_step, self.hangs.status)
         cluster = ClusterHooks(self.reset.hold, self._request_exit)
         # first_attempt > 0 when it joined a running elastic job
         supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster, sync=self.sync.coordinator,
@@ -287,6 +291,16 @@ class Session:
         for warning in plan.warnings:
             log.warning("restore plan: %s", warning)
 
+    def _failure_text(self, attempt: int, rank: int) -> str:
+        """What a failed rank wrote last: its error file's exception, then its log's last lines (bounded)."""
+        from launcher.monitoring.errorfile import read_error_file
+        from launcher.supervision.output import tail_lines
+
+        found = read_error_file(error_file_path(self.log_session, attempt, rank))
+        lines = [found.message, *found.traceback] if found is not None else []
+        log_path = self.group.log_paths.get(rank)
+        return "\n".join(lines + (tail_lines(log_path, FAILURE_TEXT_LINES) if log_path else []))
+
     def _request_exit(self) -> None:
         """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 1)
@@ -312,7 +326,7 @@ class Session:
         self.emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
-        elif result.reason in ("failed", "no-progress"):
+        elif result.reason in ("failed", "no-progress", "deterministic"):
             error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
             for line in format_root_cause(result, error_file=error_file):
                 log.error("%s", line)

@@ -168,7 +168,8 @@ class Supervisor:
             attempts += 1
             if self._final is not None:
                 break
-            result = self.decide.verdict(attempt, attempts, self.failures, self.job.progress(attempt.number))
+            result = self.decide.verdict(attempt, attempts, self.failures, self.job.progress(attempt.number),
+                                         self._failure_texts(attempt))
             agreed = self.sync.settle(attempt.number, result, attempt.failure, attempt.failed_ranks,
                                       self._wait_quietly)
             if agreed.exit_code is not None:  # the nodes ended the job together
@@ -180,6 +181,16 @@ class Supervisor:
             failed_ranks = agreed.failed_ranks  # every node's, with --sync-dir
             self._restart(attempt, agreed.membership)
         return self._finish(self._final_result(attempts, attempt))
+
+    def _failure_texts(self, attempt: _Attempt) -> Dict[int, str]:
+        """What each local rank that exited non-zero wrote last (the failing rank first), for the
+        policy's failure classes; empty when no local rank failed."""
+        failure = attempt.failure
+        if failure is None or failure.rank not in attempt.workers:
+            return {}
+        ranks = [failure.rank] + sorted(w.rank for w in attempt.workers.values()
+                                        if w.exit is not None and w.exit.returncode and w.rank != failure.rank)
+        return {rank: self.job.failure_text(attempt.number, rank) for rank in ranks}
 
     def _restart(self, attempt: _Attempt, membership: bool) -> None:
         self.attempt_no += 1

@@ -96,7 +96,7 @@ def test_faulthandler_fallback_without_py_spy(launcher, monkeypatch):
 def test_crash_loop_at_one_step_ends_after_max_no_progress_restarts(launcher):
     code = launcher.run(["--nproc-per-node", "2", "--max-restarts", "5", "--max-no-progress-restarts", "2"],
                         ["--mode", "crash", "--hang-attempts", "0,1,2,3,4,5"], worker=HANG_RANK)
-    assert code == 3
+    assert code == 93  # the job cannot progress (--no-progress-exit-code)
     events = launcher.events()
     assert len(named(events, "attempt_start")) == 3
     [stuck] = named(events, "no_progress")

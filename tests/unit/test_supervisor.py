@@ -73,7 +73,7 @@ def specs_for(n: int):
 
 def supervisor(group, build, policy, emit, hold=None, **kwargs):
     """A Supervisor whose job is ``build`` plus the job hooks in ``kwargs`` (the rest: its own arguments)."""
-    hooks = {k: kwargs.pop(k) for k in ("resume_note", "progress", "status") if k in kwargs}
+    hooks = {k: kwargs.pop(k) for k in ("resume_note", "progress", "status", "failure_text") if k in kwargs}
     return Supervisor(group, JobHooks(build, **hooks), policy, emit, cluster=ClusterHooks(hold=hold or (lambda: None)),
                       **kwargs)
 
@@ -520,7 +520,7 @@ def test_restarts_without_step_progress_end_the_job():
     sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=5, max_no_progress_restarts=2),
                      lambda name, **kw: events.append((name, kw)), progress=steps.get)
     result = sup.run()
-    assert (result.reason, result.exit_code, result.attempts) == ("no-progress", 3, 3)
+    assert (result.reason, result.exit_code, result.attempts) == ("no-progress", 93, 3)  # cannot progress: 93
     assert ("no_progress", {"attempt": 2, "step": 40, "restarts": 2}) in events
 
 
