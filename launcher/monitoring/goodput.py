@@ -23,6 +23,8 @@ event that enters it:
   save). Without them that time counts as productive.
 * ``waiting`` - between ``cluster_hold`` and ``cluster_hold_end``: the cluster (reset.json) held the
   restart.
+* ``device_wait`` - between ``device_wait`` and ``device_wait_end``: another process still held one
+  of this node's devices before the ranks could start (``--device-wait-timeout``).
 * ``recomputed`` - carved from the productive time after a restart: the time spent re-running steps
   the failed attempt had already done. The steps come from the ranks' heartbeat slots, which the hang
   detector records (``launcher.run.hangwatch``): ``step_last`` (an attempt's highest step, at its
@@ -38,7 +40,7 @@ event that enters it:
 import json
 from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-PARTS = ("productive", "startup", "detection", "stopping", "restarting", "recomputed", "waiting")
+PARTS = ("productive", "startup", "detection", "stopping", "restarting", "recomputed", "waiting", "device_wait")
 
 
 class Failure(NamedTuple):
@@ -233,7 +235,8 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
 #: The events that move the sweep or carry steps.
 _STEP_EVENTS = frozenset(("heartbeat", "rank_exited", "step_first", "step_regained", "step_last"))
 _KINDS = _STEP_EVENTS | {"job_end", "stop", "attempt_start", "rank_spawned", "stop_group", "gasp", "attempt_end",
-                         "restart", "cluster_hold", "cluster_hold_end", "restore_plan"}
+                         "restart", "cluster_hold", "cluster_hold_end", "restore_plan", "device_wait",
+                         "device_wait_end"}
 
 
 def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
@@ -265,6 +268,11 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
         sweep.held_from = sweep.part
         sweep.to("waiting", ts)
     elif kind == "cluster_hold_end" and sweep.part == "waiting":
+        sweep.to(sweep.held_from, ts)
+    elif kind == "device_wait" and sweep.part not in ("waiting", "device_wait"):
+        sweep.held_from = sweep.part
+        sweep.to("device_wait", ts)
+    elif kind == "device_wait_end" and sweep.part == "device_wait":
         sweep.to(sweep.held_from, ts)
 
 

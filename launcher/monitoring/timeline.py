@@ -14,7 +14,7 @@ from launcher.monitoring import goodput as goodput_mod
 
 WIDTH, LEFT, ROW, TOP = 1000, 90, 22, 40
 COLORS = {"productive": "#3a9d5d", "startup": "#8fb3d9", "detection": "#e8a33d", "stopping": "#d9773a",
-          "restarting": "#9a6fc2", "recomputed": "#c9b037", "waiting": "#9e9e9e",
+          "restarting": "#9a6fc2", "recomputed": "#c9b037", "waiting": "#9e9e9e", "device_wait": "#607d8b",
           "succeeded": "#3a9d5d", "failed": "#c62828", "stopped": "#d9a13a", "running": "#4f86c6"}
 
 

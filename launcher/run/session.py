@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from launcher.supervision import console as console_mod
 from launcher.common import envnames
@@ -146,11 +146,13 @@ class Session:
                                self.gasp_gate.try_save, strategy, self._in_place_supported(),
                                backoff_max=self.opts.restart_backoff_max,
                                max_no_progress_restarts=self.opts.max_no_progress_restarts,
-                               no_progress_exit_code=self.opts.no_progress_exit_code)
+                               no_progress_exit_code=self.opts.no_progress_exit_code,
+                               device_wait_timeout=self.opts.device_wait_timeout,
+                               node_fault_exit_code=self.opts.node_fault_exit_code)
         self.integrations.start(self)
         self._warn_uncoordinated()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
-                       self._resume_note, self.hangs.max_step, self.hangs.status)
+                       self._resume_note, self.hangs.max_step, self.hangs.status, self._busy_devices, self._health)
         cluster = ClusterHooks(self.reset.hold, self._request_exit)
         # first_attempt > 0 when it joined a running elastic job
         supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster, sync=self.sync.coordinator,
@@ -300,6 +302,30 @@ class Session:
         lines = [found.message, *found.traceback] if found is not None else []
         log_path = self.group.log_paths.get(rank)
         return "\n".join(lines + (tail_lines(log_path, FAILURE_TEXT_LINES) if log_path else []))
+
+    def _local_devices(self) -> List[int]:
+        return [d.device_id for d in self.ctx.topology.server.devices]
+
+    def _busy_devices(self, here: bool) -> Dict[int, List[str]]:
+        """This node's devices that other processes hold (``launcher.run.devicewait``)."""
+        from launcher.run.devicewait import busy_devices
+
+        return busy_devices(self._local_devices(), self.ctx.base_env, here)
+
+    def _health(self) -> Optional[str]:
+        """``--health-check`` before an attempt (None: fit); warns when the next save may not fit."""
+        from launcher.run import healthcheck
+
+        if self.opts.checkpoint_dir:
+            tight = healthcheck.checkpoint_space(self.opts.checkpoint_dir)
+            if tight is not None:
+                free, size, newest = tight
+                self.emit("checkpoint_space_low", free_bytes=free, last_save_bytes=size, last_save=newest)
+                log.warning("%s has %d MiB free, less than the newest save there (%s, %d MiB): the next save may "
+                            "not fit", self.opts.checkpoint_dir, free >> 20, newest, size >> 20)
+        if not self.opts.health_check:
+            return None
+        return healthcheck.run_health_check(self.opts.health_check, self._local_devices(), os.environ)
 
     def _request_exit(self) -> None:
         """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""

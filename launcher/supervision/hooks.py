@@ -8,7 +8,7 @@ implements both (``launcher.run.session``); unit tests build them from a few cal
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Protocol, Sequence
+from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
 from launcher.jobspec.rankenv import WorkerSpec
 
@@ -37,6 +37,13 @@ class Job(Protocol):
 
     def status(self) -> dict:
         """Merged into the control socket's ``status`` answer."""
+
+    def busy_devices(self, here: bool) -> Dict[int, List[str]]:
+        """This node's devices that other processes hold -> who holds them (empty: all free);
+        ``here``: also look for this container's processes (else only the node's device tool)."""
+
+    def health(self) -> Optional[str]:
+        """Before an attempt: why this node is unfit to run it (``--health-check``), or None."""
 
 
 class Cluster(Protocol):
@@ -68,6 +75,8 @@ class JobHooks:
     resume_note: Callable[[int], Optional[str]] = _no_note
     progress: Callable[[int], Optional[int]] = _unknown
     status: Callable[[], dict] = dict
+    busy_devices: Callable[[bool], Dict[int, List[str]]] = lambda here: {}
+    health: Callable[[], Optional[str]] = _unknown
 
 
 @dataclass

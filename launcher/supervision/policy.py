@@ -16,6 +16,8 @@ KILL_SETTLE_SECONDS = 5.0
 #: The launcher's exit status when the job cannot progress (the same start-up failure twice,
 #: ``--max-no-progress-restarts``, the budget spent at one step): a scheduler's "do not requeue".
 NO_PROGRESS_EXIT_CODE = 93
+#: The launcher's exit status when this node failed its health check: reschedule the pod elsewhere.
+NODE_FAULT_EXIT_CODE = 94
 
 #: An attempt that ran this long before failing was healthy: the restart after it is immediate and
 #: the backoff starts afresh (Kubernetes resets CrashLoopBackOff after 10 minutes; a training job
@@ -45,6 +47,9 @@ class RestartPolicy:
         max_no_progress_restarts: End the job after this many restarts in a row that reached no
             higher heartbeat step than the attempts before (0: off).
         no_progress_exit_code: The exit status when the job ends because it cannot progress.
+        device_wait_timeout: Longest wait, before an attempt, while other processes hold this
+            node's devices (0: no wait, no look).
+        node_fault_exit_code: The exit status when the node's health check fails.
     """
 
     max_restarts: int = 0
@@ -60,6 +65,8 @@ class RestartPolicy:
     healthy_seconds: float = HEALTHY_SECONDS
     max_no_progress_restarts: int = 0
     no_progress_exit_code: int = NO_PROGRESS_EXIT_CODE
+    device_wait_timeout: float = 0.0
+    node_fault_exit_code: int = NODE_FAULT_EXIT_CODE
 
     def restart_delay(self, quick_failures: int) -> float:
         """Seconds to wait before a restart, after ``quick_failures`` attempts in a row that failed
@@ -164,7 +171,8 @@ class RunResult:
             exit``, reset.json), ``cluster-timeout`` (the cluster never let the ranks restart), ``no-progress``
             (``--max-no-progress-restarts`` restarts in a row reached no higher step, or the budget was
             spent without a higher step), ``deterministic`` (two attempts in a row failed before their
-            first step with the same error of a deterministic kind: ``launcher.supervision.causes``) or
+            first step with the same error of a deterministic kind: ``launcher.supervision.causes``),
+            ``node-fault`` (the node's health check failed before an attempt) or
             ``sync-timeout`` (another node never reached a ``--sync-dir`` barrier).
         attempts: Attempts started.
         failures: Every rank failure, in order (first of each attempt).

@@ -36,6 +36,9 @@ Emit = Callable[..., object]
 #: Stop signals that mean "the pod is going away": they trigger the dying gasp.
 GASP_TRIGGERS = (signal.SIGTERM, signal.SIGHUP)
 
+#: Seconds between two looks at this node's devices while another process holds one.
+DEVICE_POLL_SECONDS = 0.5
+
 
 class Phase(enum.Enum):
     """What the loop is doing when an event comes: the first key of the dispatch table."""
@@ -118,6 +121,7 @@ class Supervisor:
                                        self._stop, self._idle_event)
         self.attempt_no = first_attempt  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
+        self._unclean = True  # processes outside the last attempt's control may hold devices (or no attempt yet)
         self._handlers = self._table()
 
     @property
@@ -164,6 +168,11 @@ class Supervisor:
         """Run attempts until the job ends; returns how it ended."""
         failed_ranks, attempts, attempt = (), 0, None
         while self._final is None and self.outside.wait_for_cluster():
+            unfit = self._check_node(attempts)
+            if unfit is not None:
+                return self._finish(unfit)
+            if not self._wait_for_devices():
+                break
             attempt = self._run_attempt(self.attempt_no, failed_ranks)
             attempts += 1
             if self._final is not None:
@@ -181,6 +190,45 @@ class Supervisor:
             failed_ranks = agreed.failed_ranks  # every node's, with --sync-dir
             self._restart(attempt, agreed.membership)
         return self._finish(self._final_result(attempts, attempt))
+
+    def _check_node(self, attempts: int) -> Optional[RunResult]:
+        """The node's health check before an attempt: a failure ends this node's part."""
+        why = self.job.health()
+        if why is None:
+            return None
+        code = self.policy.node_fault_exit_code
+        self.emit("health_check_failed", attempt=self.attempt_no, reason=why, exit_code=code)
+        log.error("the node's health check failed before attempt %d (%s): ending this node's part with exit %d, "
+                  "for the cluster to reschedule it", self.attempt_no, why, code)
+        return RunResult(code, "node-fault", attempts, tuple(self.failures))
+
+    def _wait_for_devices(self) -> bool:
+        """Before an attempt: wait (bounded) while other processes hold this node's devices; False
+        when the run ends meanwhile. Past the timeout the ranks start anyway (and fail if the device
+        is really taken: the failure policy takes over)."""
+        timeout = self.policy.device_wait_timeout
+        # This container's processes are looked for only where they may be (before the first attempt,
+        # after one that left processes behind): ensure_gone proved the others gone.
+        busy = self.job.busy_devices(self._unclean) if timeout else {}
+        if not busy:
+            return True
+        started = self.clock()
+        holders = {str(d): h for d, h in sorted(busy.items())}
+        self.emit("device_wait", attempt=self.attempt_no, devices=sorted(busy), holders=holders, timeout=timeout)
+        log.info("waiting for device(s) %s, still held by another process (%s), up to %.0f s",
+                 ", ".join(map(str, sorted(busy))), "; ".join(f"{d}: {', '.join(h)}" for d, h in holders.items()),
+                 timeout)
+        deadline = started + timeout
+        while busy and self.clock() < deadline:
+            if not self._wait_quietly(min(DEVICE_POLL_SECONDS, deadline - self.clock())):
+                break
+            busy = self.job.busy_devices(True)
+        self.emit("device_wait_end", attempt=self.attempt_no, seconds=round(self.clock() - started, 3),
+                  free=not busy)
+        if busy and self._final is None:
+            log.warning("device(s) %s still held after %.0f s: starting the ranks anyway",
+                        ", ".join(map(str, sorted(busy))), timeout)
+        return self._final is None
 
     def _failure_texts(self, attempt: _Attempt) -> Dict[int, str]:
         """What each local rank that exited non-zero wrote last (the failing rank first), for the
@@ -239,7 +287,9 @@ class Supervisor:
         while not attempt.finished:
             self._dispatch(Phase.RUNNING, attempt, self.group.wait_event(None))
         leftovers = self.group.ensure_gone(KILL_SETTLE_SECONDS)
-        report_escaped(self.emit, self.group.take_escaped(), attempt=number)
+        escaped = self.group.take_escaped()
+        report_escaped(self.emit, escaped, attempt=number)
+        self._unclean = bool(leftovers or escaped)
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)
