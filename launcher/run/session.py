@@ -29,8 +29,8 @@ from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.metrics import Metrics
-from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, standby_pool,
-                                  taskd_rank_env)
+from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
+                                  standby_pool, taskd_rank_env)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
@@ -41,9 +41,6 @@ if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first r
     from launcher.restore.plan import RestorePlan
 
 log = logging.getLogger(__name__)
-
-#: Lines of a failed rank's log the restart policy reads for a known start-up cause.
-FAILURE_TEXT_LINES = 40
 
 
 class Session:
@@ -294,38 +291,17 @@ class Session:
             log.warning("restore plan: %s", warning)
 
     def _failure_text(self, attempt: int, rank: int) -> str:
-        """What a failed rank wrote last: its error file's exception, then its log's last lines (bounded)."""
-        from launcher.monitoring.errorfile import read_error_file
-        from launcher.supervision.output import tail_lines
-
-        found = read_error_file(error_file_path(self.log_session, attempt, rank))
-        lines = [found.message, *found.traceback] if found is not None else []
-        log_path = self.group.log_paths.get(rank)
-        return "\n".join(lines + (tail_lines(log_path, FAILURE_TEXT_LINES) if log_path else []))
-
-    def _local_devices(self) -> List[int]:
-        return [d.device_id for d in self.ctx.topology.server.devices]
+        return failure_text(self.log_session, attempt, rank, self.group.log_paths.get(rank))
 
     def _busy_devices(self, here: bool) -> Dict[int, List[str]]:
-        """This node's devices that other processes hold (``launcher.run.devicewait``)."""
         from launcher.run.devicewait import busy_devices
 
-        return busy_devices(self._local_devices(), self.ctx.base_env, here)
+        return busy_devices([d.device_id for d in self.ctx.topology.server.devices], self.ctx.base_env, here)
 
     def _health(self) -> Optional[str]:
-        """``--health-check`` before an attempt (None: fit); warns when the next save may not fit."""
-        from launcher.run import healthcheck
+        from launcher.run.healthcheck import node_health
 
-        if self.opts.checkpoint_dir:
-            tight = healthcheck.checkpoint_space(self.opts.checkpoint_dir)
-            if tight is not None:
-                free, size, newest = tight
-                self.emit("checkpoint_space_low", free_bytes=free, last_save_bytes=size, last_save=newest)
-                log.warning("%s has %d MiB free, less than the newest save there (%s, %d MiB): the next save may "
-                            "not fit", self.opts.checkpoint_dir, free >> 20, newest, size >> 20)
-        if not self.opts.health_check:
-            return None
-        return healthcheck.run_health_check(self.opts.health_check, self._local_devices(), os.environ)
+        return node_health(self.opts, [d.device_id for d in self.ctx.topology.server.devices], self.emit)
 
     def _request_exit(self) -> None:
         """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""

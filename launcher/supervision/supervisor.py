@@ -10,12 +10,10 @@ Every event the loop waits for goes through one dispatch table keyed by the loop
 running, ranks being stopped, no ranks) and the event's type (:meth:`Supervisor._table`).
 """
 
-import enum
 import logging
 import signal
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional
 
 from launcher.supervision.debugging import DebugConsole
 from launcher.supervision.hooks import Cluster, ClusterHooks, Job
@@ -26,6 +24,8 @@ from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event
                                             SignalReceived)
 from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
                                          RestartPolicy, RunResult)
+from launcher.supervision.phases import Phase, Stopping as _Stopping
+from launcher.supervision.preflight import Preflight
 from launcher.supervision.restarts import Restarts
 from launcher.supervision.states import Worker, WorkerState
 
@@ -35,54 +35,6 @@ Emit = Callable[..., object]
 
 #: Stop signals that mean "the pod is going away": they trigger the dying gasp.
 GASP_TRIGGERS = (signal.SIGTERM, signal.SIGHUP)
-
-#: Seconds between two looks at this node's devices while another process holds one.
-DEVICE_POLL_SECONDS = 0.5
-
-
-class Phase(enum.Enum):
-    """What the loop is doing when an event comes: the first key of the dispatch table."""
-
-    RUNNING = "running"    # an attempt's ranks run
-    STOPPING = "stopping"  # the launcher stops them: signal sent, deadline running
-    IDLE = "idle"          # no ranks: backoff, the cluster's hold, a barrier
-
-
-@dataclass
-class _Stopping:
-    """One stop of an attempt's ranks, while it lasts.
-
-    Attributes:
-        attempt: The attempt.
-        workers: The ranks being stopped.
-        signum: The stop signal.
-        late: Auxiliary processes (the MindSpore scheduler, rank < 0) signalled once the ranks exited.
-        spared: Ranks at a debugger prompt: no deadline for them.
-        deadline: Monotonic time of the SIGKILL (or, once killed, of giving up on the exits).
-        killed: SIGKILL was sent.
-    """
-
-    attempt: _Attempt
-    workers: List[Worker]
-    signum: int
-    late: List[Worker]
-    spared: Set[int]
-    deadline: float
-    killed: bool = False
-
-    @property
-    def over(self) -> bool:
-        """Every rank of the stop has exited (or was given up on)."""
-        return not any(w.state is WorkerState.STOPPING for w in self.workers)
-
-    def left(self) -> List[Worker]:
-        """Ranks still stopping that the deadline applies to."""
-        return [w for w in self.workers if w.state is WorkerState.STOPPING and w.rank not in self.spared]
-
-    def wait(self) -> Optional[float]:
-        """How long to wait for the next event: until the deadline; no deadline for a rank at a
-        debugger prompt (it ends when the user quits it)."""
-        return max(0.0, self.deadline - time.monotonic()) if self.left() or self.killed else None
 
 
 Handler = Callable[[object, Optional[Event]], None]
@@ -122,6 +74,7 @@ class Supervisor:
         self.attempt_no = first_attempt  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
         self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self._unclean = True  # processes outside the last attempt's control may hold devices (or no attempt yet)
+        self.preflight = Preflight(job, policy, emit, clock, self._wait_quietly)
         self._handlers = self._table()
 
     @property
@@ -168,10 +121,10 @@ class Supervisor:
         """Run attempts until the job ends; returns how it ended."""
         failed_ranks, attempts, attempt = (), 0, None
         while self._final is None and self.outside.wait_for_cluster():
-            unfit = self._check_node(attempts)
+            unfit = self.preflight.unfit(self.attempt_no, attempts, self.failures)
             if unfit is not None:
                 return self._finish(unfit)
-            if not self._wait_for_devices():
+            if not self.preflight.devices_free(self.attempt_no, self._unclean):
                 break
             attempt = self._run_attempt(self.attempt_no, failed_ranks)
             attempts += 1
@@ -190,45 +143,6 @@ class Supervisor:
             failed_ranks = agreed.failed_ranks  # every node's, with --sync-dir
             self._restart(attempt, agreed.membership)
         return self._finish(self._final_result(attempts, attempt))
-
-    def _check_node(self, attempts: int) -> Optional[RunResult]:
-        """The node's health check before an attempt: a failure ends this node's part."""
-        why = self.job.health()
-        if why is None:
-            return None
-        code = self.policy.node_fault_exit_code
-        self.emit("health_check_failed", attempt=self.attempt_no, reason=why, exit_code=code)
-        log.error("the node's health check failed before attempt %d (%s): ending this node's part with exit %d, "
-                  "for the cluster to reschedule it", self.attempt_no, why, code)
-        return RunResult(code, "node-fault", attempts, tuple(self.failures))
-
-    def _wait_for_devices(self) -> bool:
-        """Before an attempt: wait (bounded) while other processes hold this node's devices; False
-        when the run ends meanwhile. Past the timeout the ranks start anyway (and fail if the device
-        is really taken: the failure policy takes over)."""
-        timeout = self.policy.device_wait_timeout
-        # This container's processes are looked for only where they may be (before the first attempt,
-        # after one that left processes behind): ensure_gone proved the others gone.
-        busy = self.job.busy_devices(self._unclean) if timeout else {}
-        if not busy:
-            return True
-        started = self.clock()
-        holders = {str(d): h for d, h in sorted(busy.items())}
-        self.emit("device_wait", attempt=self.attempt_no, devices=sorted(busy), holders=holders, timeout=timeout)
-        log.info("waiting for device(s) %s, still held by another process (%s), up to %.0f s",
-                 ", ".join(map(str, sorted(busy))), "; ".join(f"{d}: {', '.join(h)}" for d, h in holders.items()),
-                 timeout)
-        deadline = started + timeout
-        while busy and self.clock() < deadline:
-            if not self._wait_quietly(min(DEVICE_POLL_SECONDS, deadline - self.clock())):
-                break
-            busy = self.job.busy_devices(True)
-        self.emit("device_wait_end", attempt=self.attempt_no, seconds=round(self.clock() - started, 3),
-                  free=not busy)
-        if busy and self._final is None:
-            log.warning("device(s) %s still held after %.0f s: starting the ranks anyway",
-                        ", ".join(map(str, sorted(busy))), timeout)
-        return self._final is None
 
     def _failure_texts(self, attempt: _Attempt) -> Dict[int, str]:
         """What each local rank that exited non-zero wrote last (the failing rank first), for the
