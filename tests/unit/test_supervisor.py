@@ -73,7 +73,8 @@ def specs_for(n: int):
 
 def supervisor(group, build, policy, emit, hold=None, **kwargs):
     """A Supervisor whose job is ``build`` plus the job hooks in ``kwargs`` (the rest: its own arguments)."""
-    hooks = {k: kwargs.pop(k) for k in ("resume_note", "progress", "status", "failure_text") if k in kwargs}
+    hooks = {k: kwargs.pop(k) for k in ("resume_note", "progress", "status", "failure_text", "busy_devices", "health")
+             if k in kwargs}
     return Supervisor(group, JobHooks(build, **hooks), policy, emit, cluster=ClusterHooks(hold=hold or (lambda: None)),
                       **kwargs)
 
