@@ -32,6 +32,7 @@ RANKS = "Where the ranks come from"
 LOCAL = "Local runs, torchrun style (no rank table)"
 COMMAND = "How COMMAND runs"
 SUPERVISION = "Supervision and restarts"
+FAILURES = "Failures before the ranks run"
 HANGS = "Hangs and stragglers"
 LOGS = "Logs and state"
 DEBUG = "Debugging a rank"
@@ -39,7 +40,7 @@ RESTORE = "Restore from checkpoints"
 CLUSTER = "Cluster integration (MindCluster, several machines)"
 OTHER = "Other options"
 #: ``launcher run --help`` shows the sections in this order.
-SECTIONS = (RANKS, LOCAL, COMMAND, SUPERVISION, HANGS, LOGS, DEBUG, RESTORE, CLUSTER, OTHER)
+SECTIONS = (RANKS, LOCAL, COMMAND, SUPERVISION, FAILURES, HANGS, LOGS, DEBUG, RESTORE, CLUSTER, OTHER)
 
 
 # --------------------------------------------------------------------------- callbacks (checked at parse time)
@@ -151,6 +152,18 @@ ROWS: Tuple[Row, ...] = (
          "(0: no cap).", kwargs=dict(metavar="MIB")),
     _own("max_restarts", _INT0, 0, SUPERVISION, "Restart the ranks of this machine up to N times after one fails.",
          torchrun="--max-restarts"),
+    _own("no_progress_exit_code", click.IntRange(min=1, max=255), 93, FAILURES,
+         "Exit status when the job cannot progress: the same start-up error twice in a row, "
+         "--max-no-progress-restarts, or the restart budget spent without a higher step (for a Volcano "
+         "policy exitCode -> AbortJob or a podFailurePolicy; docs/failures.md)."),
+    _own("device_wait_timeout", _FLOAT0, 60.0, FAILURES,
+         "Before a rank starts: wait up to this many seconds while another process holds its NPU "
+         "(/dev/davinciN open, or listed by npu-smi); then start anyway (0: do not wait)."),
+    _own("health_check", None, None, FAILURES,
+         "Run CMD (a shell command) before each attempt, with LAUNCHER_DEVICES set to the node's "
+         "devices; a non-zero exit ends the node's part with --node-fault-exit-code.", kwargs=dict(metavar="CMD")),
+    _own("node_fault_exit_code", click.IntRange(min=1, max=255), 94, FAILURES,
+         "Exit status when --health-check fails: the node is faulty, reschedule the pod elsewhere."),
     _own("restart_backoff", _FLOAT0, 0.5, SUPERVISION,
          "Crash-loop backoff: a restart is immediate, unless the attempt before it also failed "
          "within 60 s of its start; then the delay starts at this many seconds and doubles."),

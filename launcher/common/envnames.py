@@ -48,6 +48,8 @@ PYTHONPATH = "PYTHONPATH"
 LAUNCHER_PY_SPY = "LAUNCHER_PY_SPY"  # read: the py-spy for hang dumps; empty: use faulthandler only
 LAUNCHER_IMPORTS_FILE = "LAUNCHER_IMPORTS_FILE"  # --preload auto: where the ranks record their imports
 LAUNCHER_HEARTBEAT_FILE = "LAUNCHER_HEARTBEAT_FILE"  # --heartbeat-timeout: the rank's heartbeat slot (mmap'd)
+LAUNCHER_DEV_DIR = "LAUNCHER_DEV_DIR"  # read: where the davinci<N> device files are (default /dev)
+LAUNCHER_DEVICES = "LAUNCHER_DEVICES"  # set for --health-check: this node's device ids, comma-separated
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------
 MS_ROLE = "MS_ROLE"

@@ -52,6 +52,10 @@ class RunOptions:
     heartbeat_initial_timeout: Optional[float] = None
     section_timeout: Tuple[Tuple[str, float], ...] = ()
     max_no_progress_restarts: int = 0
+    no_progress_exit_code: int = 93
+    device_wait_timeout: float = 60.0
+    health_check: Optional[str] = None
+    node_fault_exit_code: int = 94
     straggler_threshold: float = 0.0
     gasp_timeout: Optional[float] = None
     termination_grace_period: float = 30.0

@@ -5,7 +5,8 @@ run). Every instant of it belongs to exactly one part, so the parts always add u
 sweep over the events in file order moves one "current part" along (``startup`` until every rank of
 attempt 0 is spawned; ``detection`` from a failed rank's exit until the launcher recorded it;
 ``stopping`` until ``attempt_end``; ``restarting`` until the next attempt's ranks are spawned;
-``waiting`` during a cluster hold); the time the ranks then run is split afterwards by what the
+``waiting`` during a cluster hold; ``device_wait`` while another process held one of this node's
+devices before the ranks could start); the time the ranks then run is split afterwards by what the
 launcher measured of them, never more:
 
 * with step beats (``step_first``, ``heartbeat`` with a step): start-up / restarting until the
@@ -25,7 +26,8 @@ from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from launcher.common.inputrecords import INT, INTS, NUMBER, OR_NONE, TEXT, JsonLines, typed
 
-PARTS = ("productive", "unknown", "startup", "detection", "hung", "stopping", "restarting", "recomputed", "waiting")
+PARTS = ("productive", "unknown", "startup", "detection", "hung", "stopping", "restarting", "recomputed", "waiting",
+         "device_wait")
 #: The parts during which the ranks may have been training: time lost ends where one begins.
 RUNNING = ("productive", "unknown", "recomputed")
 
@@ -280,7 +282,7 @@ def compute(events: Iterable[dict], now: Optional[float] = None) -> Goodput:
 _STEP_EVENTS = frozenset(("heartbeat", "rank_exited", "step_first", "step_regained", "step_last"))
 _KINDS = _STEP_EVENTS | {"job_end", "stop", "attempt_start", "rank_spawned", "stop_group", "gasp", "attempt_end",
                          "restart", "cluster_hold", "cluster_hold_end", "restore_plan", "rank_output",
-                         "hang_detected"}
+                         "hang_detected", "device_wait", "device_wait_end"}
 
 
 def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float) -> None:
@@ -322,6 +324,11 @@ def _step(sweep: _Sweep, failures: List[Failure], ev: dict, kind: str, ts: float
         sweep.held_from = sweep.part
         sweep.to("waiting", ts)
     elif kind == "cluster_hold_end" and sweep.part == "waiting":
+        sweep.to(sweep.held_from, ts)
+    elif kind == "device_wait" and sweep.part not in ("waiting", "device_wait"):
+        sweep.held_from = sweep.part
+        sweep.to("device_wait", ts)
+    elif kind == "device_wait_end" and sweep.part == "device_wait":
         sweep.to(sweep.held_from, ts)
 
 

@@ -103,7 +103,7 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
            "attempt": attempt, "restarts_left": seen.restarts_left,
            "ranks": _ranks(state, seen, attempt, now, os.path.join(run_dir, HEARTBEAT_DIR)),
            "stragglers": sorted(seen.stragglers), "restore_plan": _bare(seen.plan),
-           "cluster": {"hold": seen.hold, "update": _bare(seen.update)},
+           "cluster": {"hold": seen.hold, "update": _bare(seen.update)}, "device_wait": seen.device_wait,
            "standbys": _standbys(seen, state) if live else [], "now": now,
            "events_skipped": skipped, "events_unreadable": unreadable}
     good = goodput_mod.compute(events, now=now if live else None)
@@ -120,6 +120,7 @@ class _Seen:
         stragglers: Ranks named in ``attempt``'s ``straggler`` events.
         plan: The newest ``restore_plan``; update: the newest ``cluster_update``.
         hold: The reason of a ``cluster_hold`` not ended yet.
+        device_wait: A ``device_wait`` not ended yet (the held devices and their holders).
         restarts_left: From the newest ``restart``, else ``start``'s ``max_restarts``.
         standbys: rank -> its newest ``standby_ready`` (``--preload``).
     """
@@ -129,7 +130,7 @@ class _Seen:
         self.beats: Dict[int, dict] = {}
         self.stragglers: set = set()
         self.standbys: Dict[int, dict] = {}
-        self.plan = self.update = self.hold = self.restarts_left = None
+        self.plan = self.update = self.hold = self.restarts_left = self.device_wait = None
         for ev in events:
             kind = ev.get("event")
             if kind == "heartbeat":
@@ -145,6 +146,8 @@ class _Seen:
                 self.standbys[ev.get("rank")] = ev
             elif kind in ("cluster_hold", "cluster_hold_end"):
                 self.hold = ev.get("reason") if kind == "cluster_hold" else None
+            elif kind in ("device_wait", "device_wait_end"):
+                self.device_wait = _bare(ev) if kind == "device_wait" else None
             elif kind == "start" or (kind == "restart" and "restarts_left" in ev):
                 self.restarts_left = ev.get("max_restarts" if kind == "start" else "restarts_left")
 
@@ -217,6 +220,9 @@ def format_status(doc: dict) -> List[str]:
     lines.append(f"cluster: {'HOLD: ' + str(cluster['hold']) if cluster['hold'] else 'no hold'}"
                  + (f"; faulty local ranks {update.get('newly_faulty_local')}" if update.get("newly_faulty_local")
                     else ""))
+    if doc.get("device_wait"):
+        lines.append(f"waiting for device(s) {doc['device_wait'].get('devices')}, held by "
+                     f"{doc['device_wait'].get('holders')}")
     lines.append(f"{'rank':>5} {'pid':>8} {'proc':>4} {'state':<10} {'exit':>5} {'heartbeat':>10} {'step':>8}")
     for row in doc["ranks"]:
         age = "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago"

@@ -26,12 +26,13 @@ from launcher.monitoring import goodput as goodput_mod
 WIDTH, LEFT, RIGHT, ROW, LANE = 1300, 190, 20, 22, 18
 COLORS = {"productive": "#2e7d32", "unknown": "url(#unknown)", "startup": "#90caf9", "detection": "#f0a030",
           "hung": "#b0417a", "stopping": "#e07b53", "restarting": "#8e6cc7", "recomputed": "#d4b82a",
-          "waiting": "#a1887f"}
+          "waiting": "#a1887f", "device_wait": "#607d8b"}
 MEANING = {"productive": "training (step beats)", "unknown": "running; training or not cannot be told",
            "startup": "spawn to first output / first step", "detection": "exit to the launcher noticing it",
            "hung": "a hung rank's last output to its detection", "stopping": "stopping the ranks",
            "restarting": "decision, backoff, spawn, the ranks' start-up", "recomputed": "re-running lost steps",
-           "waiting": "cluster held the restart"}
+           "waiting": "cluster held the restart",
+           "device_wait": "another process held a device"}
 ENDS = ("failed", "stopped", "succeeded", "running")
 Span = Tuple[str, float, float]
 

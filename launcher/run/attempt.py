@@ -8,7 +8,7 @@ run shows exactly what a start would give each rank.
 
 import logging
 import os
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from launcher.supervision import debugging
 from launcher.common import envnames
@@ -20,6 +20,8 @@ from launcher.common.rundir import CONTROL_SOCKET
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, worker_specs
 
 PLAN_FILE = "restore_plan.json"
+#: Lines of a failed rank's log the restart policy reads for a known start-up cause.
+FAILURE_TEXT_LINES = 40
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,17 @@ def hang_rules(opts: RunOptions) -> HangRules:
 def error_file_path(log_session: str, attempt: int, rank: int) -> str:
     """Where rank ``rank`` of ``attempt`` finds ``TORCHELASTIC_ERROR_FILE`` (torch's ``@record`` writes it)."""
     return os.path.join(log_session, f"attempt_{attempt}", f"rank_{rank}_error.json")
+
+
+def failure_text(log_session: str, attempt: int, rank: int, log_path: Optional[str]) -> str:
+    """What a failed rank wrote last, for the restart policy's causes: its error file's exception,
+    then its log's last ``FAILURE_TEXT_LINES`` lines (both reads bounded)."""
+    from launcher.monitoring.errorfile import read_error_file
+    from launcher.supervision.output import tail_lines
+
+    found = read_error_file(error_file_path(log_session, attempt, rank))
+    lines = [found.message, *found.traceback] if found is not None else []
+    return "\n".join(lines + (tail_lines(log_path, FAILURE_TEXT_LINES) if log_path else []))
 
 
 def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):

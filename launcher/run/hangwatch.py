@@ -3,11 +3,15 @@
 Off unless ``--heartbeat-timeout``, ``--heartbeat-initial-timeout`` or ``--section-timeout`` is given.
 On a timer in the supervisor's event loop it reads each local rank's heartbeat slot (written by
 ``launcher_heartbeat``) and the size of its log (output is progress too, for scripts that never beat),
-and judges each rank with :func:`launcher.monitoring.heartbeats.judge`. The first hung rank of an
-attempt is reported (``hang_detected``), every local rank's stacks are dumped (``stacks_dumped``,
+and judges each rank still running with :func:`launcher.monitoring.heartbeats.judge`: a rank that has
+exited (even with 0, long before the others) or that the launcher is stopping is never hung. A hung
+rank is reported (``hang_detected``), every local rank's stacks are dumped (``stacks_dumped``,
 :class:`launcher.run.stackdump.StackDump`), and only then is a ``RankHung`` posted to the loop: the
 supervisor kills that rank, and its failure is handled like a crash (restart within the budget, the
-rank planned as faulty). Policy stays in the supervisor; this module only observes and reports.
+rank planned as faulty). Each rank is reported at most once per spawn, and every hang of an attempt
+is reported, not only its first: a rank respawned in place, or a second rank that hangs while the
+first one's failure is handled in place, is watched again. Policy stays in the supervisor; this
+module only observes and reports.
 
 It also records the steps the slots show, for the goodput's recomputed steps
 (``launcher.monitoring.goodput``): ``step_first`` (an attempt's first beat with a step), ``step_regained``
@@ -52,7 +56,9 @@ class HangWatch(Integration):
         self.attempt: Optional[int] = None
         self.spawned: Dict[int, float] = {}      # rank -> when spawned (monotonic)
         self.output: Dict[int, tuple] = {}       # rank -> (log size, when it last grew)
-        self.reported = False                    # this attempt's hang is being handled
+        self.settled: Set[int] = set()           # ranks exited or being stopped: never hung
+        self.reported: Set[int] = set()          # ranks reported hung since their spawn
+        self.dumping = False                     # a hang's stack dump is running
         self.steps: Dict[int, int] = {}          # attempt -> highest step a rank reported
         self.history: Dict[int, Deque[Tuple[float, int]]] = {}  # rank -> recent (time, step)
         self.named: Set[int] = set()             # ranks already named stragglers this attempt
@@ -73,7 +79,8 @@ class HangWatch(Integration):
         if self.host is None:
             return
         if event == "attempt_start":
-            self.attempt, self.spawned, self.output, self.reported = fields["attempt"], {}, {}, False
+            self.attempt, self.spawned, self.output = fields["attempt"], {}, {}
+            self.settled, self.reported, self.dumping = set(), set(), False
             self.history, self.named = {}, set()
             self.first_step, self.regain = False, self.steps.get(self.attempt - 1)
             for path in glob.glob(os.path.join(self.directory, "rank_*")):  # the last attempt's slots
@@ -82,6 +89,12 @@ class HangWatch(Integration):
             rank = fields["rank"]
             self.spawned[rank] = self.clock()
             self.output[rank] = (self._log_size(rank), 0.0)  # what the log held before is not progress
+            self.settled.discard(rank)  # respawned in place: watched afresh
+            self.reported.discard(rank)
+        elif event == "rank_exited":
+            self.settled.add(fields["rank"])
+        elif event == "stop_group":  # stopping has its own deadline (then SIGKILL): not a hang
+            self.settled.update(fields["ranks"])
         elif event == "attempt_end":
             beats = self._read_steps()
             self._record_steps(beats)
@@ -112,13 +125,15 @@ class HangWatch(Integration):
 
     def _tick(self) -> None:
         self._timer = self.host.group.call_later(TICK, self._tick)
-        if self.attempt is None or self.reported:
+        if self.attempt is None or self.dumping:
             return
         now = self.clock()
         beats = self._read_steps()
         self._record_steps(beats)
         hung = {}
         for rank, spawned in self.spawned.items():
+            if rank in self.settled or rank in self.reported:
+                continue
             why = judge(self.rules, spawned, beats[rank], self._output_at(rank, now), now)
             if why is not None:
                 hung[rank] = why
@@ -189,7 +204,7 @@ class HangWatch(Integration):
             return None
 
     def _report(self, hung: Dict[int, str], beats: Dict[int, Optional[Beat]]) -> None:
-        self.reported = True
+        self.dumping = True
         rank = min(hung)
         beat = beats.get(rank)
         attempt = self.attempt
@@ -215,6 +230,10 @@ class HangWatch(Integration):
                            seconds=round(self.clock() - started, 3), diagnosis=diagnosis, failing_rank=culprit)
             for line in diagnosis:
                 log.warning("  %s", line)
+            if attempt != self.attempt:  # the attempt ended during the dump: its ranks are gone
+                return
+            self.dumping = False
+            self.reported.add(culprit)
             self.host.group.post(RankHung(culprit, hung[culprit], tuple(diagnosis)))
 
         StackDump(self.host.group, pids, handlers, out, self.directory, DUMP_TIMEOUT, dumped)

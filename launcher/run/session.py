@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from launcher.supervision import console as console_mod
 from launcher.common import envnames
@@ -30,11 +30,12 @@ from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.outputwatch import OutputWatch
-from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, standby_pool,
-                                  taskd_rank_env)
+from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
+                                  standby_pool, taskd_rank_env)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
+from launcher.supervision.hooks import ClusterHooks, JobHooks
 from launcher.supervision.supervisor import Supervisor
 
 if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
@@ -157,15 +158,18 @@ class Session:
                                self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
                                self.gasp_gate.try_save, strategy, self._in_place_supported(),
                                backoff_max=self.opts.restart_backoff_max,
-                               max_no_progress_restarts=self.opts.max_no_progress_restarts)
+                               max_no_progress_restarts=self.opts.max_no_progress_restarts,
+                               no_progress_exit_code=self.opts.no_progress_exit_code,
+                               device_wait_timeout=self.opts.device_wait_timeout,
+                               node_fault_exit_code=self.opts.node_fault_exit_code)
         self.integrations.start(self)
         self._warn_uncoordinated()
-        supervisor = Supervisor(self.group, self._specs_for, policy, self.emit, self._on_spawned,
-                                lambda rank: self.group.log_paths.get(rank),
-                                lambda: gasp_mod.write_graceful_exit(self.graceful_exit_file, 1), self.reset.hold,
-                                self.sync.coordinator, resume_note=self._resume_note, debug=self.debug,
-                                progress=self.hangs.max_step, status=self.hangs.status)
-        supervisor.attempt_no = self.sync.first_generation  # > 0 when it joined a running elastic job
+        job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
+                       self._resume_note, self.hangs.max_step, self.hangs.status, self._busy_devices, self._health)
+        cluster = ClusterHooks(self.reset.hold, self._request_exit)
+        # first_attempt > 0 when it joined a running elastic job
+        supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster, sync=self.sync.coordinator,
+                                debug=self.debug, first_attempt=self.sync.first_generation)
         try:
             result = supervisor.run()
         except Exception:
@@ -313,6 +317,23 @@ class Session:
         for warning in plan.warnings:
             log.warning("restore plan: %s", warning)
 
+    def _failure_text(self, attempt: int, rank: int) -> str:
+        return failure_text(self.log_session, attempt, rank, self.group.log_paths.get(rank))
+
+    def _busy_devices(self, here: bool) -> Dict[int, List[str]]:
+        from launcher.run.devicewait import busy_devices
+
+        return busy_devices([d.device_id for d in self.ctx.topology.server.devices], self.ctx.base_env, here)
+
+    def _health(self) -> Optional[str]:
+        from launcher.run.healthcheck import node_health
+
+        return node_health(self.opts, [d.device_id for d in self.ctx.topology.server.devices], self.emit)
+
+    def _request_exit(self) -> None:
+        """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""
+        gasp_mod.write_graceful_exit(self.graceful_exit_file, 1)
+
     def _resume_note(self, attempt: int) -> str:
         plan = self.plans.get(attempt)
         return resume_summary(plan) if plan is not None else "no restore plan (no --checkpoint-dir)"
@@ -334,7 +355,7 @@ class Session:
         self.emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
         if result.reason == "succeeded":
             log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
-        elif result.reason in ("failed", "no-progress"):
+        elif result.reason in ("failed", "no-progress", "deterministic"):
             error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
             for line in format_root_cause(result, error_file=error_file):
                 log.error("%s", line)

@@ -13,6 +13,12 @@ Wait = Callable[[float], bool]
 #: After SIGKILL, how long to wait for the kernel to report the exits before giving up on them.
 KILL_SETTLE_SECONDS = 5.0
 
+#: The launcher's exit status when the job cannot progress (the same start-up failure twice,
+#: ``--max-no-progress-restarts``, the budget spent at one step): a scheduler's "do not requeue".
+NO_PROGRESS_EXIT_CODE = 93
+#: The launcher's exit status when this node failed its health check: reschedule the pod elsewhere.
+NODE_FAULT_EXIT_CODE = 94
+
 #: An attempt that ran this long before failing was healthy: the restart after it is immediate and
 #: the backoff starts afresh (Kubernetes resets CrashLoopBackOff after 10 minutes; a training job
 #: that got through rendezvous and a minute of steps is past its start-up failures).
@@ -40,6 +46,10 @@ class RestartPolicy:
         healthy_seconds: An attempt that ran this long resets the streak of quick failures.
         max_no_progress_restarts: End the job after this many restarts in a row that reached no
             higher heartbeat step than the attempts before (0: off).
+        no_progress_exit_code: The exit status when the job ends because it cannot progress.
+        device_wait_timeout: Longest wait, before an attempt, while other processes hold this
+            node's devices (0: no wait, no look).
+        node_fault_exit_code: The exit status when the node's health check fails.
     """
 
     max_restarts: int = 0
@@ -54,6 +64,9 @@ class RestartPolicy:
     backoff_max: float = 0.0
     healthy_seconds: float = HEALTHY_SECONDS
     max_no_progress_restarts: int = 0
+    no_progress_exit_code: int = NO_PROGRESS_EXIT_CODE
+    device_wait_timeout: float = 0.0
+    node_fault_exit_code: int = NODE_FAULT_EXIT_CODE
 
     def restart_delay(self, quick_failures: int) -> float:
         """Seconds to wait before a restart, after ``quick_failures`` attempts in a row that failed
@@ -94,12 +107,13 @@ class NoProgress:
     stalled: int = 0
 
     def stuck_after(self, step: Optional[int]) -> bool:
-        """Count an ended attempt that reached ``step`` (None: unknown, not counted); True to end the job."""
-        if not self.limit or step is None:
+        """Count an ended attempt that reached ``step`` (None: unknown, not counted); True to end the job
+        (never without a limit: the count still tells whether a spent budget got anywhere)."""
+        if step is None:
             return False
         self.stalled = self.stalled + 1 if self.best is not None and step <= self.best else 0
         self.best = step if self.best is None else max(self.best, step)
-        return self.stalled >= self.limit
+        return bool(self.limit) and self.stalled >= self.limit
 
 
 @dataclass
@@ -155,7 +169,10 @@ class RunResult:
         reason: ``succeeded``, ``failed`` (budget spent, or the job failed on another node),
             ``signal``, ``gasp`` (dying gasp on prestop or SIGTERM), ``graceful-exit`` (``launcher
             exit``, reset.json), ``cluster-timeout`` (the cluster never let the ranks restart), ``no-progress``
-            (``--max-no-progress-restarts`` restarts in a row reached no higher step) or
+            (``--max-no-progress-restarts`` restarts in a row reached no higher step, or the budget was
+            spent without a higher step), ``deterministic`` (two attempts in a row failed before their
+            first step with the same error of a deterministic kind: ``launcher.supervision.causes``),
+            ``node-fault`` (the node's health check failed before an attempt) or
             ``sync-timeout`` (another node never reached a ``--sync-dir`` barrier).
         attempts: Attempts started.
         failures: Every rank failure, in order (first of each attempt).

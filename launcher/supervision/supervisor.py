@@ -2,24 +2,31 @@
 
 One attempt = start every local rank, wait for events, and end when all ranks succeeded, one failed
 (then stop the rest: SIGTERM to each main process, SIGKILL of the process groups at the deadline), or
-the launcher was told to stop. A failed attempt is restarted while the budget lasts; a restart starts
-only after every process of the previous attempt is gone.
+the launcher was told to stop. After each attempt the restart policy (:class:`Restarts`) decides:
+restart (within the budget, after its backoff) or end; a restart starts only after every process of
+the previous attempt is gone.
+
+Every event the loop waits for goes through one dispatch table keyed by the loop's phase (ranks
+running, ranks being stopped, no ranks) and the event's type (:meth:`Supervisor._table`).
 """
 
 import logging
 import signal
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 from launcher.supervision.debugging import DebugConsole
+from launcher.supervision.hooks import Cluster, ClusterHooks, Job
 from launcher.supervision.jobtree import report_escaped
-from launcher.supervision.requests import OutsideRequests
+from launcher.supervision.requests import OutsideRequests, RunState
 from launcher.supervision.loopevents import RankHung
 from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited,
                                             SignalReceived)
-from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoProgress, NoSync,
-                                         PeerUpdate, RestartPolicy, RunResult)
-from launcher.jobspec.rankenv import WorkerSpec
+from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
+                                         RestartPolicy, RunResult)
+from launcher.supervision.phases import Phase, Stopping as _Stopping
+from launcher.supervision.preflight import Preflight
+from launcher.supervision.restarts import Restarts
 from launcher.supervision.states import Worker, WorkerState
 
 log = logging.getLogger(__name__)
@@ -30,73 +37,101 @@ Emit = Callable[..., object]
 GASP_TRIGGERS = (signal.SIGTERM, signal.SIGHUP)
 
 
-class Supervisor(OutsideRequests):
+Handler = Callable[[object, Optional[Event]], None]
+
+
+class Supervisor:
     """Runs attempts until success, a spent budget, a stop signal, a dying gasp or an exit request.
 
     Args:
         group: The process-group mechanism.
-        specs_for: ``(attempt, ranks that failed in the previous attempt) -> specs``.
-        policy: Restart budget and timeouts.
+        job: Builds each attempt's ranks and reports on them (``launcher.supervision.hooks.Job``).
+        policy: Restart budget and timeouts; its decisions are :class:`Restarts`'.
         emit: ``emit(event_name, **fields)`` for events.jsonl.
-        on_spawned: Called with ``(attempt, {rank: pid})`` after each start (state file).
-        log_path: ``rank -> log file`` of the current attempt, for failure reports.
-        request_exit: Writes the graceful-exit request the ranks poll (``launcher exit``).
-        hold: ``() -> reason or None``: why the cluster forbids (re)starting ranks right now.
+        cluster: The reset.json hold and the graceful-exit request (default: no hold).
         sync: Restart generations shared with the other nodes (``launcher.cluster.sync.Coordinator``);
             default ``NoSync``: this node decides alone.
-        resume_note: ``attempt -> text``: what the ranks of a (re)start resume from, for the restart line.
-        clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
         debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
-        progress: ``attempt -> highest heartbeat step its ranks reached`` (None: unknown), for
-            ``policy.max_no_progress_restarts``.
-        status: ``() -> dict`` merged into the control socket's ``status`` answer (the stragglers).
+        clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
+        first_attempt: The first attempt's number (> 0 when joining a running elastic job).
     """
 
-    def __init__(self, group: ProcessGroup, specs_for: Callable[[int, Sequence[int]], Sequence[WorkerSpec]],
-                 policy: RestartPolicy, emit: Emit,
-                 on_spawned: Optional[Callable[[int, Dict[int, int]], None]] = None,
-                 log_path: Optional[Callable[[int], Optional[str]]] = None,
-                 request_exit: Optional[Callable[[], None]] = None,
-                 hold: Optional[Callable[[], Optional[str]]] = None, sync: Optional[NoSync] = None,
-                 resume_note: Optional[Callable[[int], str]] = None, clock: Callable[[], float] = time.monotonic,
-                 debug: Optional[DebugConsole] = None, progress: Callable[[int], Optional[int]] = lambda n: None,
-                 status: Callable[[], dict] = dict):
+    def __init__(self, group: ProcessGroup, job: Job, policy: RestartPolicy, emit: Emit, *,
+                 cluster: Optional[Cluster] = None, sync: Optional[NoSync] = None,
+                 debug: Optional[DebugConsole] = None, clock: Callable[[], float] = time.monotonic,
+                 first_attempt: int = 0):
         self.group = group
-        self.specs_for = specs_for
+        self.job = job
         self.policy = policy
         self.emit = emit
-        self.on_spawned = on_spawned or (lambda attempt, pids: None)
-        self.log_path = log_path or (lambda rank: None)
-        self.request_exit = request_exit or (lambda: None)
-        self.hold = hold or (lambda: None)
         self.sync = sync or NoSync()
-        self.resume_note = resume_note
         self.debug = debug
-        self.progress = progress
-        self.status = status
-        self._no_progress = NoProgress(policy.max_no_progress_restarts)
-        self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
         self.clock = clock
-        self._quick_failures = 0  # attempts in a row that failed before policy.healthy_seconds
-        self.failures: List[Failure] = []
-        self.restarts = 0  # group and in-place restarts after failures: the --max-restarts budget
-        self.attempt_no = 0  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
-        self._awaiting_recovery = False  # stopped for a fault: restart when the cluster says so
-        self._signal: Optional[int] = None      # first stop signal received
-        self._final: Optional[str] = None       # "signal" | "gasp" | "graceful-exit": no more restarts
-        self._waiters: List[ControlRequest] = []  # prestop / exit clients answered when the job ends
+        self.decide = Restarts(policy, emit)
+        self.state = RunState()
+        self.outside = OutsideRequests(self.state, policy, group, emit, job, cluster or ClusterHooks(), debug,
+                                       self._stop, self._idle_event)
+        self.attempt_no = first_attempt  # every (re)start, also cluster-directed ones: TORCHELASTIC_RESTART_COUNT
+        self._restart_note: Optional[str] = None  # said once the restart's specs (and plan) are known
+        self._unclean = True  # processes outside the last attempt's control may hold devices (or no attempt yet)
+        self.preflight = Preflight(job, policy, emit, clock, self._wait_quietly)
+        self._handlers = self._table()
+
+    @property
+    def restarts(self) -> int:
+        """Restarts after failures so far (the ``--max-restarts`` budget spent)."""
+        return self.decide.count
+
+    @property
+    def failures(self) -> List[Failure]:
+        """Every rank failure so far, in order."""
+        return self.state.failures
+
+    def _table(self) -> Dict[tuple, Handler]:
+        """The loop's dispatch table: (phase, event type) -> handler(context, event). The context is
+        the attempt (RUNNING), the stop (STOPPING) or None (IDLE); a pair not listed is ignored."""
+        out = self.outside
+        return {
+            (Phase.RUNNING, RankExited): self._on_exit,
+            (Phase.RUNNING, SignalReceived): self._on_signal_running,
+            (Phase.RUNNING, ControlRequest): out.on_request,
+            (Phase.RUNNING, ClusterUpdate): out.on_cluster,
+            (Phase.RUNNING, PeerUpdate): out.on_peer,
+            (Phase.RUNNING, RankHung): out.on_hung,
+            (Phase.STOPPING, RankExited): self._on_exit_stopping,
+            (Phase.STOPPING, SignalReceived): self._on_signal_stopping,
+            (Phase.STOPPING, ControlRequest): lambda stop, event: out.on_request(None, event),
+            (Phase.STOPPING, ClusterUpdate): lambda stop, event: out.on_cluster(None, event),
+            (Phase.STOPPING, type(None)): self._on_deadline,
+            (Phase.IDLE, SignalReceived): self._on_signal_idle,
+            (Phase.IDLE, ControlRequest): out.on_request,
+            (Phase.IDLE, ClusterUpdate): out.on_cluster,
+        }
+
+    def _dispatch(self, phase: Phase, context: object, event: Optional[Event]) -> None:
+        handler = self._handlers.get((phase, type(event)))
+        if handler is not None:
+            handler(context, event)
+
+    @property
+    def _final(self) -> Optional[str]:
+        return self.state.final
 
     def run(self) -> RunResult:
         """Run attempts until the job ends; returns how it ended."""
-        failed_ranks, attempts = (), 0
-        while self._final is None:
-            if not self._wait_for_cluster():
+        failed_ranks, attempts, attempt = (), 0, None
+        while self._final is None and self.outside.wait_for_cluster():
+            unfit = self.preflight.unfit(self.attempt_no, attempts, self.failures)
+            if unfit is not None:
+                return self._finish(unfit)
+            if not self.preflight.devices_free(self.attempt_no, self._unclean):
                 break
             attempt = self._run_attempt(self.attempt_no, failed_ranks)
             attempts += 1
             if self._final is not None:
                 break
-            result = self._verdict(attempt, attempts)
+            result = self.decide.verdict(attempt, attempts, self.failures, self.job.progress(attempt.number),
+                                         self._failure_texts(attempt))
             agreed = self.sync.settle(attempt.number, result, attempt.failure, attempt.failed_ranks,
                                       self._wait_quietly)
             if agreed.exit_code is not None:  # the nodes ended the job together
@@ -107,85 +142,49 @@ class Supervisor(OutsideRequests):
                 break
             failed_ranks = agreed.failed_ranks  # every node's, with --sync-dir
             self._restart(attempt, agreed.membership)
-        return self._finish(self._final_result(attempts, attempt if attempts else None))
+        return self._finish(self._final_result(attempts, attempt))
 
-    def _verdict(self, attempt: _Attempt, attempts: int) -> Optional[RunResult]:
-        """How the run ends after ``attempt``, as far as this node can tell; None to restart."""
+    def _failure_texts(self, attempt: _Attempt) -> Dict[int, str]:
+        """What each local rank that exited non-zero wrote last (the failing rank first), for the
+        policy's failure classes; empty when no local rank failed."""
         failure = attempt.failure
-        if attempt.cluster_stop is not None or (failure is None and attempt.membership is not None):
-            return None
-        if failure is None:
-            return RunResult(0, "succeeded", attempts, tuple(self.failures))
-        if self.policy.strategy.exit_on_failure:
-            self.emit("exit_for_reschedule", strategy=self.policy.strategy.describe(),
-                      exit_code=failure.info.exit_code)
-            log.warning("recovery strategy %s: exiting for rescheduling", self.policy.strategy.describe())
-            return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
-        if self._no_progress.stuck_after(self.progress(attempt.number)):
-            self.emit("no_progress", attempt=attempt.number, step=self._no_progress.best,
-                      restarts=self._no_progress.stalled)
-            log.error("%d restart(s) in a row got no further than step %s: ending the job (a crash loop; "
-                      "--max-no-progress-restarts)", self._no_progress.stalled, self._no_progress.best)
-            return RunResult(failure.info.exit_code, "no-progress", attempts, tuple(self.failures))
-        if self.restarts >= self.policy.max_restarts:
-            self.emit("restart_budget_spent", attempts=attempts, restarts=self.restarts,
-                      max_restarts=self.policy.max_restarts)
-            return RunResult(failure.info.exit_code, "failed", attempts, tuple(self.failures))
-        return None
+        if failure is None or failure.rank not in attempt.workers:
+            return {}
+        ranks = [failure.rank] + sorted(w.rank for w in attempt.workers.values()
+                                        if w.exit is not None and w.exit.returncode and w.rank != failure.rank)
+        return {rank: self.job.failure_text(attempt.number, rank) for rank in ranks}
 
     def _restart(self, attempt: _Attempt, membership: bool) -> None:
-        """Count the restart after ``attempt``, then back off; outside the budget: cluster-directed ones
-        and a membership change (the coordinator's word: no rank failed, no node lost, launchers joined)."""
         self.attempt_no += 1
-        if attempt.cluster_stop is not None:
-            self.emit("restart", attempt=self.attempt_no, scope="cluster", reason=attempt.cluster_stop)
-            self._restart_note = f"restarting as the cluster asks ({attempt.cluster_stop})"
-            return
-        if membership:
-            reason = attempt.membership or "launchers joined"
-            self.emit("restart", attempt=self.attempt_no, scope="membership", reason=reason, counted=False,
-                      restarts_left=self.policy.max_restarts - self.restarts)
-            self._restart_note = f"restarting for a membership change, not counted ({reason})"
-            return
-        self.restarts += 1
-        failure = attempt.failure
-        # No failure of its own: it saw only a join, but another node's rank failed in the generation.
-        cause = "a failure on another node" if failure is None else f"{failure.label} failed " \
-            f"({'hung: ' + failure.hang[0] if failure.hang else failure.info.describe()})"
-        self._restart_note = f"restarting (restart {self.restarts} of {self.policy.max_restarts}) after {cause}"
-        healthy = attempt.duration >= self.policy.healthy_seconds
-        self._quick_failures = 0 if healthy else self._quick_failures + 1
-        delay = self.policy.restart_delay(self._quick_failures)
-        self.emit("restart", attempt=self.attempt_no, after_rank=failure.rank if failure else None, scope="group",
-                  backoff=delay, ran_for=round(attempt.duration, 3), quick_failures=self._quick_failures,
-                  restarts_left=self.policy.max_restarts - self.restarts)
-        if delay:
-            log.info("%d quick failure(s) in a row: restarting in %.1f s", self._quick_failures, delay)
-            self._wait_quietly(delay)
+        restart = self.decide.restart(attempt, self.attempt_no, membership)
+        self._restart_note = restart.note
+        if restart.delay:
+            self._wait_quietly(restart.delay)
 
     def _final_result(self, attempts: int, attempt: Optional[_Attempt]) -> RunResult:
+        failures = tuple(self.failures)
         if self._final == "cluster-timeout":
-            return RunResult(1, "cluster-timeout", attempts, tuple(self.failures))
+            return RunResult(1, "cluster-timeout", attempts, failures)
         if self._final == "graceful-exit":
             code = attempt.failure.info.exit_code if attempt and attempt.failure else 0
-            return RunResult(code, "graceful-exit", attempts, tuple(self.failures))
-        signum = self._signal or signal.SIGTERM
-        return RunResult(128 + signum, self._final, attempts, tuple(self.failures), signum)
+            return RunResult(code, "graceful-exit", attempts, failures)
+        signum = self.state.signal or signal.SIGTERM
+        return RunResult(128 + signum, self._final, attempts, failures, signum)
 
     def _finish(self, result: RunResult) -> RunResult:
         self.sync.leave(self.attempt_no, result)
         self.emit("job_end", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
-        for waiter in self._waiters:
+        for waiter in self.state.waiters:
             waiter.reply({"ok": True, "done": True, "reason": result.reason, "exit_code": result.exit_code},
                          final=True)
-        self._waiters.clear()
+        self.state.waiters.clear()
         return result
 
     # -- one attempt --------------------------------------------------------------------------
-    def _run_attempt(self, number: int, failed_before: Sequence[int]) -> _Attempt:
-        specs = self.specs_for(number, failed_before)
+    def _run_attempt(self, number: int, failed_before) -> _Attempt:
+        specs = self.job.specs_for(number, failed_before)
         if self._restart_note is not None:
-            note = self.resume_note(number) if self.resume_note else None
+            note = self.job.resume_note(number)
             log.info("%s%s", self._restart_note, f"; {note}" if note else "")
             self._restart_note = None
         workers = {s.rank: Worker(s.rank, s.label, on_change=self._changed(number)) for s in specs}
@@ -197,12 +196,14 @@ class Supervisor(OutsideRequests):
         for rank, worker in workers.items():
             worker.transition(WorkerState.RUNNING)
             self.emit("rank_spawned", attempt=number, rank=rank, pid=pids.get(rank))
-        self.on_spawned(number, pids)
+        self.job.spawned(number, pids)
         self.sync.attempt_started(number)
         while not attempt.finished:
-            self._handle(attempt, self.group.wait_event(None))
+            self._dispatch(Phase.RUNNING, attempt, self.group.wait_event(None))
         leftovers = self.group.ensure_gone(KILL_SETTLE_SECONDS)
-        report_escaped(self.emit, self.group.take_escaped(), attempt=number)
+        escaped = self.group.take_escaped()
+        report_escaped(self.emit, escaped, attempt=number)
+        self._unclean = bool(leftovers or escaped)
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)
@@ -210,29 +211,7 @@ class Supervisor(OutsideRequests):
         self.emit("attempt_end", attempt=number, failed=attempt.failure is not None)
         return attempt
 
-    def _handle(self, attempt: _Attempt, event: Optional[Event]) -> None:
-        if isinstance(event, RankExited):
-            self._on_exit(attempt, event)
-        elif isinstance(event, SignalReceived):
-            if self._to_debugger(event.signum):
-                return
-            self._on_signal(event.signum)
-            if event.signum in GASP_TRIGGERS:
-                self._gasp(attempt, f"signal {signal.Signals(event.signum).name}")
-            else:
-                log.info("Ctrl-C: stopping the ranks (up to %.0f s to save and exit); Ctrl-C again to kill "
-                         "them now", self.policy.grace_period)
-                self._final = "signal"
-                self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
-        elif isinstance(event, ControlRequest):
-            self._on_request(attempt, event)
-        elif isinstance(event, ClusterUpdate):
-            self._on_cluster(attempt, event.change)
-        elif isinstance(event, PeerUpdate):
-            self._on_peer(attempt, event)
-        elif isinstance(event, RankHung):
-            self._on_hung(attempt, event)
-
+    # -- RUNNING: the attempt's ranks run -----------------------------------------------------
     def _on_exit(self, attempt: _Attempt, event: RankExited) -> None:
         worker = attempt.workers.get(event.rank)
         if worker is None or worker.done:
@@ -245,7 +224,7 @@ class Supervisor(OutsideRequests):
             worker.transition(WorkerState.SUCCEEDED)
             return
         worker.transition(WorkerState.FAILED)
-        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.log_path(worker.rank),
+        failure = Failure(attempt.number, worker.rank, worker.label, event.info, self.job.log_path(worker.rank),
                           attempt.hung.get(worker.rank, ()))
         self.failures.append(failure)
         if self._restart_in_place(attempt, worker, failure):
@@ -255,32 +234,38 @@ class Supervisor(OutsideRequests):
         self.sync.rank_failed(attempt.number, attempt.failed_ranks, failure)  # before the others stop
         log.warning("%s failed (%s); stopping the other local ranks", worker.label, event.info.describe())
         if self.policy.strategy.dump:
-            self._gasp(attempt, f"{worker.label} failed", final=False)
+            self.outside.gasp(attempt, f"{worker.label} failed", final=False)
         else:
             self._stop(attempt, signal.SIGTERM, self.policy.stop_timeout, f"{worker.label} failed")
 
     def _restart_in_place(self, attempt: _Attempt, worker: Worker, failure: Failure) -> bool:
         """recover-in-place: respawn only ``worker``'s rank while the others keep running."""
-        if not self.policy.strategy.in_place or self._final is not None:
+        if self._final is not None or not self.decide.in_place():
             return False
-        if not self.policy.in_place_supported:
-            log.info("recover-in-place: the framework cannot re-join a running group; restarting the group")
-            return False
-        if self.restarts >= self.policy.max_restarts:
-            return False
-        self.restarts += 1
         self.attempt_no += 1
-        spec = next(s for s in self.specs_for(self.attempt_no, [worker.rank]) if s.rank == worker.rank)
+        spec = next(s for s in self.job.specs_for(self.attempt_no, [worker.rank]) if s.rank == worker.rank)
         self.emit("restart", attempt=self.attempt_no, after_rank=worker.rank, scope="rank",
-                  restarts_left=self.policy.max_restarts - self.restarts)
+                  restarts_left=self.decide.left)
         log.warning("%s failed (%s); restarting it in place (restart %d of %d)", worker.label,
-                    failure.info.describe(), self.restarts, self.policy.max_restarts)
+                    failure.info.describe(), self.decide.count, self.policy.max_restarts)
         self.group.respawn(spec, self.attempt_no)
         fresh = Worker(spec.rank, spec.label, on_change=self._changed(self.attempt_no))
         fresh.transition(WorkerState.RUNNING)
         attempt.workers[spec.rank] = fresh
         self.emit("rank_spawned", attempt=self.attempt_no, rank=spec.rank, pid=self.group.pids().get(spec.rank))
         return True
+
+    def _on_signal_running(self, attempt: _Attempt, event: SignalReceived) -> None:
+        if self._to_debugger(event.signum):
+            return
+        self._on_signal(event.signum)
+        if event.signum in GASP_TRIGGERS:
+            self.outside.gasp(attempt, f"signal {signal.Signals(event.signum).name}")
+            return
+        log.info("Ctrl-C: stopping the ranks (up to %.0f s to save and exit); Ctrl-C again to kill "
+                 "them now", self.policy.grace_period)
+        self.state.final = "signal"
+        self._stop(attempt, event.signum, self.policy.grace_period, "launcher signalled")
 
     def _to_debugger(self, signum: int) -> bool:
         """Ctrl-C while a rank holds the terminal: it goes to that rank (pdb breaks), not to the job."""
@@ -289,14 +274,25 @@ class Supervisor(OutsideRequests):
 
     def _on_signal(self, signum: int) -> None:
         self.emit("signal_received", signal=signal.Signals(signum).name)
-        if self._signal is None:
-            self._signal = signum
+        if self.state.signal is None:
+            self.state.signal = signum
 
+    # -- STOPPING: the launcher stops the attempt's ranks ---------------------------------------
     def _stop(self, attempt: _Attempt, signum: int, timeout: float, reason: str) -> None:
         """Signal every running rank's main process once, then SIGKILL its group at the deadline."""
+        stop = self._begin_stop(attempt, signum, timeout, reason)
+        while stop is not None and not stop.over:
+            if stop.late and all(w.done for w in stop.attempt.workers.values() if w.rank >= 0):
+                self.emit("kill_group", attempt=attempt.number, ranks=[w.rank for w in stop.late],
+                          reason="workers gone")
+                self.group.kill_groups([w.rank for w in stop.late])
+                stop.late = []
+            self._dispatch(Phase.STOPPING, stop, self.group.wait_event(stop.wait()))
+
+    def _begin_stop(self, attempt: _Attempt, signum: int, timeout: float, reason: str) -> Optional[_Stopping]:
         stopping = [w for w in attempt.workers.values() if not w.done]
         if not stopping:
-            return
+            return None
         for worker in stopping:
             worker.transition(WorkerState.STOPPING)
         ranks = [w.rank for w in stopping]
@@ -308,47 +304,38 @@ class Supervisor(OutsideRequests):
         late = [w for w in stopping if w.rank < 0]
         spared = self._debugged(ranks)
         self.group.signal_main([w.rank for w in stopping if w.rank >= 0 and w.rank not in spared], signum)
-        deadline, killed = time.monotonic() + timeout, False
-        while any(w.state is WorkerState.STOPPING for w in stopping):
-            if late and all(w.done for w in attempt.workers.values() if w.rank >= 0):
-                self.emit("kill_group", attempt=attempt.number, ranks=[w.rank for w in late], reason="workers gone")
-                self.group.kill_groups([w.rank for w in late])
-                late = []
-            left = [w for w in stopping if w.state is WorkerState.STOPPING and w.rank not in spared]
-            # No deadline for a rank at a debugger prompt: it ends when the user quits it.
-            event = self.group.wait_event(max(0.0, deadline - time.monotonic()) if left or killed else None)
-            if event is None:
-                if killed:  # SIGKILL sent and still not reaped (uninterruptible sleep?)
-                    self._abandon(attempt, [w for w in stopping if w.state is WorkerState.STOPPING])
-                    break
-                killed, deadline = True, time.monotonic() + KILL_SETTLE_SECONDS
-                self._kill(attempt, left)
-            elif isinstance(event, RankExited):
-                worker = attempt.workers.get(event.rank)
-                if worker is not None and worker.state is WorkerState.STOPPING:
-                    worker.exit = event.info
-                    worker.transition(WorkerState.STOPPED)
-            elif isinstance(event, SignalReceived) and spared and self._to_debugger(event.signum):
-                continue
-            elif isinstance(event, SignalReceived):
-                # Never a second signal to a rank that is saving; a second Ctrl-C means "now".
-                if spared and event.signum == signal.SIGINT:  # Ctrl-C twice: kill the debugged rank too
-                    self._on_signal(event.signum)
-                    spared, deadline = set(), time.monotonic()
-                    continue
-                first = self._signal is None
-                self._on_signal(event.signum)
-                self._final = self._final or ("gasp" if event.signum in GASP_TRIGGERS else "signal")
-                if event.signum == signal.SIGINT and self._signal == signal.SIGINT and not killed:
-                    if first:
-                        log.info("Ctrl-C: no restart; Ctrl-C again to kill the ranks now")
-                    else:
-                        log.warning("Ctrl-C again: killing the ranks now")
-                        deadline = time.monotonic()
-            elif isinstance(event, ControlRequest):
-                self._on_request(None, event)
-            elif isinstance(event, ClusterUpdate):
-                self._on_cluster(None, event.change)
+        return _Stopping(attempt, stopping, signum, late, spared, time.monotonic() + timeout)
+
+    def _on_deadline(self, stop: _Stopping, event: None) -> None:
+        if stop.killed:  # SIGKILL sent and still not reaped (uninterruptible sleep?)
+            self._abandon(stop.attempt, [w for w in stop.workers if w.state is WorkerState.STOPPING])
+            return
+        stop.killed, stop.deadline = True, time.monotonic() + KILL_SETTLE_SECONDS
+        self._kill(stop.attempt, stop.left())
+
+    def _on_exit_stopping(self, stop: _Stopping, event: RankExited) -> None:
+        worker = stop.attempt.workers.get(event.rank)
+        if worker is not None and worker.state is WorkerState.STOPPING:
+            worker.exit = event.info
+            worker.transition(WorkerState.STOPPED)
+
+    def _on_signal_stopping(self, stop: _Stopping, event: SignalReceived) -> None:
+        """Never a second signal to a rank that is saving; a second Ctrl-C means "now"."""
+        if stop.spared and self._to_debugger(event.signum):
+            return
+        if stop.spared and event.signum == signal.SIGINT:  # Ctrl-C twice: kill the debugged rank too
+            self._on_signal(event.signum)
+            stop.spared, stop.deadline = set(), time.monotonic()
+            return
+        first = self.state.signal is None
+        self._on_signal(event.signum)
+        self.state.final = self._final or ("gasp" if event.signum in GASP_TRIGGERS else "signal")
+        if event.signum == signal.SIGINT and self.state.signal == signal.SIGINT and not stop.killed:
+            if first:
+                log.info("Ctrl-C: no restart; Ctrl-C again to kill the ranks now")
+            else:
+                log.warning("Ctrl-C again: killing the ranks now")
+                stop.deadline = time.monotonic()
 
     def _debugged(self, ranks: List[int]) -> set:
         """The rank among ``ranks`` a stop must leave alone: it holds the terminal, and the stop is the
@@ -374,6 +361,7 @@ class Supervisor(OutsideRequests):
             worker.transition(WorkerState.STOPPED)
         self.emit("rank_lost", attempt=attempt.number, ranks=[w.rank for w in workers])
 
+    # -- IDLE: no ranks run -------------------------------------------------------------------
     def _wait_quietly(self, seconds: float) -> bool:
         """Wait ``seconds`` (backoff, barrier), honouring stop signals and requests; False once the run ends."""
         deadline = self.clock() + seconds
@@ -382,14 +370,13 @@ class Supervisor(OutsideRequests):
         return self._final is None
 
     def _idle_event(self, event: Optional[Event]) -> None:
-        """An event while no ranks run (backoff, cluster hold): a stop signal ends the run."""
-        if isinstance(event, SignalReceived):
-            self._on_signal(event.signum)
-            self._final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
-        elif isinstance(event, ControlRequest):
-            self._on_request(None, event)
-        elif isinstance(event, ClusterUpdate):
-            self._on_cluster(None, event.change)
+        """An event while no ranks run (backoff, cluster hold)."""
+        self._dispatch(Phase.IDLE, None, event)
+
+    def _on_signal_idle(self, context: None, event: SignalReceived) -> None:
+        """A stop signal while no ranks run ends the run."""
+        self._on_signal(event.signum)
+        self.state.final = "gasp" if event.signum in GASP_TRIGGERS else "signal"
 
     def _changed(self, number: int) -> Callable[[Worker, WorkerState], None]:
         def on_change(worker: Worker, old: WorkerState) -> None:

@@ -61,6 +61,20 @@ def test_script_without_heartbeats_is_judged_by_its_output_and_a_closed_stderr_i
     assert "hang_here" in dumped(launcher, 1)
 
 
+def test_a_rank_that_exits_0_early_is_not_hung_and_a_later_hang_of_another_is_found(launcher):
+    # Rank 1 exits 0 at once, silent; rank 0 prints for longer than the timeout, then sleeps forever.
+    code = launcher.run(["--nproc-per-node", "2", "--heartbeat-timeout", "1"],
+                        ["--no-client", "--early-exit-rank", "1", "--hang-rank", "0", "--steps", "8",
+                         "--step-pause", "0.3"], worker=HANG_RANK, timeout=30)
+    assert code == 137, launcher.stderr
+    events = launcher.events()
+    [hang] = named(events, "hang_detected")
+    assert (hang["rank"], hang["hung_ranks"]) == (0, [0])
+    [exited] = [e for e in named(events, "rank_exited") if e["rank"] == 1]
+    assert exited["state"] == "succeeded"
+    assert "rank 0 was killed as hung: no heartbeat or output" in launcher.stderr
+
+
 def test_section_timeout_applies_inside_the_named_section(launcher):
     code = launcher.run(["--nproc-per-node", "2", "--heartbeat-timeout", "60", "--section-timeout", "checkpoint=1"],
                         ["--mode", "section"], worker=HANG_RANK)
@@ -82,7 +96,7 @@ def test_faulthandler_fallback_without_py_spy(launcher, monkeypatch):
 def test_crash_loop_at_one_step_ends_after_max_no_progress_restarts(launcher):
     code = launcher.run(["--nproc-per-node", "2", "--max-restarts", "5", "--max-no-progress-restarts", "2"],
                         ["--mode", "crash", "--hang-attempts", "0,1,2,3,4,5"], worker=HANG_RANK)
-    assert code == 3
+    assert code == 93  # the job cannot progress (--no-progress-exit-code)
     events = launcher.events()
     assert len(named(events, "attempt_start")) == 3
     [stuck] = named(events, "no_progress")

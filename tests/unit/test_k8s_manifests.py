@@ -522,3 +522,129 @@ def test_dockerfile_uses_exec_form():
     for instruction in instructions:
         form = instruction.split(None, 1)[1]
         assert json.loads(form) and form.startswith("["), f"not exec form: {instruction}"
+
+
+# --- tests: exit codes for the scheduler (docs/failures.md) ---------------------------------------
+
+FAILURES_DOC = ROOT / "docs" / "failures.md"
+#: Events a failed pod raises, which would win over a later exitCode rule (Volcano: first match wins).
+FAILED_POD_EVENTS = {"PodFailed", "*"}
+
+
+def launcher_exit_codes() -> Dict[str, int]:
+    """The launcher's default exit codes the scheduler acts on."""
+    ctx = click.Context(cli, info_name="launcher")
+    params = {p.name: p.default for p in cli.get_command(ctx, "run").params}
+    return {"no_progress": params["no_progress_exit_code"], "node_fault": params["node_fault_exit_code"]}
+
+
+def volcano_admission_problems(policies: List[Mapping[str, Any]], label: str) -> List[str]:
+    """Volcano's admission rules for a policy list (its webhook's validatePolicies): event(s) or
+    exitCode, never both, never neither; no exit code 0; no event or exit code twice."""
+    problems, events, codes = [], set(), set()
+    for i, policy in enumerate(policies):
+        named = ([policy["event"]] if policy.get("event") else []) + list(policy.get("events", []))
+        code = policy.get("exitCode")
+        if named and code is not None:
+            problems.append(f"{label}[{i}]: must not specify event and exitCode simultaneously")
+        elif not named and code is None:
+            problems.append(f"{label}[{i}]: either event or exitCode should be specified")
+        elif code == 0:
+            problems.append(f"{label}[{i}]: 0 is not a valid error code")
+        if (code is not None and code in codes) or events & set(named):
+            problems.append(f"{label}[{i}]: duplicate event or exit code")
+        codes.add(code)
+        events |= set(named)
+    return problems
+
+
+def exit_code_rules_problems(job_spec: Mapping[str, Any], codes: Mapping[str, int], label: str) -> List[str]:
+    """The launcher's exit codes have their rules (AbortJob for no progress), before any rule a failed
+    pod matches by its event, and no task overrides them with its own PodFailed rule."""
+    policies = job_spec.get("policies", [])
+    problems = volcano_admission_problems(policies, f"{label}.policies")
+    first_event = next((i for i, p in enumerate(policies)
+                        if FAILED_POD_EVENTS & ({p.get("event")} | set(p.get("events", [])))), len(policies))
+    by_code = {p.get("exitCode"): (i, p.get("action")) for i, p in enumerate(policies) if p.get("exitCode")}
+    for what, code in codes.items():
+        if code not in by_code:
+            problems.append(f"{label}: no policy for the launcher's {what} exit code {code}")
+        elif by_code[code][0] > first_event:
+            problems.append(f"{label}: the exitCode {code} policy comes after a PodFailed rule, which wins")
+    if by_code.get(codes["no_progress"], (0, "AbortJob"))[1] != "AbortJob":
+        problems.append(f"{label}: exit code {codes['no_progress']} (cannot progress) must abort the job")
+    for i, task in enumerate(job_spec.get("tasks", [])):
+        task_policies = task.get("policies", [])
+        problems += volcano_admission_problems(task_policies, f"{label}.tasks[{i}].policies")
+        if any(FAILED_POD_EVENTS & ({p.get("event")} | set(p.get("events", []))) for p in task_policies):
+            problems.append(f"{label}.tasks[{i}]: a task-level PodFailed rule overrides the job's exit codes")
+    return problems
+
+
+@pytest.mark.parametrize("name", manifest_names())
+def test_volcano_policies_stop_requeueing_on_the_launchers_exit_codes(name):
+    assert exit_code_rules_problems(the_job(name)["spec"], launcher_exit_codes(), name) == []
+
+
+def test_exit_code_rules_catch_the_mistakes():
+    codes = launcher_exit_codes()
+    good = {"policies": [{"exitCode": 93, "action": "AbortJob"}, {"exitCode": 94, "action": "RestartJob"},
+                         {"event": "PodFailed", "action": "RestartJob"}], "tasks": [{"name": "w"}]}
+    assert exit_code_rules_problems(good, codes, "job") == []
+    late = copy.deepcopy(good)
+    late["policies"].append(late["policies"].pop(0))
+    both = copy.deepcopy(good)
+    both["policies"][0]["event"] = "PodFailed"
+    task = copy.deepcopy(good)
+    task["tasks"][0]["policies"] = [{"event": "PodFailed", "action": "RestartJob"}]
+    restart = copy.deepcopy(good)
+    restart["policies"][0]["action"] = "RestartJob"
+    zero = copy.deepcopy(good)
+    zero["policies"].insert(0, {"exitCode": 0, "action": "AbortJob"})
+    for broken, words in [(late, "comes after a PodFailed rule"), (both, "simultaneously"),
+                          (task, "task-level PodFailed"), (restart, "must abort"), (zero, "0 is not a valid")]:
+        assert any(words in p for p in exit_code_rules_problems(broken, codes, "job")), words
+
+
+def doc_yaml_blocks() -> List[Dict[str, Any]]:
+    text = FAILURES_DOC.read_text(encoding="utf-8")
+    return [yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+
+
+def test_failure_docs_volcano_policies_are_valid_and_complete():
+    [snippet] = [b for b in doc_yaml_blocks() if "apiVersion" not in b]
+    job = {"apiVersion": VOLCANO_API, "kind": "Job", "metadata": {"name": "doc"},
+           "spec": {**snippet["spec"], "tasks": [{"name": "worker", "replicas": 1, "template": {}}]}}
+    assert errors_of(volcano_job_validator(), job, "docs/failures.md") == []
+    assert exit_code_rules_problems(job["spec"], launcher_exit_codes(), "docs/failures.md") == []
+
+
+def pod_failure_policy_versions() -> List[str]:
+    """Bundled Kubernetes versions for podFailurePolicy: from 1.30, the oldest and the newest. (It is on
+    by default from 1.26, but the OpenAPI of 1.26-1.29 lists ``onPodConditions`` as required in every
+    rule, while Kubernetes' own examples of those versions use ``onExitCodes`` alone.)"""
+    if kv_utils is None:
+        return ["none"]
+    versions = sorted(set(kv_utils.all_versions()), key=lambda v: tuple(int(x) for x in v.split(".")))
+    usable = [v for v in versions if tuple(int(x) for x in v.split("."))[:2] >= (1, 30)]
+    return sorted({usable[0], usable[-1]}, key=usable.index)
+
+
+@needs_k8s_schemas
+@pytest.mark.parametrize("version", pod_failure_policy_versions())
+def test_failure_docs_pod_failure_policy_is_a_valid_job(version, monkeypatch):
+    [job] = [b for b in doc_yaml_blocks() if b.get("kind") == "Job" and b.get("apiVersion") == "batch/v1"]
+    assert schema_errors(job, version, "docs/failures.md Job") == []
+    broken = copy.deepcopy(job)
+    broken["spec"]["podFailurePolicy"]["rules"][0]["onExitCode"] = broken["spec"]["podFailurePolicy"]["rules"][0].pop(
+        "onExitCodes")
+    assert schema_errors(broken, version, "broken") != []  # the schema sees a misspelt field
+    codes = launcher_exit_codes()
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    by_code = {v: r["action"] for r in rules for v in r.get("onExitCodes", {}).get("values", [])}
+    assert by_code == {codes["no_progress"]: "FailJob", codes["node_fault"]: "Count"}
+    spec = job["spec"]["template"]["spec"]
+    assert spec["restartPolicy"] == "Never"  # podFailurePolicy requires it
+    [container] = spec["containers"]
+    assert all(r["onExitCodes"]["containerName"] == container["name"] for r in rules if "onExitCodes" in r)
+    parse_launcher(main_argv(container), monkeypatch, {})  # the launcher command line parses

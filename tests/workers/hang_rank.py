@@ -10,6 +10,8 @@ until they are stopped. On other attempts every rank exits 0 after its steps.
   --mode section      stay in section "checkpoint" forever (judged by --section-timeout)
   --mode slow         step 4 times slower than the others (a straggler), never hang
   --mode crash        exit 3 instead (a crash loop at one step, for --max-no-progress-restarts)
+``--early-exit-rank R`` exits 0 at once, before any step or output; ``--step-pause S`` sleeps S seconds
+after each of the first steps.
 """
 
 import argparse
@@ -64,11 +66,16 @@ def main():
     parser.add_argument("--hang-attempts", default="0")
     parser.add_argument("--mode", default="sleep")
     parser.add_argument("--no-client", action="store_true")
+    parser.add_argument("--early-exit-rank", type=int)
+    parser.add_argument("--step-pause", type=float, default=0.0)
     args = parser.parse_args()
     with open(args.ready_file, "a") as f:
         f.write(f"{RANK} {ATTEMPT} {os.getpid()}\n")
+    if RANK == args.early_exit_rank:
+        return 0
     for step in range(args.steps):
         beat(args, step)
+        time.sleep(args.step_pause)
     if str(ATTEMPT) not in args.hang_attempts.split(","):
         return 0
     if RANK == args.hang_rank and args.mode == "slow":

@@ -49,7 +49,8 @@ def test_without_step_beats_nothing_is_called_productive():
     g = goodput.compute(one_failure_run())
     assert g.wall == 100.0 and g.ended
     assert g.parts == {"startup": 3.0, "productive": 0.0, "unknown": 47.0 + 28.0, "detection": 0.5, "hung": 0.0,
-                       "stopping": 5.5 + 1.0, "restarting": 2.0 + 3.0, "waiting": 10.0, "recomputed": 0.0}
+                       "stopping": 5.5 + 1.0, "restarting": 2.0 + 3.0, "waiting": 10.0, "recomputed": 0.0,
+                       "device_wait": 0.0}
     [failure] = g.failures
     assert (failure.attempt, failure.rank, failure.cause) == (0, 1, "exit code 3")
     assert failure.time_lost == 0.5 + 5.5 + 2.0 + 10.0 + 3.0  # up to attempt 1's ranks running again

@@ -85,8 +85,43 @@ def test_silent_rank_is_reported_then_handed_to_the_supervisor(watch):
     assert events[0][1]["rank"] == 1 and events[0][1]["step"] == 4
     [hung] = host.group.posted
     assert isinstance(hung, RankHung) and hung.rank == 1 and "no stacks could be read" in hung.diagnosis[0]
-    tick(hw, host)  # one report per attempt
+    tick(hw, host)  # one report per hung rank
     assert len(host.group.posted) == 1
+
+
+def test_a_rank_that_exited_is_never_hung_and_a_later_hang_of_another_is_still_found(watch):
+    hw, host, clock, tmp = watch
+    hw.on_event("rank_exited", {"rank": 1, "state": "succeeded"})  # exited 0 at once, no beat, no output
+    hw.on_event("stop_group", {"ranks": [2]})  # being stopped by the launcher: its own deadline
+    write_slot(tmp, 0, 104.0, 3)
+    clock.now = 106.0
+    tick(hw, host)
+    assert host.group.posted == []  # rank 1 silent for 6 s but gone; rank 2 stopping; rank 0 beat 2 s ago
+    clock.now = 109.5
+    tick(hw, host)
+    [hung] = host.group.posted
+    assert hung.rank == 0
+    assert [f["hung_ranks"] for e, f in host.events if e == "hang_detected"] == [[0]]
+
+
+def test_every_hang_of_an_attempt_is_reported_once_per_spawn(watch):
+    hw, host, clock, tmp = watch
+    for rank in range(3):
+        write_slot(tmp, rank, 101.0, 1)
+    write_slot(tmp, 2, 104.0, 2)
+    clock.now = 106.5
+    tick(hw, host)  # ranks 0 and 1 silent since 101: the lowest is handed over first
+    assert [e.rank for e in host.group.posted] == [0]
+    tick(hw, host)  # rank 0 was reported (recover-in-place keeps the attempt running): now rank 1
+    assert [e.rank for e in host.group.posted] == [0, 1]
+    hw.on_event("rank_spawned", {"rank": 0})  # respawned in place at 106.5: watched afresh
+    write_slot(tmp, 2, 111.0, 3)
+    clock.now = 111.0
+    tick(hw, host)
+    assert len(host.group.posted) == 2  # the new rank 0 is 4.5 s old
+    clock.now = 112.0
+    tick(hw, host)
+    assert [e.rank for e in host.group.posted] == [0, 1, 0]
 
 
 def test_highest_step_of_an_attempt_is_kept_for_the_no_progress_policy(watch):

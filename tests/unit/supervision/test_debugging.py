@@ -13,8 +13,7 @@ from launcher.supervision.debugging import DOUBLE_PRESS_SECONDS, HOOKS_DIR, HOOK
 from launcher.common.errors import UsageError
 from launcher.supervision.policy import RestartPolicy
 from launcher.supervision.procgroup import ControlRequest, SignalReceived
-from launcher.supervision.supervisor import Supervisor
-from tests.unit.supervision.test_supervisor import ScriptedGroup, exited, specs_for
+from tests.unit.supervision.test_supervisor import ScriptedGroup, exited, specs_for, supervisor
 
 SOCKET = "/run/x/control.sock"
 
@@ -155,7 +154,7 @@ class TimedGroup(ScriptedGroup):
 
 def supervise_debug(script, debug, n=2, **policy):
     group = TimedGroup([script])
-    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: None, debug=debug)
+    sup = supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: None, debug=debug)
     return sup.run(), group
 
 

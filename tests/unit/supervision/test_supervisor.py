@@ -10,6 +10,7 @@ from launcher.jobspec.rankenv import WorkerSpec
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.supervision.states import ExitInfo
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RestartPolicy
+from launcher.supervision.hooks import ClusterHooks, JobHooks
 from launcher.supervision.supervisor import Supervisor
 
 
@@ -70,12 +71,20 @@ def specs_for(n: int):
     return build
 
 
+def supervisor(group, build, policy, emit, hold=None, **kwargs):
+    """A Supervisor whose job is ``build`` plus the job hooks in ``kwargs`` (the rest: its own arguments)."""
+    hooks = {k: kwargs.pop(k) for k in ("resume_note", "progress", "status", "failure_text", "busy_devices", "health")
+             if k in kwargs}
+    return Supervisor(group, JobHooks(build, **hooks), policy, emit, cluster=ClusterHooks(hold=hold or (lambda: None)),
+                      **kwargs)
+
+
 def supervise(scripts, n=2, strategy=None, **policy):
     if strategy is not None:
         policy["strategy"] = resolve_strategy(strategy, {})
     group = ScriptedGroup(scripts)
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)))
+    sup = supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)))
     return sup.run(), group, events, sup
 
 
@@ -92,7 +101,7 @@ def test_failure_stops_others_then_restarts_with_failed_ranks():
     assert result.exit_code == 0 and result.attempts == 2
     assert ("signal", (0,), signal.SIGTERM) in group.calls
     assert group.calls.index(("ensure_gone", 0)) < group.calls.index(("start", 1, (0, 1)))
-    assert sup.specs_for.seen == [(0, ()), (1, (1,))]
+    assert sup.job.specs_for.seen == [(0, ()), (1, (1,))]
     exits = [kw for name, kw in events if name == "rank_exited"]
     assert [(e["rank"], e["state"]) for e in exits[:2]] == [(1, "failed"), (0, "stopped")]
 
@@ -178,7 +187,7 @@ class ClockedGroup(ScriptedGroup):
 def clocked_supervise(scripts, **policy):
     group = ClockedGroup(scripts)
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(1), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
+    sup = supervisor(group, specs_for(1), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
                      clock=lambda: group.now)
     return sup.run(), group, [kw for name, kw in events if name == "restart"]
 
@@ -253,7 +262,7 @@ def test_recover_dumps_then_exits_for_rescheduling():
 def test_recover_in_place_respawns_only_the_failed_rank():
     scripts = [[exited(1, 1), exited(1, 0), exited(0, 0)]]
     group = ScriptedGroup(scripts)
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, strategy=resolve_strategy("recover-in-place", {}),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, strategy=resolve_strategy("recover-in-place", {}),
                                                         in_place_supported=True), lambda name, **kw: None)
     result = sup.run()
     assert result.exit_code == 0 and result.attempts == 1
@@ -280,7 +289,7 @@ def test_scheduler_is_killed_as_soon_as_the_workers_exited():
     scripts = [[SignalReceived(signal.SIGINT), exited(0, -15), exited(1, -15), exited(-1, -9)]]
     group = ScriptedGroup(scripts)
     events: List[tuple] = []
-    result = Supervisor(group, with_scheduler, RestartPolicy(), lambda name, **kw: events.append((name, kw))).run()
+    result = supervisor(group, with_scheduler, RestartPolicy(), lambda name, **kw: events.append((name, kw))).run()
     stops = [c for c in group.calls if c[0] in ("signal", "kill")]
     assert stops == [("signal", (0, 1), signal.SIGINT), ("kill", (-1,))]
     assert ("kill_group", {"attempt": 0, "ranks": [-1], "reason": "workers gone"}) in events
@@ -291,7 +300,7 @@ def test_a_failure_after_the_other_workers_ended_kills_the_scheduler_at_once():
     """Rank 1 succeeded, then rank 0 fails: only the scheduler is left, and it is never just signalled."""
     scripts = [[exited(1, 0), exited(0, 3), exited(-1, -9)]]
     group = ScriptedGroup(scripts)
-    result = Supervisor(group, with_scheduler, RestartPolicy(), lambda name, **kw: None).run()
+    result = supervisor(group, with_scheduler, RestartPolicy(), lambda name, **kw: None).run()
     assert [c for c in group.calls if c[0] in ("signal", "kill") and c[1]] == [("kill", (-1,))]
     assert result.exit_code == 3
 
@@ -325,7 +334,7 @@ def supervise_synced(scripts, agreements, n=2, wait_first=False, **policy):
     group = ScriptedGroup(scripts)
     sync = ScriptedSync(group, agreements, wait_first)
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
+    sup = supervisor(group, specs_for(n), RestartPolicy(**policy), lambda name, **kw: events.append((name, kw)),
                      sync=sync)
     return sup.run(), group, events, sup, sync
 
@@ -381,7 +390,7 @@ def test_sync_local_failure_is_announced_before_the_others_are_stopped():
     assert group.calls.index(("sync_started", 0)) < group.calls.index(("sync_failed", 0, (1,), 1)) \
         < group.calls.index(("signal", (0,), signal.SIGTERM))
     # The barrier's union of every node's failures is the next attempt's failed_before.
-    assert sup.specs_for.seen == [(0, ()), (1, (1, 3))]
+    assert sup.job.specs_for.seen == [(0, ()), (1, (1, 3))]
     assert sync.settled == [(0, None, 1, (1,)), (1, "succeeded", None, ())]
     assert group.calls[-1] == ("sync_leave", 1, "succeeded", 0)
 
@@ -396,7 +405,7 @@ def test_sync_peer_failure_stops_the_ranks_with_the_save_signal_and_counts_once(
     assert stop["timeout"] == 4 and stop["reason"] == "rank 3 on server 1 failed"
     assert not any(c[0] == "sync_failed" for c in group.calls)  # not a local failure
     assert sync.settled[0] == (0, None, 3, ())
-    assert sup.restarts == 1 and sup.specs_for.seen == [(0, ()), (1, (3,))]
+    assert sup.restarts == 1 and sup.job.specs_for.seen == [(0, ()), (1, (3,))]
     [restart] = [kw for name, kw in events if name == "restart"]
     assert restart["after_rank"] == 3 and restart["attempt"] == 1
     assert [f.label for f in result.failures] == ["rank 3 on server 1"]
@@ -418,9 +427,9 @@ def test_sync_peer_update_of_another_generation_is_ignored():
 
 def test_sync_peer_update_after_every_local_rank_finished_is_left_to_the_finish_barrier():
     group = ScriptedGroup([[exited(0, 0), exited(1, 0)]])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None, sync=ScriptedSync(group, []))
+    sup = supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None, sync=ScriptedSync(group, []))
     attempt = sup._run_attempt(0, ())
-    sup._on_peer(attempt, peer_failed())
+    sup.outside.on_peer(attempt, peer_failed())
     assert attempt.failure is None and not sup.failures
     assert not any(c[0] == "signal" for c in group.calls)
 
@@ -459,7 +468,7 @@ def test_sync_leave_after_a_restart_uses_the_new_generation():
     group = ScriptedGroup(scripts)
     sync = ScriptedSync(group, [Agreement((1,))])
     holds = iter([None, "reset.json: FaultFlushing"])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=1, hold_timeout=0.01),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=1, hold_timeout=0.01),
                      lambda name, **kw: None, hold=lambda: next(holds, "reset.json: FaultFlushing"), sync=sync)
     result = sup.run()
     assert result.reason == "cluster-timeout"
@@ -469,7 +478,7 @@ def test_sync_leave_after_a_restart_uses_the_new_generation():
 def test_restart_line_says_why_and_what_the_ranks_resume_from(caplog):
     scripts = [[exited(1, -9), exited(0, -15)], [exited(0, 0), exited(1, 0)]]
     group = ScriptedGroup(scripts)
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=3), lambda name, **kw: None,
                      resume_note=lambda attempt: f"resuming from plan {attempt}")
     with caplog.at_level("INFO", logger="launcher.supervision.supervisor"):
         assert sup.run().exit_code == 0
@@ -507,7 +516,7 @@ def test_hung_rank_is_killed_then_fails_like_a_crash_and_restarts_planned_faulty
     assert result.exit_code == 0 and result.attempts == 2
     assert group.calls.index(("kill", (1,))) < group.calls.index(("signal", (0,), signal.SIGTERM))
     assert sup.failures[0].hang == ("no heartbeat for 31 s", "rank 1 (hung) differs from the rest: in fetch (x.py:1)")
-    assert sup.specs_for.seen == [(0, ()), (1, (1,))]
+    assert sup.job.specs_for.seen == [(0, ()), (1, (1,))]
 
 
 def test_hang_after_the_attempt_already_failed_is_ignored():
@@ -524,21 +533,21 @@ def test_restarts_without_step_progress_end_the_job():
     steps = {0: 40, 1: 40, 2: 40, 3: 40}
     group = ScriptedGroup([crash() for _ in range(4)])
     events: List[tuple] = []
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=5, max_no_progress_restarts=2),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=5, max_no_progress_restarts=2),
                      lambda name, **kw: events.append((name, kw)), progress=steps.get)
     result = sup.run()
-    assert (result.reason, result.exit_code, result.attempts) == ("no-progress", 3, 3)
+    assert (result.reason, result.exit_code, result.attempts) == ("no-progress", 93, 3)  # cannot progress: 93
     assert ("no_progress", {"attempt": 2, "step": 40, "restarts": 2}) in events
 
 
 def test_progress_resets_the_no_progress_count_and_unknown_steps_never_end_the_job():
     crash = lambda: [exited(1, 3), exited(0, -15)]
     group = ScriptedGroup([crash() for _ in range(4)])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=3, max_no_progress_restarts=1),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=3, max_no_progress_restarts=1),
                      lambda name, **kw: None, progress={0: 10, 1: 20, 2: 30, 3: 40}.get)
     assert sup.run().reason == "failed"  # every restart got further: the budget ends it
     group = ScriptedGroup([crash() for _ in range(3)])
-    sup = Supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, max_no_progress_restarts=1),
+    sup = supervisor(group, specs_for(2), RestartPolicy(max_restarts=2, max_no_progress_restarts=1),
                      lambda name, **kw: None)
     assert sup.run().reason == "failed"
 
@@ -547,6 +556,6 @@ def test_status_answer_carries_the_stragglers():
     replies = []
     request = ControlRequest("status", {}, lambda payload, final=False: replies.append(payload))
     group = ScriptedGroup([[request, exited(0, 0), exited(1, 0)]])
-    Supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
+    supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
                status=lambda: {"stragglers": [1]}).run()
     assert replies[0]["stragglers"] == [1] and replies[0]["ranks"] == {0: "running", 1: "running"}

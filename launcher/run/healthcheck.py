@@ -1,0 +1,104 @@
+"""Before each attempt: is this node fit to run it? (``--health-check CMD``, and built-in checks.)
+
+``--health-check CMD`` runs a user's node check (as NVIDIA's node health checks or a Slurm health
+script are used) through the shell, with ``LAUNCHER_DEVICES`` set to the devices this node's ranks
+will use; a non-zero exit, or no exit within ``HEALTH_CHECK_TIMEOUT`` seconds, means the node is
+faulty: the launcher ends its part with ``--node-fault-exit-code`` so that the cluster reschedules
+the pod elsewhere. Its last output lines go into the launcher's line.
+
+Built in, without options: with ``--checkpoint-dir``, the free space of its file system against
+the size of the newest save there (the newest entry of the directory, measured with a bounded
+walk); a warning when the next save may not fit. It never stops the job.
+"""
+
+import logging
+import os
+import shutil
+import subprocess
+from typing import Callable, Iterable, Mapping, Optional, Tuple
+
+from launcher.common import envnames
+
+log = logging.getLogger(__name__)
+
+HEALTH_CHECK_TIMEOUT = 120.0
+#: Output lines of a failed check shown in the launcher's line.
+OUTPUT_LINES = 5
+#: Files a size walk of the newest save reads at most (a save with more is "at least" that big).
+MAX_WALK_FILES = 100_000
+
+
+def node_health(opts, devices: Iterable[int], emit: Callable[..., object]) -> Optional[str]:
+    """Before an attempt: warn when ``opts.checkpoint_dir`` may not hold the next save, then run
+    ``opts.health_check`` (``launcher.jobspec.options.RunOptions``); None when the node is fit."""
+    if opts.checkpoint_dir:
+        tight = checkpoint_space(opts.checkpoint_dir)
+        if tight is not None:
+            free, size, newest = tight
+            emit("checkpoint_space_low", free_bytes=free, last_save_bytes=size, last_save=newest)
+            log.warning("%s has %d MiB free, less than the newest save there (%s, %d MiB): the next save may "
+                        "not fit", opts.checkpoint_dir, free >> 20, newest, size >> 20)
+    if not opts.health_check:
+        return None
+    return run_health_check(opts.health_check, devices, os.environ)
+
+
+def run_health_check(command: str, devices: Iterable[int], environ: Mapping[str, str],
+                     timeout: float = HEALTH_CHECK_TIMEOUT) -> Optional[str]:
+    """Run ``command``; None when it passed, else why it failed (exit status and its last lines)."""
+    env = {**environ, envnames.LAUNCHER_DEVICES: ",".join(str(d) for d in devices)}
+    try:
+        done = subprocess.run(command, shell=True, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, timeout=timeout, check=False, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return f"no answer within {timeout:.0f} s"
+    except OSError as exc:
+        return f"cannot run it: {exc.strerror or exc}"
+    if done.returncode == 0:
+        return None
+    tail = done.stdout[-8192:].decode("utf-8", "replace").strip().splitlines()[-OUTPUT_LINES:]
+    code = f"killed by signal {-done.returncode}" if done.returncode < 0 else f"exit code {done.returncode}"
+    return code + (": " + " | ".join(line.strip() for line in tail) if tail else "")
+
+
+def _newest_entry(directory: str) -> Optional[str]:
+    try:
+        entries = [e for e in os.scandir(directory) if not e.name.startswith(".")]
+    except OSError:
+        return None
+    if not entries:
+        return None
+    return max(entries, key=lambda e: e.stat(follow_symlinks=False).st_mtime).path
+
+
+def tree_size(path: str, max_files: int = MAX_WALK_FILES) -> int:
+    """Bytes under ``path`` (a file or a directory), counting at most ``max_files`` files."""
+    if not os.path.isdir(path):
+        try:
+            return os.stat(path).st_size
+        except OSError:
+            return 0
+    total, seen = 0, 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(root, name), follow_symlinks=False).st_size
+            except OSError:
+                continue
+            seen += 1
+            if seen >= max_files:
+                return total
+    return total
+
+
+def checkpoint_space(directory: str) -> Optional[Tuple[int, int, str]]:
+    """``(free bytes, newest save's bytes, its path)`` when the next save may not fit, else None."""
+    newest = _newest_entry(directory)
+    if newest is None:
+        return None
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return None
+    size = tree_size(newest)
+    return (free, size, newest) if size > free else None
