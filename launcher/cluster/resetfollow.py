@@ -185,6 +185,10 @@ class ResetJsonFollower(Integration):
         faulty = sorted(r for r in self._host.ctx.topology.server.ranks if state.status_of(r) == "fault")
         return f"reset.json: local rank(s) {faulty} in fault" if faulty else None
 
+    def coordinates_restarts(self) -> bool:
+        """MindCluster restarts the nodes together when this node follows its reset.json."""
+        return self.follower is not None
+
     def stop(self) -> None:
         """Stop watching."""
         if self.follower is not None:

@@ -113,6 +113,13 @@ class SyncCoordination(Integration):
             raise LauncherError(f"could not join the running job in generation {generation}")
         self.first_generation = generation + 1
 
+    def restart_coordinator(self) -> Optional[Coordinator]:
+        """The coordinator of ``--sync-dir`` / ``--coordinator`` (None without either)."""
+        return self.coordinator
+
+    def coordinates_restarts(self) -> bool:
+        return self.coordinator is not None
+
     def members(self) -> Optional[Sequence[int]]:
         """The servers of the current generation (elastic membership), or None without coordination."""
         return self.coordinator.members if self.coordinator is not None else None

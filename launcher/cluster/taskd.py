@@ -136,6 +136,15 @@ def _preload_entries(value: str) -> List[str]:
     return [entry for entry in value.replace(" ", ":").split(":") if entry]
 
 
+def job_rank_env(mode: str, environ: Mapping[str, str]) -> Dict[str, str]:
+    """What every rank gets for ``--taskd MODE`` (empty when TaskD is off).
+
+    Raises:
+        UsageError: TaskD required (``on``) but its package or library is missing.
+    """
+    return rank_env(environ, libtaskd_path()) if taskd_enabled(mode, environ) else {}
+
+
 def rank_env(environ: Mapping[str, str], lib_path: str) -> Dict[str, str]:
     """The variables a rank needs for TaskD: ``TASKD_PROCESS_ENABLE=on`` and ``LD_PRELOAD``.
 
@@ -269,10 +278,17 @@ class TaskdManager(Integration):
     def __init__(self) -> None:
         self.sidecar: Optional[subprocess.Popen] = None
         self._host: Optional[Host] = None
+        self._env: Dict[str, str] = {}
 
     def start(self, host: Host) -> None:
-        """Start the sidecar when TaskD is on (``host.taskd_env``) and this server hosts rank 0."""
-        if not host.taskd_env or not host.ctx.topology.hosts_rank0:
+        """With TaskD on, every rank preloads libtaskd.so (:meth:`rank_env`); the sidecar starts on the
+        server hosting rank 0 only.
+
+        Raises:
+            UsageError: ``--taskd on`` without the package or its library (nothing runs yet).
+        """
+        self._env = job_rank_env(host.opts.taskd, host.ctx.base_env)
+        if not self._env or not host.ctx.topology.hosts_rank0:
             return
         self._host = host
         opts, ctx = host.opts, host.ctx
@@ -290,6 +306,10 @@ class TaskdManager(Integration):
         host.group.watch_pid(self.sidecar.pid, self._exited)
         host.emit("taskd_sidecar_started", pid=self.sidecar.pid, config=config, log=log_path)
         log.info("TaskD manager started (pid %d, log %s)", self.sidecar.pid, log_path)
+
+    def rank_env(self) -> Dict[str, str]:
+        """``TASKD_PROCESS_ENABLE`` and ``LD_PRELOAD`` with libtaskd.so for every rank (TaskD on)."""
+        return dict(self._env)
 
     def _exited(self, info) -> None:
         self.sidecar.returncode = info.returncode

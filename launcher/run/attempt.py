@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 
 def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before: Sequence[int], *,
-                  log_session: str, gasp_allowed: bool, taskd_env: Dict[str, str],
+                  log_session: str, gasp_allowed: bool, rank_env: Dict[str, str],
                   ckpt_index: object = None) -> Tuple[List[WorkerSpec], object]:
     """The processes of one attempt and the restore plan behind them (None without --checkpoint-dir).
 
@@ -38,7 +38,7 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
         failed_before: Ranks that failed in the previous attempt (fault ranks for the plan).
         log_session: This launcher invocation's log directory.
         gasp_allowed: Whether a dying-gasp save is allowed right now (``--gasp-min-interval``).
-        taskd_env: TaskD variables for every rank (empty without TaskD).
+        rank_env: What the integrations give every rank (TaskD's variables; empty without any).
         ckpt_index: the session's :class:`launcher.restore.CheckpointIndex` (from
             :func:`checkpoint_index`), so the plan re-reads only what changed.
     """
@@ -47,7 +47,7 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
         from launcher.restore import compute_plan
 
         plan = compute_plan(restore_inputs(opts, ctx, failed_before), index=ckpt_index)
-    common = {**taskd_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
+    common = {**rank_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
               envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if gasp_allowed else "0"}
     if opts.graceful_exit and ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
         # Only on request (--graceful-exit), and an explicit operator value is inherited: on CPU the
@@ -150,15 +150,6 @@ def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):
         return None  # the first plan reports it, as it does without the index
     return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks),
                            gc_freeze=True)
-
-
-def taskd_rank_env(opts: RunOptions, ctx: EnvContext) -> Dict[str, str]:
-    """``--taskd``: every rank preloads libtaskd.so; a missing package or library is an error."""
-    from launcher.cluster import taskd
-
-    if not taskd.taskd_enabled(opts.taskd, ctx.base_env):
-        return {}
-    return taskd.rank_env(ctx.base_env, taskd.libtaskd_path())
 
 
 def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[int] = ()):

@@ -107,7 +107,7 @@ class HangWatch(Integration):
         """For the control socket's ``status`` answer: this attempt's stragglers (empty when off)."""
         return {"stragglers": sorted(self.named)} if self.rules.straggler else {}
 
-    def max_step(self, attempt: int) -> Optional[int]:
+    def progress(self, attempt: int) -> Optional[int]:
         """The highest heartbeat step a rank of ``attempt`` reached (None: none reported a step)."""
         return self.steps.get(attempt)
 

@@ -103,13 +103,14 @@ def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:
 
 def preview_first_attempt(opts: RunOptions, ctx: EnvContext):
     """The first attempt's specs and restore plan, exactly as ``run`` would build them, no side effects."""
-    from launcher.run.attempt import attempt_specs, taskd_rank_env
+    from launcher.cluster.taskd import job_rank_env
     from launcher.control.gasp import GASP_STATE, GaspGate
+    from launcher.run.attempt import attempt_specs
 
     gate = GaspGate(os.path.join(ctx.run_dir, GASP_STATE), opts.gasp_min_interval)
     log_session = os.path.join(os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs")), "<session>")
     return attempt_specs(opts, ctx, 0, (), log_session=log_session, gasp_allowed=gate.allowed(),
-                         taskd_env=taskd_rank_env(opts, ctx))
+                         rank_env=job_rank_env(opts.taskd, ctx.base_env))
 
 
 def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:

@@ -31,7 +31,7 @@ from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.outputwatch import OutputWatch
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
-                                  standby_pool, taskd_rank_env)
+                                  standby_pool)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
 from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
 from launcher.supervision.policy import RestartPolicy, RunResult
@@ -65,18 +65,15 @@ class Session:
         self.group: Optional[LocalProcessGroup] = None
         self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
         self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
-        self.taskd_env: Dict[str, str] = {}
         # What runs beside the ranks (launcher.supervision.integration): started in this order before
         # the first attempt, stopped in reverse when the session ends. A new one is one line here.
-        self.reset = ResetJsonFollower()
-        self.sync = SyncCoordination()
-        self.hangs = HangWatch()
+        self.sync = SyncCoordination()  # also the elastic membership each attempt runs on
         metrics = []
         if opts.metrics_port is not None or opts.metrics_textfile:
             from launcher.run.metrics import Metrics  # only when asked for
 
             metrics.append(Metrics(opts.metrics_port, opts.metrics_textfile))
-        self.integrations = Integrations([ControlChannel(), self.reset, self.sync, TaskdManager(), self.hangs,
+        self.integrations = Integrations([ControlChannel(), ResetJsonFollower(), self.sync, TaskdManager(), HangWatch(),
                                           OutputWatch(), *metrics])
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
@@ -110,7 +107,6 @@ class Session:
                                        lambda spec: binding.cpus(spec.local_rank) if binding else None)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self.ckpt_index = checkpoint_index(self.opts, self.ctx.topology.server.ranks)
-        self.taskd_env = taskd_rank_env(self.opts, self.ctx)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
 
@@ -165,10 +161,12 @@ class Session:
         self.integrations.start(self)
         self._warn_uncoordinated()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
-                       self._resume_note, self.hangs.max_step, self.hangs.status, self._busy_devices, self._health)
-        cluster = ClusterHooks(self.reset.hold, self._request_exit)
+                       self._resume_note, self.integrations.progress, self.integrations.status, self._busy_devices,
+                       self._health)
+        cluster = ClusterHooks(self.integrations.hold, self._request_exit)
         # first_attempt > 0 when it joined a running elastic job
-        supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster, sync=self.sync.coordinator,
+        supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster,
+                                sync=self.integrations.restart_coordinator(),
                                 debug=self.debug, first_attempt=self.sync.first_generation)
         try:
             result = supervisor.run()
@@ -195,7 +193,7 @@ class Session:
     def _warn_uncoordinated(self) -> None:
         """Several servers, no --sync-dir, --coordinator or reset.json: say that restarts stay node-local."""
         topo = self.ctx.topology
-        if topo.table.server_count > 1 and self.sync.coordinator is None and self.reset.follower is None:
+        if topo.table.server_count > 1 and not self.integrations.coordinates_restarts():
             self.emit("sync_disabled", server_count=topo.table.server_count)
             log.warning("%d servers and no --sync-dir: restarts are not coordinated across the nodes "
                         "(see docs/multinode.md)", topo.table.server_count)
@@ -257,7 +255,7 @@ class Session:
             if removed:
                 self.emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
         specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
-                                    gasp_allowed=self.gasp_gate.allowed(), taskd_env=self.taskd_env,
+                                    gasp_allowed=self.gasp_gate.allowed(), rank_env=self.integrations.rank_env(),
                                     ckpt_index=self.ckpt_index)
         if plan is not None:
             self._record_plan(attempt, plan)

@@ -6,15 +6,19 @@ passes them every supervisor event (attempt start and end included), and stops t
 when it ends, whatever happened, so a later one (which may rely on an earlier one) goes first. A new
 integration is a subclass in its own module plus one line in ``Session.integrations``.
 
-The supervisor never sees this list: what its policy needs from an integration (the reset.json hold,
-the sync coordinator) the Session passes to it explicitly, so the restart loop stays testable with
-scripted events. Hooks run inside the supervisor's loop: they return at once and never block.
+Besides its hooks, an integration may contribute what the restart loop and the ranks need: a hold on
+(re)starts (reset.json), the ranks' progress (heartbeat steps), a section of the control socket's
+``status`` answer, variables for every rank (TaskD), the cross-node restart coordinator. The Session
+asks :class:`Integrations` for each, never a member by name, and hands the answers to the
+supervisor through its small interfaces (``launcher.supervision.hooks``), so the restart loop stays
+testable with scripted events. Hooks run inside the supervisor's loop: they return at once and never
+block.
 
 May import: nothing from ``launcher`` (``launcher.control`` and ``launcher.cluster`` build on it).
 """
 
 import logging
-from typing import Any, Dict, List, Mapping, Protocol, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +34,6 @@ class Host(Protocol):
         guard: The orphan guard (``launcher.supervision.guard.OrphanGuard``).
         run_dir: The run dir (``launcher.common.rundir.RunDir``).
         log_session: This launcher invocation's log directory.
-        taskd_env: What the ranks get for TaskD (empty without TaskD).
     """
 
     opts: Any
@@ -39,7 +42,6 @@ class Host(Protocol):
     guard: Any
     run_dir: Any
     log_session: str
-    taskd_env: Dict[str, str]
 
     def emit(self, event: str, **fields: object) -> None:
         """Append an event to events.jsonl (and pass it to every integration)."""
@@ -65,6 +67,31 @@ class Integration:
 
     def stop(self) -> None:
         """The run ends (normally or not); release everything started. Called once, if started."""
+
+    # -- what it may contribute (the defaults contribute nothing) ----------------------------------
+    def hold(self) -> Optional[str]:
+        """Why the ranks may not (re)start right now (the cluster holds them), or None."""
+        return None
+
+    def progress(self, attempt: int) -> Optional[int]:
+        """The highest training step the ranks of ``attempt`` reached, if this integration knows it."""
+        return None
+
+    def status(self) -> Dict[str, Any]:
+        """Keys merged into the control socket's ``status`` answer."""
+        return {}
+
+    def rank_env(self) -> Dict[str, str]:
+        """Variables every rank of the next attempt gets."""
+        return {}
+
+    def restart_coordinator(self) -> Optional[Any]:
+        """The coordinator the nodes restart together through (``launcher.cluster.sync``), or None."""
+        return None
+
+    def coordinates_restarts(self) -> bool:
+        """Whether the other nodes learn of this node's restarts through this integration."""
+        return False
 
 
 class Integrations:
@@ -92,6 +119,38 @@ class Integrations:
             elif event == "attempt_end":
                 member.attempt_ended(fields["attempt"], bool(fields.get("failed")))
             member.on_event(event, fields)
+
+    # -- their contributions, asked of every started member --------------------------------------
+    def hold(self) -> Optional[str]:
+        """The first hold a member reports, or None."""
+        return next((held for held in (m.hold() for m in self._started) if held), None)
+
+    def progress(self, attempt: int) -> Optional[int]:
+        """The highest step any member saw ``attempt`` reach (None: none knows)."""
+        steps = [step for step in (m.progress(attempt) for m in self._started) if step is not None]
+        return max(steps) if steps else None
+
+    def status(self) -> Dict[str, Any]:
+        """Every member's ``status`` section, merged."""
+        merged: Dict[str, Any] = {}
+        for member in self._started:
+            merged.update(member.status())
+        return merged
+
+    def rank_env(self) -> Dict[str, str]:
+        """Every member's variables for the ranks, merged in start order."""
+        merged: Dict[str, str] = {}
+        for member in self._started:
+            merged.update(member.rank_env())
+        return merged
+
+    def restart_coordinator(self) -> Optional[Any]:
+        """The first member's cross-node restart coordinator, or None."""
+        return next((c for c in (m.restart_coordinator() for m in self._started) if c is not None), None)
+
+    def coordinates_restarts(self) -> bool:
+        """Whether any member tells the other nodes of this node's restarts."""
+        return any(m.coordinates_restarts() for m in self._started)
 
     def stop(self) -> None:
         """Stop the started members, last first; one failing to stop does not keep the others running."""

@@ -19,7 +19,7 @@ def make_ctx(tmp_path, framework: str = "mindspore", base_env: Optional[Dict[str
 
 
 def worker_envs(tmp_path, opts: RunOptions, ctx: EnvContext):
-    specs, _ = attempt_specs(opts, ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={})
+    specs, _ = attempt_specs(opts, ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, rank_env={})
     return [s.env for s in specs if s.rank >= 0]
 
 
@@ -64,7 +64,7 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
     try:
         assert index.indexer is not None  # the event loop is not involved
         ctx = make_ctx(tmp_path, "pytorch")
-        _, plan = attempt_specs(opts, ctx, 1, (), log_session=str(tmp_path), gasp_allowed=True, taskd_env={},
+        _, plan = attempt_specs(opts, ctx, 1, (), log_session=str(tmp_path), gasp_allowed=True, rank_env={},
                                 ckpt_index=index)
         assert (plan.kind, plan.step) == ("breakpoint", 5)
         assert index._ranks  # pylint: disable=protected-access  # the plan was read through the index

@@ -129,7 +129,7 @@ def test_highest_step_of_an_attempt_is_kept_for_the_no_progress_policy(watch):
     write_slot(tmp, 0, 101.0, 7)
     write_slot(tmp, 1, 101.0, 12)
     hw.on_event("attempt_end", {"attempt": 0, "failed": True})
-    assert hw.max_step(0) == 12 and hw.max_step(1) is None
+    assert hw.progress(0) == 12 and hw.progress(1) is None
 
 
 def test_output_counts_as_progress(watch):

@@ -107,3 +107,48 @@ def test_without_coordination_there_is_nothing_to_leave():
     sync.start(SimpleNamespace(opts=SimpleNamespace(sync_dir=None, coordinator=None), ctx=None))
     sync.stop()
     assert sync.coordinator is None
+
+
+class Contributes(Integration):
+    """An integration contributing one of each (what the restart loop and the ranks may ask)."""
+
+    def __init__(self, held=None, step=None, section=None, env=None, coordinator=None):
+        self._held, self._step, self._section = held, step, section or {}
+        self._env, self._coordinator = env or {}, coordinator
+
+    def hold(self):
+        return self._held
+
+    def progress(self, attempt):
+        return self._step
+
+    def status(self):
+        return dict(self._section)
+
+    def rank_env(self):
+        return dict(self._env)
+
+    def restart_coordinator(self):
+        return self._coordinator
+
+    def coordinates_restarts(self):
+        return self._coordinator is not None
+
+
+def test_the_session_asks_every_started_member_never_one_by_name():
+    plain, first, second = Integration(), Contributes(env={"A": "1", "B": "1"}), Contributes(
+        held="reset.json: FaultFlushing", step=7, section={"stragglers": [3]}, env={"B": "2"}, coordinator="c")
+    members = Integrations([plain, first, second])
+    assert (members.hold(), members.progress(0), members.status(), members.rank_env(),
+            members.restart_coordinator(), members.coordinates_restarts()) == (None, None, {}, {}, None, False)
+    members.start(None)
+    assert members.hold() == "reset.json: FaultFlushing"
+    assert members.progress(0) == 7 and members.status() == {"stragglers": [3]}
+    assert members.rank_env() == {"A": "1", "B": "2"}  # later members win, in start order
+    assert members.restart_coordinator() == "c" and members.coordinates_restarts()
+
+
+def test_progress_is_the_highest_any_member_saw():
+    members = Integrations([Contributes(step=3), Contributes(), Contributes(step=9)])
+    members.start(None)
+    assert members.progress(1) == 9
