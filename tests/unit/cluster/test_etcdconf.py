@@ -14,7 +14,7 @@ from launcher.cluster.etcdconf import coordinator_client, coordinator_security, 
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import RunOptions, coordinator_tls, parse_coordinator
-from tests.unit.commands.test_cli import run_cli
+from tests.helpers.cli import run_cli
 
 SECRET = "hunter2-do-not-show"
 

@@ -7,17 +7,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from launcher.commands.cli import main
+from tests.helpers.cli import run_cli
 
 
 @pytest.fixture(autouse=True)
 def _isolated(clean_env, restore_launcher_logger, monkeypatch, tmp_path):
     monkeypatch.setenv("LAUNCHER_RUN_DIR", str(tmp_path / "run"))
-
-
-def run_cli(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def dry_json(capsys, *args):
