@@ -109,20 +109,25 @@ def test_status_reads_a_200_mb_line_in_bounded_memory(tmp_path):
     assert doc["events_skipped"] == 1 and doc["attempt"] == 1
 
 
+#: Spawns ``argv`` and prints its peak RSS in KiB: the measured process must be forked from this small
+#: interpreter, not from pytest's worker (Linux keeps a process's peak RSS across exec, so a child
+#: forked from a worker holding torch would report the worker's size).
+_MEASURE = ("import os, subprocess, sys\n"
+            "proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,"
+            " stdin=subprocess.DEVNULL)\n"
+            "_, status, usage = os.wait4(proc.pid, 0)\n"
+            "print(os.waitstatus_to_exitcode(status), usage.ru_maxrss)\n")
+
+
 def max_rss_of(argv) -> int:
     """Peak resident memory (bytes) of the process ``argv``, measured by ``os.wait4`` on it alone."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + HANG
-    while time.monotonic() < deadline:
-        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-        if pid:
-            proc.returncode = os.waitstatus_to_exitcode(status)
-            assert proc.returncode == 0
-            return usage.ru_maxrss * 1024  # KiB on Linux
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    pytest.fail("launcher status hung")
+    try:
+        done = subprocess.run([sys.executable, "-c", _MEASURE, *argv], capture_output=True, text=True, timeout=HANG)
+    except subprocess.TimeoutExpired:
+        pytest.fail("launcher status hung")
+    code, kib = map(int, done.stdout.split())
+    assert code == 0, done.stderr
+    return kib * 1024  # KiB on Linux
 
 
 def test_report_never_follows_a_planted_timeline_symlink(tmp_path):

@@ -68,7 +68,10 @@ LAUNCHER_ADDS = ("RANK_ID", "RANK_SIZE", "DEVICE_ID", "ASCEND_DEVICE_ID", "DEVIC
                  # breakpoint() in a rank without the terminal: a hint, not a BdbQuit (README "Debugging a rank")
                  "PYTHONBREAKPOINT", "PYTHONPATH",
                  # finds the job's processes that left their process group (docs/process-tree.md)
-                 "LAUNCHER_JOB_TOKEN")
+                 "LAUNCHER_JOB_TOKEN",
+                 # where the rank hooks record the modules the ranks import, for --preload auto
+                 # (docs/warm-standby.md)
+                 "LAUNCHER_IMPORTS_FILE")
 #: On top of LAUNCHER_ADDS for MindSpore: the Ascend Operator's names for what msrun passes on its command
 #: line, LOCAL_RANK, and torch's error file (set for every framework; harmless without torch).
 LAUNCHER_ADDS_MS = ("LOCAL_RANK", "MS_LOCAL_WORKER", "MS_NODE_RANK", "MS_SERVER_NUM", "TORCHELASTIC_ERROR_FILE")
