@@ -15,11 +15,19 @@ import base64
 import http.client
 import json
 import socket
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 
 class EtcdError(Exception):
     """No endpoint answered, or one answered with an error."""
+
+
+class Changes(NamedTuple):
+    """One message of a watch stream: its revision and its events, ``(key, value)`` with value None
+    for a deleted key (an expired lease's key too)."""
+
+    revision: int
+    events: List[Tuple[str, Optional[bytes]]]
 
 
 def _b64(text: str) -> str:
@@ -70,9 +78,11 @@ class EtcdClient:
             return data
         raise EtcdError("; ".join(errors))
 
-    def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
-        """Every key under ``prefix``: ``(revision, {key: value})``."""
-        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
+    def range(self, prefix: str, range_end: Optional[str] = None) -> Tuple[int, Dict[str, bytes]]:
+        """Every key under ``prefix`` (from ``prefix`` up to ``range_end`` when given):
+        ``(revision, {key: value})``."""
+        end = _b64(range_end) if range_end is not None else _prefix_end(prefix)
+        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": end})
         kvs = {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
                for kv in data.get("kvs", ())}
         return int(data.get("header", {}).get("revision", 0)), kvs
@@ -103,8 +113,10 @@ class EtcdClient:
         """End ``lease`` now: its keys are deleted."""
         self._call("/v3/lease/revoke", {"ID": lease})
 
-    def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[int]:
-        """Follow changes under ``prefix`` from ``start_revision``; yields each change's revision.
+    def watch(self, prefix: str, start_revision: int, idle: float,
+              range_end: Optional[str] = None) -> Iterator[Changes]:
+        """Follow changes under ``prefix`` (up to ``range_end`` when given) from ``start_revision``;
+        yields each message's :class:`Changes`.
 
         Ends (returns) when the stream closes or stays silent for ``idle`` seconds, which the
         caller treats like any other reason to read the prefix again.
@@ -115,7 +127,8 @@ class EtcdClient:
         host, port = self.endpoints[0]
         conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:
-            body = {"create_request": {"key": _b64(prefix), "range_end": _prefix_end(prefix),
+            end = _b64(range_end) if range_end is not None else _prefix_end(prefix)
+            body = {"create_request": {"key": _b64(prefix), "range_end": end,
                                        "start_revision": str(start_revision)}}
             try:
                 conn.request("POST", "/v3/watch", json.dumps(body), {"Content-Type": "application/json"})
@@ -125,13 +138,13 @@ class EtcdClient:
                 raise EtcdError(f"{host}:{port}: {getattr(exc, 'strerror', None) or exc}") from None
             if conn.sock is not None:
                 conn.sock.settimeout(idle)
-            yield from _watch_revisions(response)
+            yield from _watch_changes(response)
         finally:
             conn.close()
 
 
-def _watch_revisions(response: http.client.HTTPResponse) -> Iterator[int]:
-    """The revision of each message of a watch stream, until it closes, stalls or breaks."""
+def _watch_changes(response: http.client.HTTPResponse) -> Iterator[Changes]:
+    """Each message of a watch stream, until it closes, stalls or breaks."""
     while True:
         try:
             line = response.readline()
@@ -145,7 +158,14 @@ def _watch_revisions(response: http.client.HTTPResponse) -> Iterator[int]:
             return
         if result.get("canceled") or result.get("compact_revision"):
             return
-        yield int(result.get("header", {}).get("revision", 0))
+        try:
+            events = [(base64.b64decode(kv.get("key", "")).decode(errors="replace"),
+                       None if event.get("type") == "DELETE" else base64.b64decode(kv.get("value", "")))
+                      for event in result.get("events", ()) for kv in [event.get("kv", {})]]
+            revision = int(result.get("header", {}).get("revision", 0))
+        except (ValueError, TypeError, AttributeError):
+            return  # not etcd's answer: the caller reads the range again
+        yield Changes(revision, events)
 
 
 def _put(key: str, value: bytes, lease: int = 0) -> dict:
