@@ -139,6 +139,8 @@ def static_job(etcd: Etcd, count: int, ttl: int, env: Dict[str, str], log: str) 
         jobs.send("go")
         ok = jobs.wait_for(lambda s: _count("generation", gen=0)(s) >= count)
         out["join_s"] = _last(jobs.seen, "generation", start, gen=0) - start if ok else None
+        last_join = _last(jobs.seen, "joining", start)
+        out["last_join_s"] = _last(jobs.seen, "generation", start, gen=0) - last_join if ok else None
         out["join"] = etcd.sample().minus(before)
         time.sleep(0.5)
         before = etcd.sample()

@@ -8,7 +8,8 @@ from bench.common import Row, fmt
 
 #: (label, getter) of the table's columns.
 COLUMNS: Sequence[Tuple[str, object]] = (
-    ("join -> gen 0 (s)", lambda r: r.get("join_s")),
+    ("start -> all in gen 0 (s)", lambda r: r.get("join_s")),
+    ("last join -> all in gen 0 (s)", lambda r: r.get("last_join_s")),
     ("failure -> all told (s)", lambda r: r.get("failure_told_s")),
     ("failure -> all agreed (s)", lambda r: r.get("failure_agreed_s")),
     ("loss -> all told (s)", lambda r: r.get("loss_told_s")),

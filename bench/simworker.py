@@ -23,6 +23,7 @@ import heapq
 import itertools
 import json
 import queue
+import random
 import sys
 import threading
 import time
@@ -34,6 +35,8 @@ from launcher.supervision.policy import Failure, PeerUpdate, RunResult
 from launcher.supervision.states import ExitInfo
 
 _OUT = threading.Lock()
+#: Seconds over which the nodes of a process start joining (uniformly at random).
+JOIN_SPREAD = 1.0
 
 
 def say(node: int, what: str, **fields) -> None:
@@ -132,7 +135,7 @@ def _host(index: int, count: int, args: argparse.Namespace, group: Group) -> Sim
 def node_main(index: int, args: argparse.Namespace, timers: Timers, groups: Dict[int, Group]) -> None:
     """One node: join, then generations until the job ends on it."""
     group = groups[index]
-    sync = SyncCoordination()
+    sync = group.sync = SyncCoordination()
     with group.lock:
         try:
             say(index, "joining")
@@ -178,6 +181,14 @@ def _generations(index: int, sync: SyncCoordination, group: Group) -> None:
         generation += 1
 
 
+def _start(threads: List[threading.Thread]) -> None:
+    began = time.monotonic()
+    for thread, offset in sorted(zip(threads, (random.uniform(0, JOIN_SPREAD) for _ in threads)),
+                                 key=lambda pair: pair[1]):
+        time.sleep(max(0.0, began + offset - time.monotonic()))
+        thread.start()
+
+
 def _nodes(spec: str) -> List[int]:
     if "-" in spec:
         first, last = spec.split("-")
@@ -204,11 +215,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     say(-1, "ready", nodes=len(args.nodes))
     for line in sys.stdin:
         command = line.split()
-        if command == ["go"]:
-            for thread in threads:
-                thread.start()
+        if command == ["go"]:  # the nodes join over JOIN_SPREAD seconds, as pods that start together do
+            threading.Thread(target=_start, args=(threads,), daemon=True).start()
         elif command[:1] == ["fail"] and int(command[1]) in groups:
             groups[int(command[1])].post(Fail())
+        elif command == ["dump"]:  # where each node is, for debugging the simulator
+            for index, group in groups.items():
+                files = getattr(getattr(group, "sync", None), "files", None)
+                say(index, "dump", leading=getattr(files, "leading", None), not_joined=len(files.not_joined())
+                    if files is not None else None, view=len(getattr(files, "_view", (b"",))[0] or b""))
         elif command == ["stop"]:
             for group in groups.values():
                 group.post(Stop())

@@ -28,6 +28,7 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -49,6 +50,8 @@ ROOT = "/launcher/"
 #: A watch that says nothing for this long is re-opened after a fresh read (also the fallback poll).
 WATCH_IDLE = 5.0
 MIN_WATCH_ROUND = 0.1  # seconds: a watch that ends sooner is not reopened at once
+#: Seconds a join may take when etcd answers slowly (calls time out: every node of a large job at once).
+SLOW_JOIN_WAIT = 30.0
 _INCARNATION = re.compile(r"inc_(\d+)/")
 _MEMBER = re.compile(r"(join|member)\.(\d+)")
 _GENERATION = re.compile(r"gen_(\d+)/")
@@ -110,6 +113,7 @@ class EtcdStore:
         self._view: Tuple[Optional[bytes], dict] = (None, {})  # the published view: raw, decoded
         self._keys: Dict[str, bytes] = {}
         self._not_joined: Tuple[int, List[int]] = (-1, [])
+        self.token: Optional[str] = None  # in join.<i>: this launcher's join, not a previous start's
         self._published: Optional[dict] = None  # what this server last published as the leader
         self._published_at = 0.0
         self._view_due: Optional[float] = None  # a publication of progress waits until then
@@ -134,15 +138,26 @@ class EtcdStore:
         Raises:
             EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
         """
-        retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(wait), wait=tenacity.wait_fixed(0.25),
+        def give_up(state: tenacity.RetryCallState) -> bool:  # an etcd that is there but slow gets longer
+            slow = "timed out" in str(state.outcome.exception())
+            return state.seconds_since_start >= (max(wait, SLOW_JOIN_WAIT) if slow else wait)
+
+        retrying = tenacity.Retrying(stop=give_up, wait=tenacity.wait_fixed(0.25),
                                      retry=tenacity.retry_if_exception_type(EtcdError), reraise=True,
                                      before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
-        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic, address, emit)
+        token = os.urandom(8).hex()  # tells this call's join record from a previous start's
+        store = retrying(cls._enter, client, run_id, index, names, ttl, write_for, elastic, address, emit, token)
+        retrying(store._begin)
+        for thread in store._threads:
+            thread.start()
+        return store
 
     @classmethod
-    def _join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-              write_for: float, elastic: bool, address: Optional[str] = None,
-              emit: Optional[Callable[..., object]] = None) -> "EtcdStore":
+    def _enter(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
+               write_for: float, elastic: bool, address: Optional[str], emit: Optional[Callable[..., object]],
+               token: str) -> "EtcdStore":
+        """Create this server's ``join.<i>`` and ``member.<i>`` in the incarnation it joins (again
+        after an answer that timed out: a join record with ``token`` is this call's own)."""
         root = f"{ROOT}{run_id}/"
         _, keys = client.range(root)
         number = max((int(m.group(1)) for m in map(_INCARNATION.match, (k[len(root):] for k in keys)) if m),
@@ -150,6 +165,10 @@ class EtcdStore:
         lease = client.grant(ttl)
         while True:
             store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address, emit)
+            store.token = token
+            if (_parse(keys.get(store.prefix + f"join.{index}")) or {}).get("token") == token:
+                client.put(store.prefix + f"member.{index}", b"{}", lease)  # onto this attempt's lease
+                break
             if store.prefix + CLOSED not in keys:
                 if elastic and store._join_running(keys):
                     break
@@ -157,12 +176,20 @@ class EtcdStore:
                                  [(store.prefix + f"member.{index}", b"{}", lease)]):
                     break
             number += 1
-        store._campaign()
-        revision, store._snapshot = client.range(store.prefix)
-        store._seen = Seen(revision, client.cluster_id, resets(store.prefix, store._snapshot))
-        for thread in store._threads:
-            thread.start()
         return store
+
+    def _begin(self) -> None:
+        """The first read after joining: every key for the leader, the view for a follower (with the
+        records of a reset, which tell lost data later)."""
+        self._campaign()
+        if self.leading:
+            revision, keys = self.client.range(self.prefix)
+        else:
+            revision, keys = self.client.range(*self._view_keys)
+            keys.update(self.client.range(self.prefix + "reset.")[1])
+            keys[f"{self.prefix}join.{self.index}"] = self._joined()
+        self._snapshot = keys
+        self._seen = Seen(revision, self.client.cluster_id, resets(self.prefix, keys))
 
     def _join_running(self, keys: Dict[str, bytes]) -> bool:
         """Elastic: join the incarnation while it runs, when this server's place is free and the job is
@@ -194,7 +221,8 @@ class EtcdStore:
         return True
 
     def _joined(self) -> bytes:
-        return self._record({"address": self.address} if self.address else {})
+        return self._record({**({"address": self.address} if self.address else {}),
+                             **({"token": self.token} if self.token else {})})
 
     def _record(self, data: dict) -> bytes:
         return json.dumps(stamp(self.index, self.name(self.index), data)).encode()

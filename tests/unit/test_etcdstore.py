@@ -310,3 +310,22 @@ def test_a_changed_cluster_id_is_lost_data(etcd):
     a._refresh()
     assert a._notices[0][1]["reason"] == "etcd lost its data: cluster id 7 -> 8"
     assert a.prefix + "reset.1" in etcd.kv
+
+
+def test_a_join_whose_answer_timed_out_stays_in_its_incarnation(etcd):
+    """etcd committed the join but its answer timed out (every node of a large job joining at once):
+    the retry finds this call's own join record and keeps it, instead of starting inc_1 alone."""
+    first, create = [True], etcd.create
+
+    def slow_create(key, value, lease=0, also=()):
+        done = create(key, value, lease, also)
+        if first and key.endswith("join.1"):
+            first.clear()
+            raise EtcdError("127.0.0.1:2379: timed out")
+        return done
+
+    a = join(etcd, 0)
+    etcd.create = slow_create
+    b = join(etcd, 1)
+    assert b.prefix == a.prefix and not first
+    assert etcd.leases[b.prefix + "member.1"] == b.lease and b.lease in etcd.live
