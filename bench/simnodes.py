@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from bench import common, simetcd
 
 PER_PROCESS = 250
+JOIN_RATE = 250  # nodes starting per second
 PHASE_TIMEOUT = 180.0
 IDLE_WINDOW = 3.0
 NAME = "simnodes"
@@ -96,6 +97,11 @@ class Workers:
                 proc.wait()
 
 
+def _spread(count: int) -> List[str]:
+    """The nodes start over 1 s, and 1 s per 250 nodes beyond (as a large job's pods start)."""
+    return ["--join-spread", str(max(1.0, count / JOIN_RATE))]
+
+
 def _groups(nodes: Sequence[int]) -> List[List[int]]:
     size = max(1, math.ceil(len(nodes) / math.ceil(len(nodes) / PER_PROCESS)))
     return [list(nodes[i:i + size]) for i in range(0, len(nodes), size)]
@@ -133,7 +139,7 @@ def static_job(etcd: Etcd, count: int, ttl: int, env: Dict[str, str], log: str) 
     """Join, one failure, one node lost: a job of ``count`` nodes (``--nnodes count``)."""
     out: dict = {}
     groups = _groups(range(count - 1)) + [[count - 1]]  # the last node alone: its process is killed
-    jobs = Workers(etcd.server.url, f"static{count}", count, groups, ["--ttl", str(ttl)], env, log)
+    jobs = Workers(etcd.server.url, f"static{count}", count, groups, ["--ttl", str(ttl), *_spread(count)], env, log)
     try:
         before, start = etcd.sample(), time.time()
         jobs.send("go")
@@ -179,13 +185,13 @@ def _loss(etcd: Etcd, jobs: Workers, count: int, ttl: int) -> dict:
 
 def elastic_job(etcd: Etcd, count: int, ttl: int, env: Dict[str, str], log: str) -> dict:
     """A job of ``count - 1`` nodes (``--nnodes count-1:count``) that node ``count - 1`` joins."""
-    extra = ["--ttl", str(ttl), "--min-nodes", str(count - 1), "--elastic-wait", "0.5"]
+    extra = ["--ttl", str(ttl), "--min-nodes", str(count - 1), "--elastic-wait", "0.5", *_spread(count)]
     jobs = Workers(etcd.server.url, f"elastic{count}", count, _groups(range(count - 1)), extra, env, log)
     joiner = None
     try:
         jobs.send("go")
         if not jobs.wait_for(lambda s: _count("generation", gen=0)(s) >= count - 1):
-            return {"elastic_join_s": None, "errors": jobs.errors()}
+            return {"elastic_join_s": None, "elastic_errors": jobs.errors()}
         joiner = Workers(etcd.server.url, f"elastic{count}", count, [[count - 1]], extra, env, log)
         joiner.lines = jobs.lines  # one stream of lines for both
         before = etcd.sample()
@@ -193,7 +199,7 @@ def elastic_job(etcd: Etcd, count: int, ttl: int, env: Dict[str, str], log: str)
         ok = jobs.wait_for(lambda s: _count("generation", gen=1)(s) >= count)
         joined = _last(jobs.seen, "joining", 0, node=count - 1)
         return {"elastic_join_s": _last(jobs.seen, "generation", joined, gen=1) - joined if ok else None,
-                "elastic": etcd.sample().minus(before), "errors": jobs.errors()}
+                "elastic": etcd.sample().minus(before), "elastic_errors": jobs.errors()}
     finally:
         jobs.close()
         if joiner is not None:

@@ -35,8 +35,6 @@ from launcher.supervision.policy import Failure, PeerUpdate, RunResult
 from launcher.supervision.states import ExitInfo
 
 _OUT = threading.Lock()
-#: Seconds over which the nodes of a process start joining (uniformly at random).
-JOIN_SPREAD = 1.0
 
 
 def say(node: int, what: str, **fields) -> None:
@@ -181,9 +179,10 @@ def _generations(index: int, sync: SyncCoordination, group: Group) -> None:
         generation += 1
 
 
-def _start(threads: List[threading.Thread]) -> None:
+def _start(threads: List[threading.Thread], spread: float) -> None:
+    """Start the nodes at uniformly random moments over ``spread`` seconds, as pods started together do."""
     began = time.monotonic()
-    for thread, offset in sorted(zip(threads, (random.uniform(0, JOIN_SPREAD) for _ in threads)),
+    for thread, offset in sorted(zip(threads, (random.uniform(0, spread) for _ in threads)),
                                  key=lambda pair: pair[1]):
         time.sleep(max(0.0, began + offset - time.monotonic()))
         thread.start()
@@ -206,6 +205,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--sync-timeout", type=float, default=120.0)
     parser.add_argument("--min-nodes", type=int, default=None)
     parser.add_argument("--elastic-wait", type=float, default=0.5)
+    parser.add_argument("--join-spread", type=float, default=1.0, help="seconds over which the nodes start")
     args = parser.parse_args(argv)
     threading.stack_size(512 * 1024)
     timers = Timers()
@@ -215,8 +215,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     say(-1, "ready", nodes=len(args.nodes))
     for line in sys.stdin:
         command = line.split()
-        if command == ["go"]:  # the nodes join over JOIN_SPREAD seconds, as pods that start together do
-            threading.Thread(target=_start, args=(threads,), daemon=True).start()
+        if command == ["go"]:
+            threading.Thread(target=_start, args=(threads, args.join_spread), daemon=True).start()
         elif command[:1] == ["fail"] and int(command[1]) in groups:
             groups[int(command[1])].post(Fail())
         elif command == ["dump"]:  # where each node is, for debugging the simulator

@@ -87,6 +87,15 @@ class EtcdClient:
                for kv in data.get("kvs", ())}
         return int(data.get("header", {}).get("revision", 0)), kvs
 
+    def get(self, key: str) -> Optional[bytes]:
+        """The value of ``key``, or None when it does not exist."""
+        return self.range(key, key + "\0")[1].get(key)
+
+    def count(self, prefix: str) -> int:
+        """How many keys there are under ``prefix`` (etcd counts them: no key travels)."""
+        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix), "count_only": True})
+        return int(data.get("count", 0))
+
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         """Set ``key`` (attached to ``lease`` when not 0: it goes when the lease does)."""
         self._call("/v3/kv/put", _put(key, value, lease))

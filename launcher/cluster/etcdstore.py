@@ -52,7 +52,6 @@ WATCH_IDLE = 5.0
 MIN_WATCH_ROUND = 0.1  # seconds: a watch that ends sooner is not reopened at once
 #: Seconds a join may take when etcd answers slowly (calls time out: every node of a large job at once).
 SLOW_JOIN_WAIT = 30.0
-_INCARNATION = re.compile(r"inc_(\d+)/")
 _MEMBER = re.compile(r"(join|member)\.(\d+)")
 _GENERATION = re.compile(r"gen_(\d+)/")
 _Put = Tuple[str, bytes, bool]
@@ -159,18 +158,19 @@ class EtcdStore:
         """Create this server's ``join.<i>`` and ``member.<i>`` in the incarnation it joins (again
         after an answer that timed out: a join record with ``token`` is this call's own)."""
         root = f"{ROOT}{run_id}/"
-        _, keys = client.range(root)
-        number = max((int(m.group(1)) for m in map(_INCARNATION.match, (k[len(root):] for k in keys)) if m),
-                     default=0)
+        number = 0  # the newest incarnation, found by counting (every node joins: no key list travels)
+        while client.count(f"{root}inc_{number + 1}/"):
+            number += 1
         lease = client.grant(ttl)
         while True:
             store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address, emit)
             store.token = token
-            if (_parse(keys.get(store.prefix + f"join.{index}")) or {}).get("token") == token:
+            if (_parse(client.get(store.prefix + f"join.{index}")) or {}).get("token") == token:
                 client.put(store.prefix + f"member.{index}", b"{}", lease)  # onto this attempt's lease
                 break
-            if store.prefix + CLOSED not in keys:
-                if elastic and store._join_running(keys):
+            if client.get(store.prefix + CLOSED) is None:
+                # only a late joiner of a running elastic job reads the incarnation's keys
+                if elastic and client.count(store.prefix + "gen_") and store._join_running(client.range(store.prefix)[1]):
                     break
                 if client.create(store.prefix + f"join.{index}", store._joined(), 0,
                                  [(store.prefix + f"member.{index}", b"{}", lease)]):
@@ -362,18 +362,15 @@ class EtcdStore:
         with self._lock:
             if gone is not None and (gone != self.lease or self.expelled):
                 return self._seen.revision  # a reset granted a new lease meanwhile
-            full = gone is not None or self.leading
-            revision, keys = self._range(full)
-            # A follower's read has no join record: only the revision and the cluster tell lost data then.
-            seen = keys if full else {**keys, f"{self.prefix}join.{self.index}": b""}
+            revision, keys, seen = self._read(gone)
             why = lost_data(self._seen, self.prefix, self.index, revision, self.client.cluster_id, seen)
             if why is not None:
-                self._reset(why, keys)
-                revision, keys = self._range(full)
+                self._reset(why, seen)
+                revision, keys, seen = self._read(self.lease)  # with the reset record just written
             elif gone is not None:
                 self._expel()
-            self._seen = Seen(revision, self.client.cluster_id, max(self._seen.resets, resets(self.prefix, keys)))
-            if not full:  # what else a follower read once stays: records are only ever added
+            self._seen = Seen(revision, self.client.cluster_id, max(self._seen.resets, resets(self.prefix, seen)))
+            if not self.leading:  # what else a follower read once stays: records are only ever added
                 low, high = self._view_keys
                 keys = {**{k: v for k, v in self._snapshot.items() if not low <= k < high}, **keys}
             self._snapshot = keys
@@ -381,8 +378,20 @@ class EtcdStore:
                 self._campaign()
             return revision
 
-    def _range(self, full: bool) -> Tuple[int, Dict[str, bytes]]:
-        return self.client.range(self.prefix) if full else self.client.range(*self._view_keys)
+    def _read(self, gone: Optional[int]) -> Tuple[int, Dict[str, bytes], Dict[str, bytes]]:
+        """``(revision, keys, what tells lost data)``: the leader reads every key; a follower the view,
+        and when its lease is gone the reset records and its own join record too (a few keys, not
+        every node's: when many leases go at once, N full reads would be N x N)."""
+        if self.leading:
+            revision, keys = self.client.range(self.prefix)
+            return revision, keys, keys
+        revision, keys = self.client.range(*self._view_keys)
+        own = f"{self.prefix}join.{self.index}"
+        if gone is None:  # no sign of anything: only the revision and the cluster tell lost data
+            return revision, keys, {**keys, own: b""}
+        keys.update(self.client.range(self.prefix + "reset.")[1])
+        joined = self.client.get(own)
+        return revision, keys, {**keys, **({own: joined} if joined is not None else {})}
 
     @property
     def _snapshot(self) -> Dict[str, bytes]:

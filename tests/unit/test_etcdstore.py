@@ -43,6 +43,14 @@ class FakeEtcd:
         inside = (lambda k: prefix <= k < range_end) if range_end is not None else (lambda k: k.startswith(prefix))
         return self.revision, {k: v for k, v in self.kv.items() if inside(k)}
 
+    def get(self, key: str):
+        self._check()
+        return self.kv.get(key)
+
+    def count(self, prefix: str) -> int:
+        self._check()
+        return sum(1 for k in self.kv if k.startswith(prefix))
+
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         self._check()
         self.revision += 1
