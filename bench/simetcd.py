@@ -44,7 +44,7 @@ def cpu_seconds(pid: int) -> float:
 
 def sample(port: int, pid: int) -> Sample:
     """Scrape ``http://127.0.0.1:<port>/metrics`` and the process's CPU time."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60) as response:
         text = response.read().decode()
     requests: Dict[str, float] = {}
     found = {"watch_responses": 0.0, "watch_events": 0.0, "bytes_received": 0.0, "bytes_sent": 0.0}

@@ -56,7 +56,7 @@ class Workers:
             spec = f"{nodes[0]}-{nodes[-1]}"
             proc = subprocess.Popen([sys.executable, "-m", "bench.simworker", url, run_id, str(count), spec, *extra],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "ab"), env=env,
-                                    text=True, start_new_session=True)
+                                    text=True, start_new_session=True, cwd=env["PYTHONPATH"].split(os.pathsep)[0])
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(proc,), daemon=True).start()
         self.wait_for(lambda seen: sum(1 for e in seen if e["what"] == "ready") >= len(self.procs), 60)
