@@ -250,6 +250,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--ttl", type=int, default=5, help="--coordinator-ttl of the nodes (default 5)")
     parser.add_argument("--json", default=os.path.join(common.REPO, "bench", "results", "simnodes.json"))
     parser.add_argument("--svg", default=None, help="write the growth plot here")
+    parser.add_argument("--baseline", default=None, help="a results JSON of another design, dashed in the plot")
     parser.add_argument("--launcher-path", default=None,
                         help="run the nodes with the launcher package in this directory (compare designs)")
     args = parser.parse_args(argv)
@@ -265,7 +266,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         json.dump(previous, fh, indent=1)
     print(simreport.table({int(k): v for k, v in previous.items()}))
     if args.svg:
-        simreport.svg({int(k): v for k, v in previous.items()}, args.svg)
+        baseline = json.load(open(args.baseline)) if args.baseline else None
+        simreport.svg({int(k): v for k, v in previous.items()}, args.svg,
+                      {int(k): v for k, v in baseline.items()} if baseline else None)
     return 0
 
 

@@ -97,11 +97,14 @@ def slope(points: Sequence[Tuple[float, float]]) -> Optional[float]:
     return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
 
 
-def svg(results: Dict[int, dict], path: str, title: str = "Coordination cost per generation vs. N") -> None:
-    """A log-log plot of ``SERIES`` against N, written to ``path``."""
-    width, height, left, top, right, bottom = 760, 440, 70, 40, 250, 50
-    sizes = sorted(results)
-    values = [v for _, get, _ in SERIES for n in sizes for v in [get(results[n])] if v]
+def svg(results: Dict[int, dict], path: str, baseline: Optional[Dict[int, dict]] = None,
+        title: str = "Coordination cost per generation vs. N") -> None:
+    """A log-log plot of ``SERIES`` against N, written to ``path``; ``baseline`` (another design's
+    results) dashed."""
+    width, height, left, top, right, bottom = 820, 460, 70, 40, 310, 50
+    runs = [(results, "", "")] + ([(baseline, " (before)", ' stroke-dasharray="5,4"')] if baseline else [])
+    sizes = sorted(set(results) | set(baseline or {}))
+    values = [v for data, _, _ in runs for _, get, _ in SERIES for n in data for v in [get(data[n])] if v]
     lo_y, hi_y = math.floor(math.log10(min(values))), math.ceil(math.log10(max(values)))
     lo_x, hi_x = math.log10(min(sizes)), math.log10(max(sizes))
     plot_w, plot_h = width - left - right, height - top - bottom
@@ -121,16 +124,19 @@ def svg(results: Dict[int, dict], path: str, title: str = "Coordination cost per
         x, _ = xy(n, 10 ** lo_y)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" stroke="#ddd"/>'
                    f'<text x="{x:.1f}" y="{top + plot_h + 18}" text-anchor="middle">N = {n:,}</text>')
-    for row, (label, get, colour) in enumerate(SERIES):
-        points = [(n, get(results[n])) for n in sizes if get(results[n])]
-        coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(n, v) for n, v in points))
-        if coords:
-            out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"/>')
-            out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in
-                    (xy(n, v) for n, v in points)]
-        k = slope(points)
-        out.append(f'<text x="{left + plot_w + 15}" y="{top + 20 + 22 * row}" fill="{colour}">{label}'
-                   f'{"" if k is None else f" (slope {k:.2f})"}</text>')
+    row = 0
+    for data, suffix, dash in runs:
+        for label, get, colour in SERIES:
+            points = [(n, get(data[n])) for n in sorted(data) if get(data[n])]
+            coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(n, v) for n, v in points))
+            if coords:
+                out.append(f'<polyline points="{coords}" fill="none" stroke="{colour}" stroke-width="2"{dash}/>')
+                out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in
+                        (xy(n, v) for n, v in points)]
+            k = slope(points)
+            out.append(f'<text x="{left + plot_w + 15}" y="{top + 20 + 20 * row}" fill="{colour}">{label}{suffix}'
+                       f'{"" if k is None else f" (slope {k:.2f})"}</text>')
+            row += 1
     out.append("</svg>")
     with open(path, "w", encoding="utf-8") as fh:
         fh.write("\n".join(out) + "\n")
