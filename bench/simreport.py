@@ -4,7 +4,7 @@ SVG plot of how each quantity grows with N (log-log, with the slope of each seri
 import math
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from bench.common import Row, fmt
+from bench.common import Row
 
 #: (label, getter) of the table's columns.
 COLUMNS: Sequence[Tuple[str, object]] = (

@@ -170,7 +170,8 @@ class EtcdStore:
                 break
             if client.get(store.prefix + CLOSED) is None:
                 # only a late joiner of a running elastic job reads the incarnation's keys
-                if elastic and client.count(store.prefix + "gen_") and store._join_running(client.range(store.prefix)[1]):
+                running = elastic and client.count(store.prefix + "gen_") > 0
+                if running and store._join_running(client.range(store.prefix)[1]):
                     break
                 if client.create(store.prefix + f"join.{index}", store._joined(), 0,
                                  [(store.prefix + f"member.{index}", b"{}", lease)]):
