@@ -25,6 +25,7 @@ BENCHMARKS = {
     "hang": "bench.hang",
     "multinode": "bench.multinode",
     "resume": "bench.resume",
+    "simnodes": "bench.simnodes",
 }
 
 

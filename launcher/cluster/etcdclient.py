@@ -24,7 +24,7 @@ import json
 import socket
 import ssl
 import threading
-from typing import Dict, Iterator, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
 from launcher.common.inputfiles import loads_json
@@ -33,6 +33,14 @@ from launcher.common.inputfiles import loads_json
 LIMIT_ANSWER = 64 * 1024 * 1024
 
 __all__ = ["EtcdClient", "EtcdError", "EtcdRejected", "Security"]
+
+
+class Changes(NamedTuple):
+    """One message of a watch stream: its revision and its events, ``(key, value)`` with value None
+    for a deleted key (an expired lease's key too)."""
+
+    revision: int
+    events: List[Tuple[str, Optional[bytes]]]
 
 
 def _b64(text: str) -> str:
@@ -148,12 +156,23 @@ class EtcdClient:
             raise EtcdRejected("; ".join(rejected + errors))
         raise EtcdError("; ".join(errors))
 
-    def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
-        """Every key under ``prefix``: ``(revision, {key: value})``."""
-        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix)})
+    def range(self, prefix: str, range_end: Optional[str] = None) -> Tuple[int, Dict[str, bytes]]:
+        """Every key under ``prefix`` (from ``prefix`` up to ``range_end`` when given):
+        ``(revision, {key: value})``."""
+        end = _b64(range_end) if range_end is not None else _prefix_end(prefix)
+        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": end})
         kvs = {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
                for kv in data.get("kvs", ())}
         return int(data.get("header", {}).get("revision", 0)), kvs
+
+    def get(self, key: str) -> Optional[bytes]:
+        """The value of ``key``, or None when it does not exist."""
+        return self.range(key, key + "\0")[1].get(key)
+
+    def count(self, prefix: str) -> int:
+        """How many keys there are under ``prefix`` (etcd counts them: no key travels)."""
+        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix), "count_only": True})
+        return int(data.get("count", 0))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         """Set ``key`` (attached to ``lease`` when not 0: it goes when the lease does)."""
@@ -181,8 +200,10 @@ class EtcdClient:
         """End ``lease`` now: its keys are deleted."""
         self._call("/v3/lease/revoke", {"ID": lease})
 
-    def watch(self, prefix: str, start_revision: int, idle: float) -> Iterator[int]:
-        """Follow changes under ``prefix`` from ``start_revision``; yields each change's revision.
+    def watch(self, prefix: str, start_revision: int, idle: float,
+              range_end: Optional[str] = None) -> Iterator[Changes]:
+        """Follow changes under ``prefix`` (up to ``range_end`` when given) from ``start_revision``;
+        yields each message's :class:`Changes`.
 
         Ends (returns) when the stream closes or stays silent for ``idle`` seconds, which the
         caller treats like any other reason to read the prefix again.
@@ -191,8 +212,8 @@ class EtcdClient:
             EtcdError: no endpoint accepted the watch.
         """
         host, port = self.endpoints[0]
-        body = {"create_request": {"key": _b64(prefix), "range_end": _prefix_end(prefix),
-                                   "start_revision": str(start_revision)}}
+        end = _b64(range_end) if range_end is not None else _prefix_end(prefix)
+        body = {"create_request": {"key": _b64(prefix), "range_end": end, "start_revision": str(start_revision)}}
         try:
             status, data, conn = self._authorized(host, port, "/v3/watch", body)
         except (OSError, http.client.HTTPException) as exc:
@@ -203,13 +224,13 @@ class EtcdClient:
                 raise rejection(f"{host}:{port}/v3/watch", status, str(data.get("message", "")), self.security)
             if conn.sock is not None:
                 conn.sock.settimeout(idle)
-            yield from _watch_revisions(data["response"])
+            yield from _watch_changes(data["response"])
         finally:
             conn.close()
 
 
-def _watch_revisions(response: http.client.HTTPResponse) -> Iterator[int]:
-    """The revision of each message of a watch stream, until it closes, stalls or breaks."""
+def _watch_changes(response: http.client.HTTPResponse) -> Iterator[Changes]:
+    """Each message of a watch stream, until it closes, stalls or breaks."""
     while True:
         try:
             line = response.readline(LIMIT_ANSWER + 1)
@@ -226,7 +247,14 @@ def _watch_revisions(response: http.client.HTTPResponse) -> Iterator[int]:
             return
         if result.get("canceled") or result.get("compact_revision"):
             return
-        yield int(result.get("header", {}).get("revision", 0))
+        try:
+            events = [(base64.b64decode(kv.get("key", "")).decode(errors="replace"),
+                       None if event.get("type") == "DELETE" else base64.b64decode(kv.get("value", "")))
+                      for event in result.get("events", ()) for kv in [event.get("kv", {})]]
+            revision = int(result.get("header", {}).get("revision", 0))
+        except (ValueError, TypeError, AttributeError):
+            return  # not etcd's answer: the caller reads the range again
+        yield Changes(revision, events)
 
 
 def _put(key: str, value: bytes, lease: int = 0) -> dict:

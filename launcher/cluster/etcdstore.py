@@ -10,19 +10,25 @@ The same records as ``--sync-dir``'s files (:mod:`launcher.cluster.syncdir`), as
     reset.<n>                 etcd lost its data and a launcher put the records back (launcher.cluster.etcdreset)
     gen_<g>/...               failed.<i>.json, stopped.<i>, done.<i>, abort (created only if absent)
 
+    view, view.leader         the leader's summary of every other record, and who the leader is
+                              (launcher.cluster.etcdview: the others follow only these two keys)
+
 A server that joined, whose ``member.<i>`` is gone and that did not finish the generation is
 **lost** (``Generation.lost``). Nothing here blocks the supervisor's loop: three daemon threads keep
-the lease alive, follow the keys (a watch, re-read on every change and at least every
-``WATCH_IDLE`` seconds) into an in-memory snapshot that :meth:`EtcdStore.read` parses, and write the
-records queued by :meth:`EtcdStore.write` in order, retrying while etcd is away. A lease that etcd
+the lease alive, follow the keys (a watch whose events update an in-memory snapshot that
+:meth:`EtcdStore.read` parses; read again in full when the watch is opened, at least every
+``WATCH_IDLE`` seconds: the leader every key, a follower the view), and write the records queued by
+:meth:`EtcdStore.write` in order (the leader's view too), retrying while etcd is away. A lease that etcd
 no longer knows means that etcd lost its data (every launcher puts its records back and the job goes
 on) or that this server's lease expired (the others count it as lost: it leaves without rejoining);
 :mod:`launcher.cluster.etcdreset` tells which.
 """
 
 import dataclasses
+import itertools
 import json
 import logging
+import os
 import queue
 import re
 import threading
@@ -32,10 +38,11 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
-from launcher.cluster.etcdclient import EtcdClient, EtcdError, EtcdRejected
+from launcher.cluster import etcdview
+from launcher.cluster.etcdclient import Changes, EtcdClient, EtcdError, EtcdRejected
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
 from launcher.common.errors import UsageError
-from launcher.cluster.syncdir import CLOSED, JOIN_NOTE, Generation, checked, collect, stamp
+from launcher.cluster.syncdir import CLOSED, DONE, JOIN_NOTE, STOPPED, Generation, checked, collect, stamp, usable
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +50,12 @@ ROOT = "/launcher/"
 #: A watch that says nothing for this long is re-opened after a fresh read (also the fallback poll).
 WATCH_IDLE = 5.0
 MIN_WATCH_ROUND = 0.1  # seconds: a watch that ends sooner is not reopened at once
-_INCARNATION = re.compile(r"inc_(\d+)/")
+#: Seconds a join may take when etcd answers slowly (calls time out: every node of a large job at once).
+SLOW_JOIN_WAIT = 30.0
 _MEMBER = re.compile(r"(join|member)\.(\d+)")
 _GENERATION = re.compile(r"gen_(\d+)/")
 _Put = Tuple[str, bytes, bool]
+_VIEW = ("", b"", False)  # the writer's cue to publish the leader's view (when it changed)
 
 
 class EtcdStore:
@@ -68,6 +77,8 @@ class EtcdStore:
     Attributes:
         expelled: Why this server's lease expired while etcd kept the job's records (None while it is
             a member): it then reads itself as lost and writes nothing more.
+        leading: Whether this server holds ``view.leader``: it follows every key and publishes the
+            view (:mod:`launcher.cluster.etcdview`); the others follow the view.
     """
 
     def __init__(self, client: EtcdClient, prefix: str, index: int, names: Sequence[str], ttl: int, lease: int,
@@ -79,7 +90,6 @@ class EtcdStore:
         tls = getattr(getattr(client, "security", None), "tls", False)
         self.path = f"{'etcds' if tls else 'etcd'}://{client.endpoints[0][0]}:{client.endpoints[0][1]}{prefix}"
         self.write_for = write_for
-        self._snapshot: Dict[str, bytes] = {}
         self._mine: Dict[str, bytes] = {}  # what this node queued: visible to itself before etcd has it
         self._writes: "queue.Queue[Optional[_Put]]" = queue.Queue()
         self._stop = threading.Event()
@@ -95,6 +105,18 @@ class EtcdStore:
         self._lock = threading.Lock()  # one reader of etcd at a time decides about lost data
         self._notices: Deque[Tuple[str, dict]] = deque()  # events the threads noticed, for read()
         self._announced: set = set()  # the resets this server has logged
+        self.leading = False
+        self._view_keys = etcdview.view_range(prefix)
+        self._versions = itertools.count(1)
+        self._version = 0  # moves on with every change of what read() looks at (next() is atomic)
+        self._cache: Dict[Tuple[int, int], Generation] = {}
+        self._view: Tuple[Optional[bytes], dict] = (None, {})  # the published view: raw, decoded
+        self._keys: Dict[str, bytes] = {}
+        self._not_joined: Tuple[int, List[int]] = (-1, [])
+        self.token: Optional[str] = None  # in join.<i>: this launcher's join, not a previous start's
+        self._published: Optional[dict] = None  # what this server last published as the leader
+        self._published_at = 0.0
+        self._view_due: Optional[float] = None  # a publication of progress waits until then
 
     def name(self, index: int) -> str:
         """``server 1 (10.0.0.2)``."""
@@ -117,34 +139,61 @@ class EtcdStore:
             EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
             EtcdRejected: etcd refused this client (TLS, user, permission): at once, not retried.
         """
-        retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(wait), wait=tenacity.wait_fixed(0.25),
+        def give_up(state: tenacity.RetryCallState) -> bool:  # an etcd that is there but slow gets longer
+            slow = "timed out" in str(state.outcome.exception())
+            return state.seconds_since_start >= (max(wait, SLOW_JOIN_WAIT) if slow else wait)
+
+        retrying = tenacity.Retrying(stop=give_up, wait=tenacity.wait_fixed(0.25),
                                      retry=tenacity.retry_if_exception(_transient), reraise=True,
                                      before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
-        return retrying(cls._join, client, run_id, index, names, ttl, write_for, elastic, address, emit)
+        token = os.urandom(8).hex()  # tells this call's join record from a previous start's
+        store = retrying(cls._enter, client, run_id, index, names, ttl, write_for, elastic, address, emit, token)
+        retrying(store._begin)
+        for thread in store._threads:
+            thread.start()
+        return store
 
     @classmethod
-    def _join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-              write_for: float, elastic: bool, address: Optional[str] = None,
-              emit: Optional[Callable[..., object]] = None) -> "EtcdStore":
+    def _enter(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
+               write_for: float, elastic: bool, address: Optional[str], emit: Optional[Callable[..., object]],
+               token: str) -> "EtcdStore":
+        """Create this server's ``join.<i>`` and ``member.<i>`` in the incarnation it joins (again
+        after an answer that timed out: a join record with ``token`` is this call's own)."""
         root = f"{ROOT}{run_id}/"
-        _, keys = client.range(root)
-        number = max((int(m.group(1)) for m in map(_INCARNATION.match, (k[len(root):] for k in keys)) if m),
-                     default=0)
+        number = 0  # the newest incarnation, found by counting (every node joins: no key list travels)
+        while client.count(f"{root}inc_{number + 1}/"):
+            number += 1
         lease = client.grant(ttl)
         while True:
             store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address, emit)
-            if store.prefix + CLOSED not in keys:
-                if elastic and store._join_running(keys):
+            store.token = token
+            mine = store.prefix + f"join.{index}"
+            if (_parse(client.get(mine), mine) or {}).get("token") == token:
+                client.put(store.prefix + f"member.{index}", b"{}", lease)  # onto this attempt's lease
+                break
+            if client.get(store.prefix + CLOSED) is None:
+                # only a late joiner of a running elastic job reads the incarnation's keys
+                running = elastic and client.count(store.prefix + "gen_") > 0
+                if running and store._join_running(client.range(store.prefix)[1]):
                     break
                 if client.create(store.prefix + f"join.{index}", store._joined(), 0,
                                  [(store.prefix + f"member.{index}", b"{}", lease)]):
                     break
             number += 1
-        revision, store._snapshot = client.range(store.prefix)
-        store._seen = Seen(revision, client.cluster_id, resets(store.prefix, store._snapshot))
-        for thread in store._threads:
-            thread.start()
         return store
+
+    def _begin(self) -> None:
+        """The first read after joining: every key for the leader, the view for a follower (with the
+        records of a reset, which tell lost data later)."""
+        self._campaign()
+        if self.leading:
+            revision, keys = self.client.range(self.prefix)
+        else:
+            revision, keys = self.client.range(*self._view_keys)
+            keys.update(self.client.range(self.prefix + "reset.")[1])
+            keys[f"{self.prefix}join.{self.index}"] = self._joined()
+        self._snapshot = keys
+        self._seen = Seen(revision, self.client.cluster_id, resets(self.prefix, keys))
 
     def _join_running(self, keys: Dict[str, bytes]) -> bool:
         """Elastic: join the incarnation while it runs, when this server's place is free and the job is
@@ -176,7 +225,8 @@ class EtcdStore:
         return True
 
     def _joined(self) -> bytes:
-        return self._record({"address": self.address} if self.address else {})
+        return self._record({**({"address": self.address} if self.address else {}),
+                             **({"token": self.token} if self.token else {})})
 
     def _record(self, data: dict) -> bytes:
         return json.dumps(stamp(self.index, self.name(self.index), data)).encode()
@@ -187,29 +237,49 @@ class EtcdStore:
         return f"{self.path}gen_{generation}/"
 
     def read(self, generation: int) -> Generation:
-        """Generation ``generation`` as of the last snapshot, with the servers lost so far (this one
-        too once it is ``expelled``); emits what the threads noticed since the last read."""
+        """Generation ``generation`` as of the last snapshot and view, with the servers lost so far
+        (this one too once it is ``expelled``); emits what the threads noticed since the last read."""
         while self._notices:
             event, fields = self._notices.popleft()
             if self.emit is not None:
                 self.emit(event, **fields)
-        snapshot = {**self._mine, **self._snapshot}
+        key = (generation, self._version)
+        state = self._cache.get(key)
+        if state is None:
+            state = self._cache[key] = self._state(generation)
+            if len(self._cache) > 8:
+                self._cache.pop(next(iter(self._cache)))
+        return dataclasses.replace(state, lost=state.lost | {self.index}) if self.expelled else state
+
+    def _state(self, generation: int) -> Generation:
+        """What the snapshot, this node's own records and the view say of ``generation``."""
+        snapshot, view = {**self._mine, **self._snapshot}, self._view[1]
         sub = f"{self.prefix}gen_{generation}/"
-        names = [key[len(sub):] for key in snapshot if key.startswith(sub)]
-        state = collect(generation, names, lambda name: _parse(snapshot.get(sub + name), sub + name))
-        present: Dict[str, set] = {"join": set(), "member": set()}
-        for key in snapshot:
-            match = _MEMBER.fullmatch(key[len(self.prefix):]) if key.startswith(self.prefix) else None
-            if match:
-                present[match.group(1)].add(int(match.group(2)))
-        lost = present["join"] - present["member"] - set(state.done) - {self.index}
-        if self.expelled:
-            lost.add(self.index)
-        return dataclasses.replace(state, lost=frozenset(lost))
+        records, stopped, done = etcdview.generation(view, generation)
+        names = {key[len(sub):] for key in snapshot if key.startswith(sub)} | set(records)
+        names |= {f"{STOPPED}.{i}" for i in stopped} | {f"{DONE}.{i}" for i in done}
+        state = collect(generation, names, lambda name: _parse(snapshot[sub + name], sub + name)
+                        if sub + name in snapshot else _viewed(records.get(name), sub + name, name))
+        if self.leading:
+            present: Dict[str, set] = {"join": set(), "member": set()}
+            for key in snapshot:
+                match = _MEMBER.fullmatch(key[len(self.prefix):]) if key.startswith(self.prefix) else None
+                if match:
+                    present[match.group(1)].add(int(match.group(2)))
+            lost = present["join"] - present["member"] - set(state.done)
+        else:
+            lost = etcdview.unbits(view.get("lost")) - set(state.done)
+        return dataclasses.replace(state, lost=frozenset(lost - {self.index}))
 
     def addresses(self) -> Dict[int, str]:
-        """The address each server that joined this incarnation gave (``join.<i>``), by index."""
+        """The address each server that joined this incarnation gave (``join.<i>``), by index (a
+        follower reads the join records from etcd: they are not in its snapshot)."""
         snapshot = self._snapshot
+        if not self.leading:
+            try:
+                snapshot = self.client.range(self.prefix + "join.")[1]
+            except EtcdError as exc:
+                log.warning("etcd: cannot read the join records (%s); using what this node knows", exc)
         found = {}
         for index in range(self.count):
             record = _parse(snapshot.get(f"{self.prefix}join.{index}"), f"{self.prefix}join.{index}") or {}
@@ -219,8 +289,12 @@ class EtcdStore:
 
     def not_joined(self) -> List[int]:
         """Servers that have not joined this incarnation yet (the barrier before the first generation)."""
-        snapshot = self._snapshot
-        return [i for i in range(self.count) if f"{self.prefix}join.{i}" not in snapshot]
+        version = self._version
+        if self._not_joined[0] != version:
+            snapshot, joined = self._snapshot, etcdview.unbits(self._view[1].get("joined"))
+            self._not_joined = (version, [i for i in range(self.count)
+                                          if i not in joined and f"{self.prefix}join.{i}" not in snapshot])
+        return list(self._not_joined[1])
 
     def write(self, generation: int, name: str, data: dict, exclusive: bool = False) -> bool:
         """Queue ``gen_<g>/<name>`` for the writer thread (True: the first ``abort`` wins in etcd).
@@ -234,7 +308,8 @@ class EtcdStore:
             return False
         key, value = f"{self.prefix}gen_{generation}/{name}", self._record(data)
         if not exclusive:
-            self._mine[key] = value
+            self._mine = {**self._mine, key: value}
+            self._version = next(self._versions)
         self._writes.put((key, value, exclusive))
         return True
 
@@ -278,7 +353,8 @@ class EtcdStore:
                 self._reachable(str(exc))
 
     def _refresh(self, gone: Optional[int] = None) -> int:
-        """Read the incarnation into the snapshot, after putting the records back if etcd lost them.
+        """Read the incarnation into the snapshot (a follower: the view), after putting the records
+        back if etcd lost them.
 
         Args:
             gone: A lease etcd just said it does not know. Without a sign of lost data it expired
@@ -290,16 +366,65 @@ class EtcdStore:
         with self._lock:
             if gone is not None and (gone != self.lease or self.expelled):
                 return self._seen.revision  # a reset granted a new lease meanwhile
-            revision, keys = self.client.range(self.prefix)
-            why = lost_data(self._seen, self.prefix, self.index, revision, self.client.cluster_id, keys)
+            revision, keys, seen = self._read(gone)
+            why = lost_data(self._seen, self.prefix, self.index, revision, self.client.cluster_id, seen)
             if why is not None:
-                self._reset(why, keys)
-                revision, keys = self.client.range(self.prefix)
+                self._reset(why, seen)
+                revision, keys, seen = self._read(self.lease)  # with the reset record just written
             elif gone is not None:
                 self._expel()
-            self._seen = Seen(revision, self.client.cluster_id, max(self._seen.resets, resets(self.prefix, keys)))
+            self._seen = Seen(revision, self.client.cluster_id, max(self._seen.resets, resets(self.prefix, seen)))
+            if not self.leading:  # what else a follower read once stays: records are only ever added
+                low, high = self._view_keys
+                keys = {**{k: v for k, v in self._snapshot.items() if not low <= k < high}, **keys}
             self._snapshot = keys
+            if self.prefix + etcdview.LEADER not in keys:
+                self._campaign()
             return revision
+
+    def _read(self, gone: Optional[int]) -> Tuple[int, Dict[str, bytes], Dict[str, bytes]]:
+        """``(revision, keys, what tells lost data)``: the leader reads every key; a follower the view,
+        and when its lease is gone the reset records and its own join record too (a few keys, not
+        every node's: when many leases go at once, N full reads would be N x N)."""
+        if self.leading:
+            revision, keys = self.client.range(self.prefix)
+            return revision, keys, keys
+        revision, keys = self.client.range(*self._view_keys)
+        own = f"{self.prefix}join.{self.index}"
+        if gone is None:  # no sign of anything: only the revision and the cluster tell lost data
+            return revision, keys, {**keys, own: b""}
+        keys.update(self.client.range(self.prefix + "reset.")[1])
+        joined = self.client.get(own)
+        return revision, keys, {**keys, **({own: joined} if joined is not None else {})}
+
+    @property
+    def _snapshot(self) -> Dict[str, bytes]:
+        """What this server last read of etcd (replaced whole, never changed in place)."""
+        return self._keys
+
+    @_snapshot.setter
+    def _snapshot(self, keys: Dict[str, bytes]) -> None:
+        raw = keys.get(self._view_keys[0])
+        if raw is not self._view[0]:
+            self._view = (raw, etcdview.decode(raw))
+        self._keys = keys
+        self._version = next(self._versions)
+        if self.leading:
+            self._view_cue()
+
+    def _campaign(self) -> None:
+        """Become the leader if nobody is (``view.leader`` on this server's lease, if absent)."""
+        if self.leading or self.expelled:
+            return
+        try:
+            won = self.client.create(self.prefix + etcdview.LEADER, self._record({}), self.lease)
+        except EtcdError as exc:
+            self._reachable(str(exc))
+            return
+        if won:
+            log.info("etcd: this server leads the coordination (it publishes the view the others follow)")
+            self.leading, self._published = True, None
+            self._snapshot = self.client.range(self.prefix)[1]  # every key before the first view
 
     def _reset(self, why: str, keys: Dict[str, bytes]) -> None:
         """etcd lost its data: put back this server's records and what it knew of the others'."""
@@ -309,28 +434,36 @@ class EtcdStore:
             log.warning("etcd lost this job's records (%s); putting them back, the ranks go on", why)
             self._notices.append(("coordinator_reset", {"reason": why, "reset": number,
                                                         "revision_before": self._seen.revision}))
-        before = {**self._mine, **self._snapshot}  # what etcd holds wins over this node's own queued copy
+        low, high = self._view_keys  # the view and its leader are published again, not put back
+        before = {k: v for k, v in {**self._mine, **self._snapshot}.items() if not low <= k < high}
         marker = self._record({"reason": why, "revision_before": self._seen.revision})
         self.lease = put_back(self.client, self.prefix, self.index, before, self.ttl, number, marker, self._joined())
+        self.leading = False
 
     def _expel(self) -> None:
         """This server's lease expired while etcd kept the job's records: it stays out."""
         self.expelled = f"{self.name(self.index)}: its lease expired while etcd kept the job's records"
+        self.leading = False
+        self._version = next(self._versions)
         log.error("etcd: this server's lease expired (not renewed for %d s) while etcd kept the job's records: "
                   "the other nodes count it as lost and may go on without it; stopping the local ranks, not "
                   "rejoining (start the launcher again to rejoin an elastic job)", self.ttl)
         self._notices.append(("coordinator_lease_expired", {"server": self.index, "ttl": self.ttl}))
 
     def _follow(self) -> None:
-        """Keep the snapshot current: read the prefix, then watch it and read again on every change."""
+        """Keep the snapshot current: read, then apply the watch's events; the leader follows every
+        key of the incarnation, a follower the view (and takes the lead when ``view.leader`` goes)."""
         while not self._stop.is_set():
             try:
                 revision = self._refresh()
-                opened = time.monotonic()
-                for _ in self.client.watch(self.prefix, revision + 1, WATCH_IDLE):
-                    self._refresh()
+                leading, opened = self.leading, time.monotonic()
+                low, high = (self.prefix, None) if leading else self._view_keys
+                for changes in self.client.watch(low, revision + 1, WATCH_IDLE, range_end=high):
+                    self._apply(changes)
                     if self._stop.is_set():
                         return
+                    if self.leading != leading:
+                        break  # now the leader: read and follow every key
                 if time.monotonic() - opened < MIN_WATCH_ROUND:
                     # A stream the server closes at once (compaction, a proxy) must not turn
                     # this thread into a busy loop of range requests.
@@ -339,26 +472,78 @@ class EtcdStore:
                 self._reachable(str(exc))
                 self._stop.wait(0.5)
 
+    def _apply(self, changes: Changes) -> None:
+        """One watch message's events into the snapshot (a new dict: read() may be iterating the old)."""
+        if not changes.events:
+            return
+        with self._lock:
+            keys = dict(self._snapshot)
+            for key, value in changes.events:
+                if value is None:
+                    keys.pop(key, None)
+                else:
+                    keys[key] = value
+            self._seen = dataclasses.replace(self._seen, revision=max(self._seen.revision, changes.revision))
+            self._snapshot = keys
+            if not self.leading and self.prefix + etcdview.LEADER not in keys:
+                self._campaign()
+
+    # -- the leader's view ----------------------------------------------------------------------------
+    def _view_cue(self) -> None:
+        """Ask the writer thread to publish the view (once for any number of changes before it does)."""
+        if self._view_due != 0.0:
+            self._view_due = 0.0
+            self._writes.put(_VIEW)
+
+    def _publish_view(self) -> None:
+        """Publish the view if it changed: at once when a node would act on the change, else at most
+        every ``VIEW_INTERVAL`` seconds."""
+        self._view_due = None
+        if not self.leading or self.expelled:
+            return
+        view = etcdview.compose(self.prefix, self.count, self._snapshot, _parse)  # parse(raw, key)
+        if view == self._published:
+            return
+        wait = self._published_at + etcdview.VIEW_INTERVAL - time.monotonic()
+        if wait > 0 and not etcdview.urgent(view, self._published):
+            self._view_due = time.monotonic() + wait
+            return
+        self.client.put(self.prefix + etcdview.VIEW, etcdview.encode(view))
+        self._published, self._published_at = view, time.monotonic()
+
     def _write_queued(self) -> None:
-        """Write the queued records in order, each retried for up to ``write_for`` seconds."""
+        """Write the queued records in order, each retried for up to ``write_for`` seconds; publish
+        the view when cued (the leader)."""
         retrying = tenacity.Retrying(stop=tenacity.stop_after_delay(self.write_for),
                                      wait=tenacity.wait_exponential(multiplier=0.1, max=1.0),
                                      retry=tenacity.retry_if_exception_type(EtcdError), reraise=True,
                                      before_sleep=lambda state: self._reachable(str(state.outcome.exception())))
         while True:
-            item = self._writes.get()
+            due = self._view_due
+            try:
+                item = self._writes.get(timeout=max(0.0, due - time.monotonic()) if due else None)
+            except queue.Empty:
+                item = _VIEW
             if item is None:
                 return
             key, value, exclusive = item
             try:
-                retrying(self.client.create if exclusive else self.client.put, key, value)
+                if item is _VIEW:
+                    retrying(self._publish_view)
+                else:
+                    retrying(self.client.create if exclusive else self.client.put, key, value)
             except EtcdError as exc:
-                log.error("etcd: gave up writing %s after %.0f s: %s", key, self.write_for, exc)
+                log.error("etcd: gave up writing %s after %.0f s: %s", key or "the view", self.write_for, exc)
 
 
 def _transient(exc: BaseException) -> bool:
     """An error worth retrying at the start: etcd away, not etcd refusing this client."""
     return isinstance(exc, EtcdError) and not isinstance(exc, EtcdRejected)
+
+
+def _viewed(record: object, key: str, name: str) -> Optional[dict]:
+    """A record the leader's view carries for ``key`` (None: absent or unusable, warned once)."""
+    return usable(record, f"{key} (in the view)", name) if record is not None else None
 
 
 def _parse(raw: Optional[bytes], key: str) -> Optional[dict]:

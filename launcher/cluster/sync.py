@@ -68,12 +68,13 @@ class Coordinator(NoSync):
         self._generation = 0
         self._written: Set[Tuple[int, str]] = set()
         self._read_error: Optional[str] = None
+        self._polled: Optional[Generation] = None  # the state the last look found nothing in
 
     # -- while a generation runs --------------------------------------------------------------------
     def attempt_started(self, generation: int) -> None:
         """Watch ``gen_<g>/`` for other nodes' failures and for ``abort`` (first look at once)."""
         self._unwatch()
-        self._generation = generation
+        self._generation, self._polled = generation, None
         if self.elastic is not None:  # tells a launcher that joins later which generation runs
             self.files.write(generation, f"running.{self.files.index}", {})
         self._timer = self._call_later(0.0, self._poll)
@@ -85,7 +86,10 @@ class Coordinator(NoSync):
 
     def _poll(self) -> None:
         self._timer = None
-        update = self._peer_update(self._read(self._generation))
+        state = self._read(self._generation)
+        # A store that kept its snapshot (etcd's, cached per version) hands back the same object: nothing new.
+        update = None if state is self._polled else self._peer_update(state)
+        self._polled = state
         if update is None:
             self._timer = self._call_later(self.interval, self._poll)
             return

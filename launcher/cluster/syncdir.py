@@ -174,7 +174,6 @@ def checked(data: Optional[bytes], where: str, name: str) -> Optional[dict]:
         where: The file or key, for messages.
         name: The record's name (``failed.1.json``): its kind.
     """
-    kind = _kind(name)
     try:
         record = read_record(where, "coordination record") if data is None \
             else loads_record(data, where, "coordination record")
@@ -187,9 +186,15 @@ def checked(data: Optional[bytes], where: str, name: str) -> Optional[dict]:
         _bad_record((where, exc.errno), "cannot read coordination record %s (%s); ignoring it, the job goes on",
                     where, exc.strerror or exc)
         return None
-    why = problem(record, kind)
+    return usable(record, where, name)
+
+
+def usable(record: object, where: str, name: str) -> Optional[dict]:
+    """A parsed record ``name`` (one a view carried, or :func:`checked`'s), or None with one warning
+    (once per record and problem) when it is not one a launcher writes."""
+    why = problem(record, _kind(name))
     if why is None:
-        return record
+        return record  # type: ignore[return-value]
     _bad_record((where, why), "coordination record %s is not one a launcher writes (%s); ignoring it, the job "
                 "goes on", where, why)
     return None

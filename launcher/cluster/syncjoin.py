@@ -127,8 +127,9 @@ class SyncCoordination(Integration):
     def _master_move(self, topo: Topology) -> MasterMove:
         """Where the master goes when rank 0 moves (elastic): the server that then hosts it, at the
         address it registered; the port checked on that server's host."""
-        return MasterMove(lambda servers: moved_master(topo, servers, self.addresses()), topo.master_port,
-                          master_port_on)
+        # The addresses only when the master moves: a follower of etcd's view reads them from etcd.
+        return MasterMove(lambda servers: moved_master(topo, servers) and moved_master(topo, servers, self.addresses()),
+                          topo.master_port, master_port_on)
 
     def endpoint(self) -> Optional[Tuple[str, int]]:
         """The master's address and port while it is away from the job's master server, as its new

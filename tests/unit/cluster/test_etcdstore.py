@@ -37,10 +37,19 @@ class FakeEtcd:
         if self.down:
             raise EtcdError("127.0.0.1:2379: Connection refused")
 
-    def range(self, prefix: str) -> Tuple[int, Dict[str, bytes]]:
+    def range(self, prefix: str, range_end: str = None) -> Tuple[int, Dict[str, bytes]]:
         self._check()
         self.ranges += 1
-        return self.revision, {k: v for k, v in self.kv.items() if k.startswith(prefix)}
+        inside = (lambda k: prefix <= k < range_end) if range_end is not None else (lambda k: k.startswith(prefix))
+        return self.revision, {k: v for k, v in self.kv.items() if inside(k)}
+
+    def get(self, key: str):
+        self._check()
+        return self.kv.get(key)
+
+    def count(self, prefix: str) -> int:
+        self._check()
+        return sum(1 for k in self.kv if k.startswith(prefix))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         self._check()
@@ -85,7 +94,7 @@ class FakeEtcd:
         self.live.clear()
         self.revision = 1
 
-    def watch(self, prefix: str, start_revision: int, idle: float):
+    def watch(self, prefix: str, start_revision: int, idle: float, range_end: str = None):
         self.closing.wait(idle)
         return iter(())
 
@@ -103,6 +112,11 @@ def etcd():
         for thread in store._threads:
             thread.join(5)
             assert not thread.is_alive(), f"{thread.name} outlived its test"
+
+
+def records(etcd: FakeEtcd, prefix: str) -> List[str]:
+    """The keys under ``prefix`` but the leader's view and its key (published by a thread)."""
+    return sorted(k[len(prefix):] for k in etcd.kv if k.startswith(prefix) and not k[len(prefix):].startswith("view"))
 
 
 def join(etcd: FakeEtcd, index: int, run_id: str = "job", count: int = 3, emit=None) -> EtcdStore:
@@ -248,7 +262,8 @@ def test_etcd_that_lost_its_data_gets_the_records_back_and_nobody_is_lost(etcd):
     assert [(event, fields["reset"]) for event, fields in seen] == [("coordinator_reset", 1)]
     assert seen[0][1]["reason"].startswith("etcd lost its data: revision 1 after ")
     a._refresh(gone=old_lease)  # a keep-alive answered for the old lease: no second reset, no expulsion
-    assert a.expelled is None and len(set(etcd.kv) - {a.prefix + "member.0"}) == 7
+    assert a.expelled is None and len(set(records(etcd, a.prefix)) - {"member.0"}) == 7
+    assert etcd.leases[a.prefix + "view.leader"] == a.lease  # the leader's key is taken again, not put back
 
 
 def test_a_launcher_finds_the_records_put_back_by_another(etcd):
@@ -263,7 +278,8 @@ def test_a_launcher_finds_the_records_put_back_by_another(etcd):
     b._refresh(gone=b.lease)
     assert b.expelled is None and etcd.leases[b.prefix + "member.1"] == b.lease != proxy
     assert b._notices[0][1]["reason"] == "another node found etcd's data lost and put the records back (reset 1)"
-    assert sorted(k[len(b.prefix):] for k in etcd.kv) == ["join.0", "join.1", "member.0", "member.1", "reset.1"]
+    assert records(etcd, b.prefix) == ["join.0", "join.1", "member.0", "member.1", "reset.1"]
+    assert etcd.leases[a.prefix + "view.leader"] == a.lease
 
 
 def test_a_member_that_died_while_etcd_was_away_is_lost_once_the_lease_of_the_put_back_key_ends(etcd):
@@ -290,7 +306,7 @@ def test_a_lease_that_expired_while_etcd_kept_the_data_keeps_the_server_out(etcd
     assert b.write(0, "abort", {"exit_code": 1, "reason": "lost"}, exclusive=True) is False
     b.close("failed")
     b.shutdown()
-    assert sorted(k[len(b.prefix):] for k in etcd.kv) == ["join.0", "join.1", "member.0"]
+    assert records(etcd, b.prefix) == ["join.0", "join.1", "member.0"]
     assert b.lease not in etcd.revoked  # etcd dropped it already
     a._refresh()
     assert a.read(0).lost == {1}
@@ -325,3 +341,22 @@ def test_values_over_the_record_limit_are_refused(caplog):
     big = b'{"reason": "' + b"x" * LIMIT_RECORD + b'"}'
     assert _parse(big, "/launcher/r/inc_0/gen_0/abort") is None
     assert any("is larger than 1 MiB" in r.getMessage() for r in caplog.records)
+
+
+def test_a_join_whose_answer_timed_out_stays_in_its_incarnation(etcd):
+    """etcd committed the join but its answer timed out (every node of a large job joining at once):
+    the retry finds this call's own join record and keeps it, instead of starting inc_1 alone."""
+    first, create = [True], etcd.create
+
+    def slow_create(key, value, lease=0, also=()):
+        done = create(key, value, lease, also)
+        if first and key.endswith("join.1"):
+            first.clear()
+            raise EtcdError("127.0.0.1:2379: timed out")
+        return done
+
+    a = join(etcd, 0)
+    etcd.create = slow_create
+    b = join(etcd, 1)
+    assert b.prefix == a.prefix and not first
+    assert etcd.leases[b.prefix + "member.1"] == b.lease and b.lease in etcd.live
