@@ -158,7 +158,11 @@ def main(argv=None):
         if step % args.save_every == 0 or step == args.steps:
             save(args, model, opt, step, rank, world)
     dist.destroy_process_group()
-    return 0
+    # Skip interpreter finalization, as train.py does: a gloo worker thread can still be releasing
+    # its last work and would abort the process (SIGABRT) while Python shuts down.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
