@@ -102,10 +102,16 @@ def _show(answer: Dict[str, Any]) -> None:
         print(f"launcher prestop: job stopped ({answer['reason']})")
 
 
+#: The longest recorded gasp timeout prestop honours: a day, past any pod's grace period, so that a
+#: launcher.json holding 1e18 cannot keep a preStop hook waiting for ever.
+MAX_RECORDED_GASP = 86400.0
+
+
 def _recorded_gasp_timeout(record: Dict[str, Any]) -> float:
-    """The gasp timeout the launcher recorded in ``launcher.json`` (that of a 30 s grace period if none)."""
+    """The gasp timeout the launcher recorded in ``launcher.json`` (that of a 30 s grace period if none),
+    at most :data:`MAX_RECORDED_GASP`."""
     try:
-        return max(0.0, float(record["gasp_timeout"]))
+        return min(MAX_RECORDED_GASP, max(0.0, float(record["gasp_timeout"])))
     except (KeyError, TypeError, ValueError):
         from launcher.jobspec.options import default_gasp_timeout
 

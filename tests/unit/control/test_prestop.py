@@ -266,3 +266,14 @@ def test_bare_prestop_with_nothing_under_the_base_is_a_no_op(tmp_path, capsys, m
     monkeypatch.delenv("LAUNCHER_RUN_DIR", raising=False)
     assert prestop() == 0
     assert capsys.readouterr().out == "launcher prestop: no launcher run here; nothing to do\n"
+
+
+def test_a_recorded_gasp_timeout_is_bounded():
+    """launcher.json is the launcher's own file, but a preStop hook must not wait for ever on a value
+    someone wrote there (1e18, inf)."""
+    from launcher.control.prestop import MAX_RECORDED_GASP, _recorded_gasp_timeout
+
+    assert _recorded_gasp_timeout({"gasp_timeout": 25.0}) == 25.0
+    assert _recorded_gasp_timeout({"gasp_timeout": 1e18}) == MAX_RECORDED_GASP
+    assert _recorded_gasp_timeout({"gasp_timeout": -3}) == 0.0
+    assert _recorded_gasp_timeout({"gasp_timeout": "x"}) == _recorded_gasp_timeout({})
