@@ -7,14 +7,13 @@ read from ``--coordinator-password-file`` (a Kubernetes Secret mounted as a file
 before the job starts, ``--dry-run`` included: a missing or bad file is exit 2.
 """
 
-import os
-import stat
 from typing import Any, MutableMapping, Mapping, Optional
 
 from launcher.cluster.etcdclient import EtcdClient
 from launcher.cluster.etcdsecurity import EtcdRejected, Security
 from launcher.common import envnames
 from launcher.common.errors import UsageError
+from launcher.common.inputfiles import InputFileError, read_bytes
 from launcher.jobspec.options import coordinator_tls, parse_coordinator
 
 #: A password file larger than this is not a password file.
@@ -68,18 +67,12 @@ def _password(opts: Any, environ: Mapping[str, str]) -> Optional[str]:
     path = opts.coordinator_password_file
     if not path:
         return environ.get(envnames.LAUNCHER_COORDINATOR_PASSWORD)
-    try:  # O_NONBLOCK: a FIFO in its place must not hang the start
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:  # the one reader: a regular file only (a FIFO in its place does not hang the start), bounded
+        raw = read_bytes(path, "coordinator password file", MAX_PASSWORD_FILE)
+    except InputFileError as exc:
+        raise UsageError(f"--coordinator-password-file: {exc}") from None
     except OSError as exc:
-        raise UsageError(f"--coordinator-password-file {path}: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise UsageError(f"--coordinator-password-file {path}: not a regular file")
-        raw = os.read(fd, MAX_PASSWORD_FILE + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_PASSWORD_FILE:
-        raise UsageError(f"--coordinator-password-file {path}: over {MAX_PASSWORD_FILE} bytes, not a password")
+        raise UsageError(f"--coordinator-password-file {path}: {exc.strerror or exc}") from None
     text = raw.decode("utf-8", "replace").splitlines()
     if not text or not text[0]:
         raise UsageError(f"--coordinator-password-file {path}: empty")
