@@ -10,7 +10,7 @@ import os
 import pytest
 
 from launcher.jobspec.binding import plan_auto
-from tests.helpers.procs import free_port
+from tests.helpers.procs import free_port, wait_until
 from tests.integration.test_standby import Job
 
 ALLOWED = frozenset(os.sched_getaffinity(0))
@@ -26,6 +26,10 @@ def _affinities(job: Job, attempt: int) -> list:
 def test_auto_gives_each_rank_its_own_cpus(tmp_path, preload):
     job = Job(tmp_path / "job", preload, free_port(), "--fail-rank", "1", "--mode", "ok", "--fail-attempt", "1",
               options=["--bind-cores", "auto"])
+    # Both ranks of attempt 0 wrote their sets before rank 1 is made to fail (else rank 0 may be
+    # stopped before it wrote its own).
+    assert wait_until(lambda: all((job.out / f"0-{rank}.json").exists() for rank in (0, 1))
+                      or job.proc.poll() is not None, 60)
     job.go_when_ready(2 if preload else 0)
     assert job.finish() == 0  # rank 1 failed on attempt 0 only
     # This machine's sysfs has no davinci devices: NUMA spread or even split of the allowed CPUs.

@@ -12,9 +12,20 @@ from hypothesis import given, strategies as st
 
 from launcher.supervision import jobtree
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
-from tests.helpers.procs import TOKEN, pid_alive, wait_until
+from tests.helpers import procs as procs_mod
+from tests.helpers.procs import pid_alive, wait_until
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+TOKEN = procs_mod.TOKEN  # replaced per test by _own_token
+
+
+@pytest.fixture(autouse=True)
+def _own_token(monkeypatch):
+    """A token of this test's own (the process's token plus a counter): a sweep or orphan guard that an
+    earlier test of this worker process left running must not find, and kill, this test's processes
+    (seen once in a full run: a sweep found its own process gone)."""
+    _own_token.count = getattr(_own_token, "count", 0) + 1
+    monkeypatch.setattr(sys.modules[__name__], "TOKEN", f"{procs_mod.TOKEN}x{_own_token.count}")
 
 
 @given(st.binary(max_size=16).filter(lambda comm: b"\0" not in comm))
