@@ -29,6 +29,7 @@ import subprocess
 from typing import Dict, Iterable, List, Mapping, Optional
 
 from launcher.common import envnames
+from launcher.supervision.jobtree import read_stat
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,8 @@ def device_paths(device_ids: Iterable[int], environ: Mapping[str, str]) -> Dict[
 
 
 def _ppid(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return int(fh.read(4096).rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = read_stat(pid)  # the supervision layer's /proc parser
+    return stat.ppid if stat is not None else None
 
 
 def _ours(pid: int, root: int) -> bool:

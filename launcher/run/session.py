@@ -22,7 +22,7 @@ from launcher.cluster.taskd import TaskdManager
 from launcher.control.server import ControlChannel
 from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
-from launcher.supervision.jobtree import JobTree, report_escaped
+from launcher.supervision.jobtree import JobTree, read_stat, report_escaped
 from launcher.jobspec import binding as binding_mod
 from launcher.jobspec.options import RunOptions
 from launcher.supervision.integration import Integrations
@@ -416,9 +416,11 @@ def resume_summary(plan: "RestorePlan") -> str:
 def _create_time(pid: int) -> Optional[float]:
     """``psutil.Process(pid).create_time()`` from /proc without importing psutil (30 ms): the start in
     clock ticks after boot (``/proc/<pid>/stat`` field 22) plus the boot time; None once it is gone."""
+    stat = read_stat(pid)
+    if stat is None:
+        return None  # already gone; its exit event follows
+    ticks = stat.start
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            ticks = int(fh.read().rpartition(b")")[2].split()[19])
         with open("/proc/stat", "rb") as fh:
             boot = next(float(line.split()[1]) for line in fh if line.startswith(b"btime"))
     except (OSError, ValueError, IndexError, StopIteration):
