@@ -159,7 +159,7 @@ class ResetJsonFollower(Integration):
 
     def start(self, host: Host) -> None:
         """Follow ``--reset-json`` if set and, for the default path, if its directory is mounted."""
-        path = host.opts.reset_json
+        path = host.spec.restore.reset_json_path
         if not path or (path == DEFAULT_RESET_JSON and not os.path.isdir(os.path.dirname(path))):
             return
         self._host = host

@@ -18,6 +18,7 @@ from launcher.cluster.syncdir import SyncDir
 from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError, UsageError
+from launcher.jobspec.runspec import ClusterSpec
 from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
@@ -44,28 +45,28 @@ class SyncCoordination(Integration):
     def start(self, host: Host) -> None:
         """Join the job's incarnation (UsageError when the directory cannot be used, LauncherError
         when etcd does not answer)."""
-        opts, ctx = host.opts, host.ctx
-        if not opts.sync_dir and not opts.coordinator:
+        cluster, ctx = host.spec.cluster, host.ctx
+        if not cluster.coordinated:
             return
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
-        files: Store = self._join_etcd(opts, ctx.run_id, topo.server_index, names,
-                                       advertised_address(topo, ctx.base_env), host.emit) if opts.coordinator \
-            else self._join_dir(opts.sync_dir, ctx.run_id, topo.server_index, names)
+        files: Store = self._join_etcd(cluster, ctx.run_id, topo.server_index, names,
+                                       advertised_address(topo, ctx.base_env), host.emit) if cluster.coordinator \
+            else self._join_dir(cluster.sync_dir, ctx.run_id, topo.server_index, names)
         self.files = files
         host.emit("sync_join", dir=files.path, server=topo.server_index, server_count=len(names),
-                  timeout=opts.sync_timeout)
+                  timeout=cluster.sync_timeout)
         log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
         group = host.group
-        elastic = Elastic(opts.min_nodes, opts.elastic_wait) if opts.min_nodes is not None else None
-        self.coordinator = Coordinator(files, opts.sync_timeout, host.emit, group.call_later, group.cancel, group.post,
-                                       interval=ETCD_POLL_INTERVAL if opts.coordinator else POLL_INTERVAL,
+        elastic = Elastic(cluster.min_nodes, cluster.elastic_wait) if cluster.min_nodes is not None else None
+        self.coordinator = Coordinator(files, cluster.sync_timeout, host.emit, group.call_later, group.cancel,
+                                       group.post, interval=ETCD_POLL_INTERVAL if cluster.coordinator else POLL_INTERVAL,
                                        elastic=elastic, master=self._master_move(topo) if elastic else None)
         running = getattr(files, "running", None)
         if running is not None:
             self._join_running(host, running)
-        elif opts.coordinator:
-            self._await_start(host, files, opts.sync_timeout)
+        elif cluster.coordinator:
+            self._await_start(host, files, cluster.sync_timeout)
 
     def _await_start(self, host: Host, files: Any, timeout: float) -> None:
         """The barrier before the first generation: every server of the table has joined (etcd only:
@@ -152,21 +153,22 @@ class SyncCoordination(Integration):
                              ["it must be a directory every node of the job can write"]) from None
 
     @staticmethod
-    def _join_etcd(opts: Any, run_id: str, index: int, names: Sequence[str], address: str,
+    def _join_etcd(cluster: ClusterSpec, run_id: str, index: int, names: Sequence[str], address: str,
                    emit: Callable[..., object]) -> Store:
         from launcher.cluster.etcdconf import coordinator_client, forget_password
         from launcher.cluster.etcdclient import EtcdError, EtcdRejected
         from launcher.cluster.etcdstore import EtcdStore
 
-        client = coordinator_client(opts, os.environ)
+        coordinator = cluster.coordinator
+        client = coordinator_client(coordinator, os.environ)
         forget_password(os.environ)  # read: the ranks do not get it
         try:
-            return EtcdStore.join(client, run_id, index, names, opts.coordinator_ttl, write_for=opts.sync_timeout,
-                                  elastic=opts.min_nodes is not None, address=address, emit=emit)
+            return EtcdStore.join(client, run_id, index, names, coordinator.ttl, write_for=cluster.sync_timeout,
+                                  elastic=cluster.min_nodes is not None, address=address, emit=emit)
         except EtcdRejected as exc:  # the configuration must change: bad input, not an outage
-            raise UsageError(f"the coordinator {opts.coordinator} refused this launcher: {exc}") from None
+            raise UsageError(f"the coordinator {coordinator.url} refused this launcher: {exc}") from None
         except EtcdError as exc:
-            raise LauncherError(f"cannot reach the coordinator {opts.coordinator}: {exc}") from None
+            raise LauncherError(f"cannot reach the coordinator {coordinator.url}: {exc}") from None
 
     def on_event(self, event: str, fields: Mapping[str, Any]) -> None:
         """Track the supervisor's attempt number (also counted by restarts) and whether it left."""

@@ -287,12 +287,12 @@ class TaskdManager(Integration):
         Raises:
             UsageError: ``--taskd on`` without the package or its library (nothing runs yet).
         """
-        self._env = job_rank_env(host.opts.taskd, host.ctx.base_env)
+        self._env = job_rank_env(host.spec.cluster.taskd, host.ctx.base_env)
         if not self._env or not host.ctx.topology.hosts_rank0:
             return
         self._host = host
-        opts, ctx = host.opts, host.ctx
-        check_port_free(opts.taskd_port)
+        ctx = host.ctx
+        check_port_free(host.spec.cluster.taskd_port)
         topo = ctx.topology
         config = manager_config(ctx.base_env.get(envnames.MINDX_TASK_ID) or ctx.run_id,
                                 topo.table.server_count, len(topo.server.devices))

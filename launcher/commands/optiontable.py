@@ -64,13 +64,6 @@ def _ip_address(_ctx: click.Context, _param: click.Parameter, value: Optional[st
     return value
 
 
-def _check_preload(_ctx: click.Context, _param: click.Parameter, value: Optional[str]) -> Optional[str]:
-    from launcher.jobspec.preload import parse_modules
-
-    parse_modules(value)  # UsageError: one line, exit 2 (--dry-run too)
-    return value
-
-
 def _check_bind_cores(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
     from launcher.jobspec.binding import parse_bind_cores
 
@@ -146,7 +139,7 @@ ROWS: Tuple[Row, ...] = (
          "Python scripts and -m modules only; never modules that start threads or open devices "
          "(docs/warm-standby.md). Default: auto (the installed packages the ranks import); none: no standbys.",
          schema=_NULLABLE_STRING,
-         kwargs=dict(metavar="MODULES", callback=_check_preload)),
+         kwargs=dict(metavar="MODULES")),
     _own("preload_max_rss", _FLOAT0, 4096.0, COMMAND,
          "Largest resident memory (MiB) a standby may use after its imports; above it the ranks start cold "
          "(0: no cap).", kwargs=dict(metavar="MIB")),

@@ -1,42 +1,27 @@
 """``launcher plan``: print the restore plan for given inputs without starting anything."""
 
+import dataclasses
 import json
 import os
-from typing import Optional, Tuple
+from typing import Any, Optional
 
 import click
 from click.core import ParameterSource
 
 from launcher.common.errors import UsageError
+from launcher.jobspec.options import RankListType
+from launcher.jobspec.runspec import restore_spec
 from launcher.restore import PlanInputs, compute_plan
 from launcher.restore.checkpoints import DEFAULT_SETTLE_SECONDS
 from launcher.restore.faults import DEFAULT_FAULT_NPUS_PATH, DEFAULT_RESET_JSON_PATH
 
 
-def parse_rank_list(text: str, option: str) -> Tuple[int, ...]:
-    """``"3,5"`` -> ``(3, 5)``; blanks are ignored.
-
-    Raises:
-        UsageError: an item is not a non-negative integer.
-    """
-    ranks = []
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        if not item.isdigit():
-            raise UsageError(f"{option}: {item!r} is not a rank id (expected e.g. 3,5)")
-        ranks.append(int(item))
-    return tuple(ranks)
-
-
-def _report_path(ctx: click.Context, name: str, option: str, path: str) -> str:
-    """The report path; a missing file is an error only when the user named it."""
+def _check_report(ctx: click.Context, name: str, option: str, path: Optional[str]) -> None:
+    """A missing report is an error only when the user named it."""
     given = ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE,
                                                 ParameterSource.ENVIRONMENT)
-    if given and not os.path.exists(path):
-        raise UsageError(f"{option}: {path} does not exist")
-    return path
+    if given and not os.path.exists(path or ""):
+        raise UsageError(f"{option}: {path or ''} does not exist")
 
 
 @click.command("plan")
@@ -46,7 +31,7 @@ def _report_path(ctx: click.Context, name: str, option: str, path: str) -> str:
               show_default=True, help="The cluster's fault-npus file (absent: no faults).")
 @click.option("--reset-json", "reset_json", metavar="PATH", default=DEFAULT_RESET_JSON_PATH,
               show_default=True, help="The cluster's reset.json (absent: no faults).")
-@click.option("--fault-ranks", default="", metavar="LIST", help="More faulty ranks, e.g. 3,5.")
+@click.option("--fault-ranks", type=RankListType(), default=(), metavar="LIST", help="More faulty ranks, e.g. 3,5.")
 @click.option("--group-info-root", metavar="DIR",
               help="Directory of device<r>/group_info.pb files (MindSpore GROUP_INFO_FILE).")
 @click.option("--groups-file", metavar="FILE", help='JSON/YAML {"groups": [[0,8],[1,9],...]}.')
@@ -67,25 +52,18 @@ def _report_path(ctx: click.Context, name: str, option: str, path: str) -> str:
 @click.option("--rank", type=click.IntRange(min=0), help="Also print this rank's environment.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @click.pass_context
-def plan(ctx: click.Context, world_size: int, fault_npus: str, reset_json: str, fault_ranks: str,
-         group_info_root: Optional[str], groups_file: Optional[str], dp: Optional[int],
-         tp: Optional[int], pp: Optional[int], checkpoint_dir: Optional[str],
-         checkpoint_pattern: Optional[str], checkpoint_marker: Optional[str],
-         settle_seconds: float, strategy_file: Optional[str], rank: Optional[int], as_json: bool) -> None:
+def plan(ctx: click.Context, world_size: int, settle_seconds: float, rank: Optional[int], as_json: bool,
+         **options: Any) -> None:
     """Print the restore plan (sources, checkpoints, RESTORE_RANKS) for the given inputs."""
     if rank is not None and rank >= world_size:
         raise UsageError(f"--rank {rank} outside 0..{world_size - 1}")
-    if strategy_file is not None and not os.path.isfile(strategy_file):
-        raise UsageError(f"--strategy-file: {strategy_file} is not a file")
-    inputs = PlanInputs(
-        world_size=world_size,
-        fault_npus_path=_report_path(ctx, "fault_npus", "--fault-npus", fault_npus),
-        reset_json_path=_report_path(ctx, "reset_json", "--reset-json", reset_json),
-        extra_fault_ranks=parse_rank_list(fault_ranks, "--fault-ranks"),
-        group_info_root=group_info_root, groups_file=groups_file, dp=dp, tp=tp, pp=pp,
-        checkpoint_dir=checkpoint_dir, checkpoint_pattern=checkpoint_pattern,
-        checkpoint_marker=checkpoint_marker, settle_seconds=settle_seconds, strategy_file=strategy_file)
-    result = compute_plan(inputs)
+    restore = restore_spec(options)  # as ``launcher run`` builds it from its options of the same names
+    if restore.strategy_file is not None and not os.path.isfile(restore.strategy_file):
+        raise UsageError(f"--strategy-file: {restore.strategy_file} is not a file")
+    _check_report(ctx, "fault_npus", "--fault-npus", restore.fault_npus_path)
+    _check_report(ctx, "reset_json", "--reset-json", restore.reset_json_path)
+    result = compute_plan(PlanInputs(world_size=world_size, settle_seconds=settle_seconds,
+                                     **dataclasses.asdict(restore)))
     env = result.env_for(rank) if rank is not None else None
     if as_json:
         payload = result.to_json()

@@ -115,16 +115,11 @@ class RunOptions:
             raise UsageError(f"unknown framework {name!r}", [f"expected one of {', '.join(FRAMEWORKS)}"])
         return name
 
-
     def resolved_gasp_timeout(self) -> float:
         """``--gasp-timeout``, else what fits inside ``--termination-grace-period`` with a margin."""
         if self.gasp_timeout is not None:
             return self.gasp_timeout
         return default_gasp_timeout(self.termination_grace_period)
-
-    def resolved_gasp_signal(self) -> int:
-        """The gasp signal as a number (``SIGTERM``, ``TERM`` or ``15``)."""
-        return parse_signal(self.gasp_signal)
 
 
 #: Signals a process cannot catch: a "save" signal must be one the rank can handle.
@@ -235,20 +230,17 @@ def parse_section_timeouts(items: Sequence[str]) -> Dict[str, float]:
 
 
 def parse_rank_list(text: Optional[str], option: str = "--fault-ranks") -> Tuple[int, ...]:
-    """``"3,5"`` -> ``(3, 5)``; empty or None -> ``()``.
+    """``"3,5"`` -> ``(3, 5)`` (sorted, once each; blanks are ignored); empty or None -> ``()``.
 
     Raises:
-        UsageError: not a comma-separated list of non-negative integers.
+        UsageError: an item that is not a non-negative integer.
     """
-    if not text:
-        return ()
-    try:
-        ranks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise UsageError(f"{option} {text!r}: expected comma-separated rank ids like 3,5") from None
-    if any(r < 0 for r in ranks):
-        raise UsageError(f"{option} {text!r}: rank ids are non-negative")
-    return ranks
+    ranks = set()
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        if not item.isdigit():
+            raise UsageError(f"{option}: {item!r} is not a rank id (expected e.g. 3,5)")
+        ranks.add(int(item))
+    return tuple(sorted(ranks))
 
 
 def check_sync_options(run_id: str, chosen: bool, server_count: int, option: str = "--sync-dir") -> None:

@@ -16,8 +16,9 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
-from launcher.jobspec.options import DEFAULT_MASTER_PORT, DEFAULT_RANK_TABLE, RunOptions
+from launcher.jobspec.options import DEFAULT_MASTER_PORT, DEFAULT_RANK_TABLE
 from launcher.jobspec.ranktable.model import RankTable, ServerEntry
+from launcher.jobspec.runspec import ClusterSpec
 
 log = logging.getLogger(__name__)
 
@@ -53,40 +54,40 @@ class Topology:
         return 0 in self.server.ranks
 
 
-def rank_table_path(opts: RunOptions, environ: Mapping[str, str]) -> Optional[str]:
+def rank_table_path(cluster: ClusterSpec, environ: Mapping[str, str]) -> Optional[str]:
     """The rank table file to use, or None when ranks come from options or the environment."""
-    if opts.rank_table:
-        return opts.rank_table
-    if opts.nproc_per_node is None and environ.get(envnames.RANK_TABLE_FILE):
+    if cluster.rank_table:
+        return cluster.rank_table
+    if cluster.nproc_per_node is None and environ.get(envnames.RANK_TABLE_FILE):
         return environ[envnames.RANK_TABLE_FILE]
-    if opts.nproc_per_node is None and os.path.exists(DEFAULT_RANK_TABLE):
+    if cluster.nproc_per_node is None and os.path.exists(DEFAULT_RANK_TABLE):
         return DEFAULT_RANK_TABLE
     return None
 
 
-def resolve(opts: RunOptions, framework: str, environ: Mapping[str, str],
+def resolve(cluster: ClusterSpec, framework: str, environ: Mapping[str, str],
             table: Optional[RankTable] = None) -> Topology:
-    """Resolve the topology for ``opts``.
+    """Resolve the topology for ``cluster``.
 
     Args:
-        opts: Run options.
+        cluster: The cluster group of the run's options.
         framework: Resolved framework name.
         environ: The launcher's environment.
-        table: An already loaded rank table for ``rank_table_path(opts, environ)``, if any.
+        table: An already loaded rank table for ``rank_table_path(cluster, environ)``, if any.
 
     Raises:
         UsageError: no source of ranks, inconsistent options, or this server not found.
     """
     default_port = DEFAULT_MASTER_PORT[framework]
     if table is not None:
-        server = locate_server(table, opts.server_id, environ)
-        port = opts.master_port or _env_int(environ, envnames.MASTER_PORT) or default_port
-        if opts.master_addr:  # the rank-0 server's table address may not be reachable from here
-            table = dataclasses.replace(table, master_host=opts.master_addr)
+        server = locate_server(table, cluster.server_id, environ)
+        port = cluster.master_port or _env_int(environ, envnames.MASTER_PORT) or default_port
+        if cluster.master_addr:  # the rank-0 server's table address may not be reachable from here
+            table = dataclasses.replace(table, master_host=cluster.master_addr)
         return Topology(table, server, f"rank table {table.source}", table.source, False, port)
-    nproc, nnodes, node_rank, source = _local_shape(opts, framework, environ)
-    master = opts.master_addr or _env_master(framework, environ) or "127.0.0.1"
-    port = opts.master_port or _env_port(framework, environ)
+    nproc, nnodes, node_rank, source = _local_shape(cluster, framework, environ)
+    master = cluster.master_addr or _env_master(framework, environ) or "127.0.0.1"
+    port = cluster.master_port or _env_port(framework, environ)
     if port is None and nnodes == 1:  # one node: no other launcher needs to know the port in advance
         port = free_port(master)
     port = port or default_port
@@ -115,11 +116,11 @@ def free_port(host: str) -> Optional[int]:
         return None
 
 
-def _local_shape(opts: RunOptions, framework: str, environ: Mapping[str, str]):
-    if opts.nproc_per_node is not None:
-        if opts.node_rank >= opts.nnodes:
-            raise UsageError(f"--node-rank {opts.node_rank} must be below --nnodes {opts.nnodes}")
-        return opts.nproc_per_node, opts.nnodes, opts.node_rank, "--nproc-per-node"
+def _local_shape(cluster: ClusterSpec, framework: str, environ: Mapping[str, str]):
+    if cluster.nproc_per_node is not None:
+        if cluster.node_rank >= cluster.nnodes:
+            raise UsageError(f"--node-rank {cluster.node_rank} must be below --nnodes {cluster.nnodes}")
+        return cluster.nproc_per_node, cluster.nnodes, cluster.node_rank, "--nproc-per-node"
     if framework == "mindspore":
         names = (envnames.MS_WORKER_NUM, envnames.MS_LOCAL_WORKER, envnames.MS_NODE_RANK)
     else:

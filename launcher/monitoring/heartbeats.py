@@ -11,8 +11,7 @@ about 10 ms to import) and ``statistics`` is imported where a median is taken.
 
 import os
 import struct
-from types import MappingProxyType
-from typing import Deque, Dict, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Deque, Dict, List, NamedTuple, Optional, Tuple
 
 from launcher.common.inputfiles import open_regular
 
@@ -66,38 +65,13 @@ def read_slot(path: str) -> Optional[Beat]:
                 bool(flags & FLAG_FAULTHANDLER), bool(flags & FLAG_EXITING))
 
 
-class HangRules(NamedTuple):
-    """When a rank counts as hung (seconds; 0 or None: that check is off).
-
-    Attributes:
-        steady: ``--heartbeat-timeout``: longest silence once the rank showed progress.
-        initial: ``--heartbeat-initial-timeout``: longest wait for the first sign of progress
-            (start-up, model load); defaults to ``steady``.
-        sections: ``--section-timeout NAME=SECONDS``: the longest stay in a named section; inside
-            one, the steady timeout does not apply.
-        no_progress: ``--max-no-progress-restarts``: not a timeout, but it needs the slots' steps.
-        straggler: ``--straggler-threshold``: a rank whose step rate is this fraction below the
-            median of its peers' is a straggler (0: off).
-    """
-
-    steady: float = 0.0
-    initial: Optional[float] = None
-    sections: Mapping[str, float] = MappingProxyType({})  # read-only: the default is shared
-    no_progress: int = 0
-    straggler: float = 0.0
-
-    @property
-    def enabled(self) -> bool:
-        """Whether the ranks get heartbeat slots (any check is on)."""
-        return bool(self.steady or self.initial or self.sections or self.no_progress or self.straggler)
-
-
-def judge(rules: HangRules, spawned_at: float, beat: Optional[Beat], output_at: float,
+def judge(rules: Any, spawned_at: float, beat: Optional[Beat], output_at: float,
           now: float) -> Optional[str]:
     """Why the rank is hung at ``now``, or None (pure).
 
     Args:
-        rules: The timeouts.
+        rules: The timeouts (``launcher.jobspec.runspec.HangRules``, the run's ``hangs`` spec; not
+            imported here, for ``launcher status``'s import time).
         spawned_at: When the rank was spawned (monotonic).
         beat: Its slot, or None.
         output_at: When its log last grew (monotonic; 0: never).

@@ -6,6 +6,7 @@ whether a gasp save is allowed, the TaskD preload and torch's error file on top 
 run shows exactly what a start would give each rank.
 """
 
+import dataclasses
 import logging
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -14,8 +15,8 @@ from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.control.gasp import GRACEFUL_EXIT_FILE
-from launcher.jobspec.options import RunOptions
-from launcher.monitoring.heartbeats import HEARTBEAT_DIR, HangRules, slot_path
+from launcher.jobspec.runspec import PreloadSpec, RestoreSpec, RunSpec
+from launcher.monitoring.heartbeats import HEARTBEAT_DIR, slot_path
 from launcher.common.rundir import CONTROL_SOCKET
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, worker_specs
 
@@ -26,13 +27,13 @@ FAILURE_TEXT_LINES = 40
 log = logging.getLogger(__name__)
 
 
-def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before: Sequence[int], *,
+def attempt_specs(spec: RunSpec, ctx: EnvContext, attempt: int, failed_before: Sequence[int], *,
                   log_session: str, gasp_allowed: bool, rank_env: Dict[str, str],
                   ckpt_index: object = None) -> Tuple[List[WorkerSpec], object]:
     """The processes of one attempt and the restore plan behind them (None without --checkpoint-dir).
 
     Args:
-        opts: Run options.
+        spec: The run's options, parsed.
         ctx: Job-wide context.
         attempt: Restart count.
         failed_before: Ranks that failed in the previous attempt (fault ranks for the plan).
@@ -43,13 +44,13 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
             :func:`checkpoint_index`), so the plan re-reads only what changed.
     """
     plan = None
-    if opts.checkpoint_dir:
+    if spec.restore.checkpoint_dir:
         from launcher.restore import compute_plan
 
-        plan = compute_plan(restore_inputs(opts, ctx, failed_before), index=ckpt_index)
+        plan = compute_plan(restore_inputs(spec.restore, ctx, failed_before), index=ckpt_index)
     common = {**rank_env, envnames.LAUNCHER_GRACEFUL_EXIT_FILE: os.path.join(ctx.run_dir, GRACEFUL_EXIT_FILE),
               envnames.LAUNCHER_GASP_SAVE_ALLOWED: "1" if gasp_allowed else "0"}
-    if opts.graceful_exit and ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
+    if spec.restart.graceful_exit and ctx.framework == "mindspore" and envnames.MS_ENABLE_GRACEFUL_EXIT not in ctx.base_env:
         # Only on request (--graceful-exit), and an explicit operator value is inherited: on CPU the
         # flag adds an int32 all-reduce to stock TrainOneStepCell that the CPU kernel rejects
         # (examples/mindspore/README.md), so an msrun script must not get it unasked.
@@ -61,25 +62,18 @@ def attempt_specs(opts: RunOptions, ctx: EnvContext, attempt: int, failed_before
                                     envnames.TORCHELASTIC_ERROR_FILE: error_file_path(log_session, attempt,
                                                                                       device.rank_id),
                                     **(plan.env_for(device.rank_id) if plan is not None else {}),
-                                    **debugging.rank_env(ctx.base_env, device.rank_id, opts.debug_rank, opts.pdb,
-                                                         control_socket)}
-    if preload_learns(opts):
+                                    **debugging.rank_env(ctx.base_env, device.rank_id, spec.debug.rank,
+                                                         spec.debug.pdb, control_socket)}
+    if spec.preload.learns:
         for rank, env in per_rank.items():
             env[envnames.LAUNCHER_IMPORTS_FILE] = imports_file(log_session)
             env.setdefault(envnames.PYTHONPATH, debugging.path_with_hooks(ctx.base_env))  # its sitecustomize
-    if hang_rules(opts).enabled:
+    if spec.hangs.enabled:
         for rank, env in per_rank.items():
             env[envnames.LAUNCHER_HEARTBEAT_FILE] = slot_path(os.path.join(ctx.run_dir, HEARTBEAT_DIR), rank)
             env.setdefault(envnames.PYTHONPATH, debugging.path_with_hooks(ctx.base_env))  # launcher_heartbeat
-    command = debugging.postmortem_argv(opts.command) if opts.pdb else opts.command
+    command = debugging.postmortem_argv(spec.command) if spec.debug.pdb else spec.command
     return worker_specs(ctx, command, attempt, per_rank), plan
-
-
-def preload_learns(opts: RunOptions) -> bool:
-    """``--preload auto`` (the default) for a Python command: the ranks record what they import."""
-    from launcher.jobspec.preload import preload_mode, python_entry
-
-    return preload_mode(opts.preload)[0] and python_entry(opts.command) is not None
 
 
 def imports_file(log_session: str) -> str:
@@ -87,36 +81,26 @@ def imports_file(log_session: str) -> str:
     return os.path.join(log_session, "standby", "imports.txt")
 
 
-def standby_pool(opts: RunOptions, log_session: str, emit: Callable[..., None]):
+def standby_pool(spec: RunSpec, log_session: str, emit: Callable[..., None]):
     """``--preload``'s warm standbys (:class:`launcher.supervision.standby.StandbyPool`), or None: with
     ``--preload none``, or when the command is not Python running a script or ``-m module`` (after one
     warning when modules were named)."""
-    from launcher.jobspec.preload import preload_mode, python_entry
-
-    auto, modules = preload_mode(opts.preload)
-    if not auto and not modules:
+    preload: PreloadSpec = spec.preload
+    if not preload.wanted:
         return None
-    if python_entry(opts.command) is None:
-        if modules:
+    if not preload.python:
+        if preload.modules:
             log.warning("--preload %s ignored: the command is not a Python interpreter running a script or -m "
-                        "module (%s): the ranks start cold", ",".join(modules), " ".join(opts.command[:3]))
+                        "module (%s): the ranks start cold", ",".join(preload.modules), " ".join(spec.command[:3]))
         return None
     from launcher.supervision.standby import StandbyPool
     from launcher.supervision.standbylearn import ImportsLog
 
     learn = None
-    if auto:
+    if preload.auto:
         os.makedirs(os.path.dirname(imports_file(log_session)), exist_ok=True)
         learn = ImportsLog(imports_file(log_session))
-    return StandbyPool(modules, int(opts.preload_max_rss * (1 << 20)), os.path.join(log_session, "standby"), emit,
-                       learn)
-
-
-def hang_rules(opts: RunOptions) -> HangRules:
-    """The hang detector's timeouts from ``--heartbeat-timeout`` and its siblings (off by default)."""
-    return HangRules(opts.heartbeat_timeout, opts.heartbeat_initial_timeout,
-                     dict(opts.section_timeout), opts.max_no_progress_restarts,
-                     opts.straggler_threshold)
+    return StandbyPool(preload.modules, preload.max_rss, os.path.join(log_session, "standby"), emit, learn)
 
 
 def error_file_path(log_session: str, attempt: int, rank: int) -> str:
@@ -135,24 +119,24 @@ def failure_text(log_session: str, attempt: int, rank: int, log_path: Optional[s
     return "\n".join(lines + (tail_lines(log_path, FAILURE_TEXT_LINES) if log_path else []))
 
 
-def checkpoint_index(opts: RunOptions, local_ranks: Sequence[int]):
+def checkpoint_index(restore: RestoreSpec, local_ranks: Sequence[int]):
     """The index of ``--checkpoint-dir`` kept for the plans before restarts, kept up to date by its
     own thread (never by the event loop), reading ahead the digests of ``local_ranks``' saves;
     None without ``--checkpoint-dir``."""
-    if not opts.checkpoint_dir:
+    if not restore.checkpoint_dir:
         return None
     from launcher.restore import CheckpointIndex
     from launcher.restore.checkpoints import compile_patterns
 
     try:
-        patterns = compile_patterns(opts.checkpoint_pattern, opts.checkpoint_marker)
+        patterns = compile_patterns(restore.checkpoint_pattern, restore.checkpoint_marker)
     except UsageError:
         return None  # the first plan reports it, as it does without the index
-    return CheckpointIndex(opts.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks),
+    return CheckpointIndex(restore.checkpoint_dir, patterns, background=True, hash_ranks=frozenset(local_ranks),
                            gc_freeze=True)
 
 
-def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[int] = ()):
+def restore_inputs(restore: RestoreSpec, ctx: EnvContext, failed_before: Sequence[int] = ()):
     """The restore planner's inputs for this job and attempt."""
     from launcher.restore import PlanInputs
 
@@ -160,12 +144,8 @@ def restore_inputs(opts: RunOptions, ctx: EnvContext, failed_before: Sequence[in
     # planner warn about it.
     root = ctx.group_info_root
     group_info_root = root if root and _has_group_info(root) else None
-    return PlanInputs(world_size=ctx.topology.table.world_size, fault_npus_path=opts.fault_npus or None,
-                      reset_json_path=opts.reset_json or None, extra_fault_ranks=opts.fault_ranks,
-                      previous_failed_ranks=tuple(sorted(failed_before)), group_info_root=group_info_root,
-                      groups_file=opts.groups_file, dp=opts.dp, tp=opts.tp, pp=opts.pp,
-                      checkpoint_dir=opts.checkpoint_dir, checkpoint_pattern=opts.checkpoint_pattern,
-                      checkpoint_marker=opts.checkpoint_marker, strategy_file=opts.strategy_file)
+    return PlanInputs(world_size=ctx.topology.table.world_size, previous_failed_ranks=tuple(sorted(failed_before)),
+                      **{**dataclasses.asdict(restore), "group_info_root": group_info_root})
 
 
 def _has_group_info(root: str) -> bool:

@@ -28,9 +28,9 @@ from statistics import median
 from typing import Deque, Dict, Optional, Set, Tuple
 
 from launcher.monitoring import stacks
-from launcher.monitoring.heartbeats import (HEARTBEAT_DIR, RATE_WINDOW, Beat, HangRules, judge, read_slot, slot_path,
-                                            step_rate, stragglers)
-from launcher.run.attempt import hang_rules
+from launcher.jobspec.runspec import HangRules
+from launcher.monitoring.heartbeats import (HEARTBEAT_DIR, RATE_WINDOW, Beat, judge, read_slot, slot_path, step_rate,
+                                            stragglers)
 from launcher.run.stackdump import StackDump
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import RankHung
@@ -67,7 +67,7 @@ class HangWatch(Integration):
         self._timer: Optional[int] = None
 
     def start(self, host: Host) -> None:
-        self.rules = hang_rules(host.opts)
+        self.rules = host.spec.hangs
         if not self.rules.enabled:
             return
         self.host = host

@@ -28,19 +28,20 @@ OUTPUT_LINES = 5
 MAX_WALK_FILES = 100_000
 
 
-def node_health(opts, devices: Iterable[int], emit: Callable[..., object]) -> Optional[str]:
-    """Before an attempt: warn when ``opts.checkpoint_dir`` may not hold the next save, then run
-    ``opts.health_check`` (``launcher.jobspec.options.RunOptions``); None when the node is fit."""
-    if opts.checkpoint_dir:
-        tight = checkpoint_space(opts.checkpoint_dir)
+def node_health(health_check: Optional[str], checkpoint_dir: Optional[str], devices: Iterable[int],
+                emit: Callable[..., object]) -> Optional[str]:
+    """Before an attempt: warn when ``checkpoint_dir`` (``--checkpoint-dir``) may not hold the next save,
+    then run ``health_check`` (``--health-check``); None when the node is fit."""
+    if checkpoint_dir:
+        tight = checkpoint_space(checkpoint_dir)
         if tight is not None:
             free, size, newest = tight
             emit("checkpoint_space_low", free_bytes=free, last_save_bytes=size, last_save=newest)
             log.warning("%s has %d MiB free, less than the newest save there (%s, %d MiB): the next save may "
-                        "not fit", opts.checkpoint_dir, free >> 20, newest, size >> 20)
-    if not opts.health_check:
+                        "not fit", checkpoint_dir, free >> 20, newest, size >> 20)
+    if not health_check:
         return None
-    return run_health_check(opts.health_check, devices, os.environ)
+    return run_health_check(health_check, devices, os.environ)
 
 
 def run_health_check(command: str, devices: Iterable[int], environ: Mapping[str, str],

@@ -10,7 +10,7 @@ rewritten atomically whenever a value in it changes and at the end (node_exporte
 
 import logging
 import time
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from launcher.common.errors import UsageError
 from launcher.supervision.integration import Host, Integration
@@ -79,43 +79,70 @@ class Metrics(Integration):
     def _count(self, event: str, fields: Mapping[str, Any]) -> bool:
         """Count one event; True when a value the textfile holds changed (heartbeat ages are computed
         when read, so a heartbeat alone does not rewrite the file)."""
-        now = time.time()
-        if event == "attempt_start":
-            self.attempt.set(fields.get("attempt", 0))
-            self._pending = set(fields.get("ranks") or ())
-        elif event == "rank_spawned":
-            self._pending.discard(fields.get("rank"))
-            if self._pending or self._failed_at is None:
-                return False
-            self.lost.inc(max(0.0, now - self._failed_at))
-            self._failed_at = None
-        elif event == "rank_exited" and fields.get("state") == "failed":
-            self.failures.labels(f"signal {fields['signal']}" if fields.get("signal")
-                                 else f"exit code {fields.get('exit_code')}").inc()
-            self._failed_at = self._failed_at or float(fields.get("exited_at") or now)
-            self._failed_attempts.add(fields.get("attempt"))
-        elif event == "step_last":
-            self._last_steps[fields.get("attempt")] = fields.get("step")
-            return False
-        elif event == "restore_plan":
-            self._count_recomputed(fields)
-        elif event == "restart":
-            self.restarts.inc()
-        elif event == "gasp":
-            self.gasps.inc()
-            self._gasp_at = now
-        elif event == "gasp_done" and self._gasp_at is not None:
-            self.gasp_seconds.observe(now - self._gasp_at)
-            self._gasp_at = None
-        elif event == "heartbeat" and fields.get("rank") is not None:
-            rank = fields["rank"]
-            if rank not in self._beats:  # the age is computed at each scrape, not at the last event
-                self.beat.labels(str(rank)).set_function(lambda r=rank: time.time() - self._beats[r])
-            self._beats[rank] = now
-            return False
-        else:
-            return False
+        counter = self._COUNTERS.get(event)
+        return counter is not None and counter(self, fields, time.time())
+
+    def _attempt_start(self, fields: Mapping[str, Any], _now: float) -> bool:
+        self.attempt.set(fields.get("attempt", 0))
+        self._pending = set(fields.get("ranks") or ())
         return True
+
+    def _rank_spawned(self, fields: Mapping[str, Any], now: float) -> bool:
+        self._pending.discard(fields.get("rank"))
+        if self._pending or self._failed_at is None:
+            return False
+        self.lost.inc(max(0.0, now - self._failed_at))
+        self._failed_at = None
+        return True
+
+    def _rank_exited(self, fields: Mapping[str, Any], now: float) -> bool:
+        if fields.get("state") != "failed":
+            return False
+        self.failures.labels(f"signal {fields['signal']}" if fields.get("signal")
+                             else f"exit code {fields.get('exit_code')}").inc()
+        self._failed_at = self._failed_at or float(fields.get("exited_at") or now)
+        self._failed_attempts.add(fields.get("attempt"))
+        return True
+
+    def _step_last(self, fields: Mapping[str, Any], _now: float) -> bool:
+        self._last_steps[fields.get("attempt")] = fields.get("step")
+        return False
+
+    def _restore_plan(self, fields: Mapping[str, Any], _now: float) -> bool:
+        self._count_recomputed(fields)
+        return True
+
+    def _restart(self, _fields: Mapping[str, Any], _now: float) -> bool:
+        self.restarts.inc()
+        return True
+
+    def _gasp(self, _fields: Mapping[str, Any], now: float) -> bool:
+        self.gasps.inc()
+        self._gasp_at = now
+        return True
+
+    def _gasp_done(self, _fields: Mapping[str, Any], now: float) -> bool:
+        if self._gasp_at is None:
+            return False
+        self.gasp_seconds.observe(now - self._gasp_at)
+        self._gasp_at = None
+        return True
+
+    def _heartbeat(self, fields: Mapping[str, Any], now: float) -> bool:
+        rank = fields.get("rank")
+        if rank is None:
+            return False
+        if rank not in self._beats:  # the age is computed at each scrape, not at the last event
+            self.beat.labels(str(rank)).set_function(lambda r=rank: time.time() - self._beats[r])
+        self._beats[rank] = now
+        return False
+
+    #: event -> its counter: ``(self, fields, now) -> whether a value in the textfile changed``.
+    _COUNTERS: Dict[str, Callable[["Metrics", Mapping[str, Any], float], bool]] = {
+        "attempt_start": _attempt_start, "rank_spawned": _rank_spawned, "rank_exited": _rank_exited,
+        "step_last": _step_last, "restore_plan": _restore_plan, "restart": _restart, "gasp": _gasp,
+        "gasp_done": _gasp_done, "heartbeat": _heartbeat,
+    }
 
     def _count_recomputed(self, plan: Mapping[str, Any]) -> None:
         """The steps the attempt this plan starts re-runs, after a failure of the one before."""

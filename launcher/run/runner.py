@@ -5,16 +5,16 @@ import json
 import logging
 import os
 import shutil
-from typing import Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.jobspec import hostfacts, topology
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import RunOptions, check_sync_options
+from launcher.jobspec.runspec import ClusterSpec, RunSpec, run_spec
 from launcher.common.rundir import base_dir
 from launcher.jobspec.rankenv import EnvContext, WorkerSpec, check_visible_devices, derived_run_id
-from launcher.jobspec.recovery import resolve_strategy
 from launcher.jobspec.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -23,45 +23,60 @@ log = logging.getLogger(__name__)
 def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> int:
     """Run the job described by ``opts``; returns the launcher's exit status."""
     environ = dict(os.environ if environ is None else environ)
-    framework = opts.resolved_framework(environ)
-    check_command(opts.command, environ)
-    topo = resolve_topology(opts, framework, environ)
-    run_dir = choose_run_dir(opts, environ)
-    run_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID) or derived_run_id(topo, opts.command)
-    ctx = EnvContext(framework=framework, topology=topo, run_id=run_id, max_restarts=opts.max_restarts,
-                     run_dir=run_dir,
-                     group_info_root=os.path.abspath(opts.group_info_root) if opts.group_info_root else None,
-                     base_env=environ, visible_devices=hostfacts.visible_devices(environ),
-                     local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=opts.hccl_if_ip,
-                     role=opts.role, extra=dict(opts.rank_env))
+    spec = run_spec(opts, environ)  # every option parsed, once: a mistake is exit 2 before anything runs
+    check_command(spec.command, environ)
+    spec, topo = resolve_topology(spec, environ)
+    ctx = job_context(spec, topo, environ)
     check_visible_devices(ctx)
-    resolve_strategy(opts.recover_strategy, environ)
-    debugging.check_options(opts.debug_rank, opts.pdb, opts.command, topo.server.ranks)
-    if opts.sync_dir and opts.coordinator:
-        raise UsageError("--sync-dir and --coordinator: choose one")
-    if opts.sync_dir or opts.coordinator:
-        check_sync_options(run_id, bool(opts.run_id or environ.get(envnames.MINDX_TASK_ID)),
-                           topo.table.server_count, "--coordinator" if opts.coordinator else "--sync-dir")
-    if opts.coordinator:
-        from launcher.cluster.etcdconf import coordinator_client
-
-        coordinator_client(opts, environ)  # endpoints, TLS files, user and password: exit 2 before anything runs
-    if opts.min_nodes is not None and not opts.coordinator:
-        raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes} (elastic) needs --coordinator etcd://...")
-    if opts.min_nodes is not None and opts.min_nodes > topo.table.server_count:
-        raise UsageError(f"--nnodes {opts.min_nodes}:{opts.nnodes}: MIN is above the job's "
-                         f"{topo.table.server_count} server(s)")
-    if opts.dry_run:
-        print_dry_run(ctx, *preview_first_attempt(opts, ctx), as_json=opts.json_output)
+    debugging.check_options(spec.debug.rank, spec.debug.pdb, spec.command, topo.server.ranks)
+    check_cluster(spec.cluster, topo, ctx.run_id, bool(spec.run_id or environ.get(envnames.MINDX_TASK_ID)), environ)
+    if spec.output.dry_run:
+        print_dry_run(ctx, *preview_first_attempt(spec, ctx), as_json=spec.output.json_output)
         return 0
-    if not (opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)):
+    if not (spec.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)):
         from launcher.common import jobs
 
-        jobs.prune(os.path.dirname(run_dir), exclude=[os.path.basename(run_dir)])
+        jobs.prune(os.path.dirname(ctx.run_dir), exclude=[os.path.basename(ctx.run_dir)])
     from launcher.run.session import Session  # the spawning machinery is not needed for --dry-run
 
-    with Session(opts, ctx) as session:
+    with Session(spec, ctx) as session:
         return session.run()
+
+
+def job_context(spec: RunSpec, topo: Topology, environ: Dict[str, str]) -> EnvContext:
+    """The job-wide context every rank's environment is computed from."""
+    run_id = spec.run_id or environ.get(envnames.MINDX_TASK_ID) or derived_run_id(topo, spec.command)
+    root = spec.restore.group_info_root
+    return EnvContext(framework=spec.framework, topology=topo, run_id=run_id,
+                      max_restarts=spec.restart.max_restarts, run_dir=choose_run_dir(spec, environ),
+                      group_info_root=os.path.abspath(root) if root else None, base_env=environ,
+                      visible_devices=hostfacts.visible_devices(environ),
+                      local_addresses=hostfacts.local_addresses(environ), hccl_if_ip=spec.hccl_if_ip,
+                      role=spec.role, extra=dict(spec.rank_env))
+
+
+def check_cluster(cluster: ClusterSpec, topo: Topology, run_id: str, chosen_id: bool,
+                  environ: Mapping[str, str]) -> None:
+    """The options that join this node to the others, checked against the job before anything runs.
+
+    Raises:
+        UsageError: both coordination options, a run id the nodes cannot share, a coordinator that
+            cannot be used (TLS files, user and password), elastic options without a coordinator.
+    """
+    if cluster.sync_dir and cluster.coordinator:
+        raise UsageError("--sync-dir and --coordinator: choose one")
+    if cluster.coordinated:
+        check_sync_options(run_id, chosen_id, topo.table.server_count,
+                           "--coordinator" if cluster.coordinator else "--sync-dir")
+    if cluster.coordinator:
+        from launcher.cluster.etcdconf import coordinator_client
+
+        coordinator_client(cluster.coordinator, environ)  # TLS files, user and password: exit 2 before anything runs
+    if cluster.min_nodes is not None and not cluster.coordinator:
+        raise UsageError(f"--nnodes {cluster.min_nodes}:{cluster.nnodes} (elastic) needs --coordinator etcd://...")
+    if cluster.min_nodes is not None and cluster.min_nodes > topo.table.server_count:
+        raise UsageError(f"--nnodes {cluster.min_nodes}:{cluster.nnodes}: MIN is above the job's "
+                         f"{topo.table.server_count} server(s)")
 
 
 def scheduler_address(host: str) -> str:
@@ -89,28 +104,28 @@ def scheduler_address(host: str) -> str:
     return address
 
 
-def choose_run_dir(opts: RunOptions, environ: Mapping[str, str]) -> str:
+def choose_run_dir(spec: RunSpec, environ: Mapping[str, str]) -> str:
     """``--run-dir`` (or ``LAUNCHER_RUN_DIR``), else a run dir of the job's own under the base dir:
     ``<base>/<job name>`` (``launcher.common.jobs.job_name``), so two jobs on one machine never share one."""
-    explicit = opts.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)
+    explicit = spec.run_dir or environ.get(envnames.LAUNCHER_RUN_DIR)
     if explicit:
         return os.path.abspath(explicit)
     from launcher.common.jobs import job_name
 
-    chosen_id = opts.run_id or environ.get(envnames.MINDX_TASK_ID)
-    return os.path.join(os.path.abspath(base_dir(dict(environ))), job_name(opts.job_name, chosen_id))
+    chosen_id = spec.run_id or environ.get(envnames.MINDX_TASK_ID)
+    return os.path.join(os.path.abspath(base_dir(dict(environ))), job_name(spec.job_name, chosen_id))
 
 
-def preview_first_attempt(opts: RunOptions, ctx: EnvContext):
+def preview_first_attempt(spec: RunSpec, ctx: EnvContext):
     """The first attempt's specs and restore plan, exactly as ``run`` would build them, no side effects."""
     from launcher.cluster.taskd import job_rank_env
     from launcher.control.gasp import GASP_STATE, GaspGate
     from launcher.run.attempt import attempt_specs
 
-    gate = GaspGate(os.path.join(ctx.run_dir, GASP_STATE), opts.gasp_min_interval)
-    log_session = os.path.join(os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs")), "<session>")
-    return attempt_specs(opts, ctx, 0, (), log_session=log_session, gasp_allowed=gate.allowed(),
-                         rank_env=job_rank_env(opts.taskd, ctx.base_env))
+    gate = GaspGate(os.path.join(ctx.run_dir, GASP_STATE), spec.restart.gasp_min_interval)
+    log_session = os.path.join(os.path.abspath(spec.output.log_dir or os.path.join(ctx.run_dir, "logs")), "<session>")
+    return attempt_specs(spec, ctx, 0, (), log_session=log_session, gasp_allowed=gate.allowed(),
+                         rank_env=job_rank_env(spec.cluster.taskd, ctx.base_env))
 
 
 def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
@@ -126,18 +141,21 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
                           else "(searched $PATH)"])
 
 
-def resolve_topology(opts: RunOptions, framework: str, environ: Mapping[str, str]) -> Topology:
-    """The rank table (waiting for the cluster to complete it) and this server's entry."""
-    if framework == "mindspore" and opts.master_addr:
-        opts = dataclasses.replace(opts, master_addr=scheduler_address(opts.master_addr))
-    path = topology.rank_table_path(opts, environ)
+def resolve_topology(spec: RunSpec, environ: Mapping[str, str]) -> Tuple[RunSpec, Topology]:
+    """The rank table (waiting for the cluster to complete it) and this server's entry; for MindSpore,
+    the spec with ``--master-addr`` resolved to the IP address its scheduler needs."""
+    cluster = spec.cluster
+    if spec.framework == "mindspore" and cluster.master_addr:
+        cluster = dataclasses.replace(cluster, master_addr=scheduler_address(cluster.master_addr))
+        spec = dataclasses.replace(spec, cluster=cluster)
+    path = topology.rank_table_path(cluster, environ)
     table = None
     if path is not None:
         from launcher.jobspec.ranktable.wait import wait_for_rank_table
 
         # Absolute: ranks get it as RANK_TABLE_FILE and may change directory before opening it.
-        table = wait_for_rank_table(os.path.abspath(path), timeout=opts.rank_table_timeout)
-    return topology.resolve(opts, framework, environ, table)
+        table = wait_for_rank_table(os.path.abspath(path), timeout=cluster.rank_table_timeout)
+    return spec, topology.resolve(cluster, spec.framework, environ, table)
 
 
 def print_dry_run(ctx: EnvContext, specs: Sequence[WorkerSpec], plan: object, as_json: bool) -> None:

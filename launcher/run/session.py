@@ -24,11 +24,10 @@ from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
 from launcher.supervision.jobtree import JobTree, read_stat, report_escaped
 from launcher.jobspec import binding as binding_mod
-from launcher.jobspec.options import RunOptions
+from launcher.jobspec.runspec import RunSpec
 from launcher.supervision.integration import Integrations
 from launcher.run.hangwatch import HangWatch
 from launcher.supervision.procgroup import LocalProcessGroup
-from launcher.jobspec.recovery import resolve_strategy
 from launcher.run.outputwatch import OutputWatch
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
                                   standby_pool)
@@ -48,17 +47,17 @@ class Session:
     """Context manager owning the resources of one ``launcher run``.
 
     Args:
-        opts: Run options.
+        spec: The run's options, parsed (``launcher.jobspec.runspec.run_spec``).
         ctx: The resolved job context (topology, run id, ...).
     """
 
-    def __init__(self, opts: RunOptions, ctx: EnvContext):
-        self.opts = opts
+    def __init__(self, spec: RunSpec, ctx: EnvContext):
+        self.spec = spec
         self.ctx = ctx
         self.base_topology = ctx.topology  # every server of the job (elastic membership runs a subset)
-        self.console_ranks = opts.console_ranks  # None: every rank
+        self.console_ranks = spec.output.console_ranks  # None: every rank
         self.run_dir = rundir_mod.RunDir(ctx.run_dir)
-        self.log_root = os.path.abspath(opts.log_dir or os.path.join(ctx.run_dir, "logs"))
+        self.log_root = os.path.abspath(spec.output.log_dir or os.path.join(ctx.run_dir, "logs"))
         self.log_session = os.path.join(self.log_root, session_name())
         self.events: Optional[EventLog] = None
         self.guard: Optional[guard_mod.OrphanGuard] = None
@@ -69,13 +68,13 @@ class Session:
         # the first attempt, stopped in reverse when the session ends. A new one is one line here.
         self.sync = SyncCoordination()  # also the elastic membership each attempt runs on
         metrics = []
-        if opts.metrics_port is not None or opts.metrics_textfile:
+        if spec.output.metrics_port is not None or spec.output.metrics_textfile:
             from launcher.run.metrics import Metrics  # only when asked for
 
-            metrics.append(Metrics(opts.metrics_port, opts.metrics_textfile))
+            metrics.append(Metrics(spec.output.metrics_port, spec.output.metrics_textfile))
         self.integrations = Integrations([ControlChannel(), ResetJsonFollower(), self.sync, TaskdManager(), HangWatch(),
                                           OutputWatch(), *metrics])
-        self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), opts.gasp_min_interval)
+        self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), spec.restart.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
 
@@ -90,33 +89,33 @@ class Session:
                       run_id=previous.get("run_id"))
             log.warning("the previous launcher on this run dir (pid %s) did not exit cleanly", previous.get("pid"))
         self.launcher_record = {"pid": os.getpid(), "started": time.time(), "run_id": self.ctx.run_id,
-                                "log_dir": self.log_session, "gasp_timeout": self.opts.resolved_gasp_timeout(),
-                                "gasp_signal": self.opts.gasp_signal}
+                                "log_dir": self.log_session, "gasp_timeout": self.spec.restart.gasp_timeout,
+                                "gasp_signal": self.spec.restart.gasp_signal_name}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
         guard_mod.become_subreaper()
         tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
         self.guard = guard_mod.OrphanGuard(tree)
-        if self.opts.debug_rank is not None or self.opts.pdb:
+        if self.spec.debug.enabled:
             from launcher.supervision.debugging import DebugConsole
 
-            self.debug = DebugConsole(self.opts.debug_rank, self.opts.pdb, self.emit)
+            self.debug = DebugConsole(self.spec.debug.rank, self.spec.debug.pdb, self.emit)
         binding = self._cpu_binding()
         self.group = LocalProcessGroup(self._log_path, self._on_console, self.guard, tree,
                                        lambda spec: self.debug is not None and self.debug.has_terminal(spec.rank),
-                                       standby_pool(self.opts, self.log_session, self.emit),
+                                       standby_pool(self.spec, self.log_session, self.emit),
                                        lambda spec: binding.cpus(spec.local_rank) if binding else None)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
-        self.ckpt_index = checkpoint_index(self.opts, self.ctx.topology.server.ranks)
+        self.ckpt_index = checkpoint_index(self.spec.restore, self.ctx.topology.server.ranks)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
 
     def _cpu_binding(self) -> "Optional[binding_mod.Plan]":
         """``--bind-cores``: each local rank's CPUs, said once in the log and events.jsonl."""
-        plan = binding_mod.resolve(self.opts.bind_cores, [d.device_id for d in self.ctx.topology.server.devices])
+        plan = binding_mod.resolve(self.spec.bind_cores, [d.device_id for d in self.ctx.topology.server.devices])
         if plan is not None:
             self.emit("cpu_binding", how=plan.how, cpus=[binding_mod.format_cpulist(c) for c in plan.sets])
             log.info("CPU binding (%s): %s", plan.how, plan.describe())
-        elif self.opts.bind_cores.lower() == binding_mod.AUTO:
+        elif self.spec.bind_cores.lower() == binding_mod.AUTO:
             log.warning("--bind-cores auto: fewer CPUs than local ranks, the ranks are not bound")
         return plan
 
@@ -142,22 +141,21 @@ class Session:
     def run(self) -> int:
         """Supervise the job to its end; returns the exit status."""
         topo = self.ctx.topology
-        self.emit("start", argv=list(self.opts.command), framework=self.ctx.framework, source=topo.source,
+        self.emit("start", argv=list(self.spec.command), framework=self.ctx.framework, source=topo.source,
                   world_size=topo.table.world_size, server=topo.server.server_id,
-                  local_ranks=list(topo.server.ranks), max_restarts=self.opts.max_restarts,
+                  local_ranks=list(topo.server.ranks), max_restarts=self.spec.restart.max_restarts,
                   log_dir=self.log_session)
         log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
                  topo.source, self.log_session)
-        strategy = resolve_strategy(self.opts.recover_strategy, self.ctx.base_env)
-        log.info("recovery strategy: %s", strategy.describe())
-        policy = RestartPolicy(self.opts.max_restarts, self.opts.restart_backoff, self.opts.stop_timeout,
-                               self.opts.resolved_gasp_timeout(), self.opts.resolved_gasp_signal(),
-                               self.gasp_gate.try_save, strategy, self._in_place_supported(),
-                               backoff_max=self.opts.restart_backoff_max,
-                               max_no_progress_restarts=self.opts.max_no_progress_restarts,
-                               no_progress_exit_code=self.opts.no_progress_exit_code,
-                               device_wait_timeout=self.opts.device_wait_timeout,
-                               node_fault_exit_code=self.opts.node_fault_exit_code)
+        restart = self.spec.restart
+        log.info("recovery strategy: %s", restart.strategy.describe())
+        policy = RestartPolicy(restart.max_restarts, restart.backoff, restart.stop_timeout, restart.gasp_timeout,
+                               restart.gasp_signal, self.gasp_gate.try_save, restart.strategy,
+                               self._in_place_supported(), backoff_max=restart.backoff_max,
+                               max_no_progress_restarts=restart.max_no_progress_restarts,
+                               no_progress_exit_code=restart.no_progress_exit_code,
+                               device_wait_timeout=restart.device_wait_timeout,
+                               node_fault_exit_code=restart.node_fault_exit_code)
         self.integrations.start(self)
         self._warn_uncoordinated()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
@@ -218,11 +216,11 @@ class Session:
         from launcher.jobspec.ranktable.wait import wait_for_rank_table
 
         try:
-            table = wait_for_rank_table(topo.table_file, timeout=self.opts.rank_table_timeout)
+            table = wait_for_rank_table(topo.table_file, timeout=self.spec.cluster.rank_table_timeout)
         except RankTableError as exc:
             log.warning("%s; keeping the rank table of version %s", exc.message, topo.table.revision)
             return
-        new = topology.resolve(self.opts, self.ctx.framework, self.ctx.base_env, table)
+        new = topology.resolve(self.spec.cluster, self.ctx.framework, self.ctx.base_env, table)
         self.emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
                   old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
                   world_size=table.world_size)
@@ -242,7 +240,7 @@ class Session:
         --sync-dir or --coordinator: an in-place respawn would move this node's attempt number off the
         job's generation."""
         supported = self.ctx.framework == "mindspore" and bool(self.ctx.base_env.get(envnames.MS_ENABLE_TFT))
-        coordinated = bool(self.opts.sync_dir or self.opts.coordinator)
+        coordinated = self.spec.cluster.coordinated
         if supported and coordinated:
             log.info("coordinated restarts: a failed rank restarts the whole job, not only itself (recover-in-place)")
         return supported and not coordinated
@@ -254,7 +252,7 @@ class Session:
             removed = prune_attempt_logs(self.log_session, attempt, in_use=list(self.group.log_paths.values()))
             if removed:
                 self.emit("attempt_logs_pruned", attempt=attempt, removed=removed, kept_newest=KEEP_ATTEMPT_LOGS)
-        specs, plan = attempt_specs(self.opts, self.ctx, attempt, failed_before, log_session=self.log_session,
+        specs, plan = attempt_specs(self.spec, self.ctx, attempt, failed_before, log_session=self.log_session,
                                     gasp_allowed=self.gasp_gate.allowed(), rank_env=self.integrations.rank_env(),
                                     ckpt_index=self.ckpt_index)
         if plan is not None:
@@ -290,7 +288,7 @@ class Session:
         from launcher.restore.mstransform import convert, job_interpreter
 
         started = time.monotonic()
-        ran = convert(plan.transform, job_interpreter(self.opts.command))
+        ran = convert(plan.transform, job_interpreter(self.spec.command))
         self.emit("checkpoint_conversion", attempt=attempt, cached=not ran, output=plan.transform.output,
                   seconds=round(time.monotonic() - started, 3), conversion=plan.conversion.to_json())
 
@@ -326,7 +324,8 @@ class Session:
     def _health(self) -> Optional[str]:
         from launcher.run.healthcheck import node_health
 
-        return node_health(self.opts, [d.device_id for d in self.ctx.topology.server.devices], self.emit)
+        return node_health(self.spec.restart.health_check, self.spec.restore.checkpoint_dir,
+                           [d.device_id for d in self.ctx.topology.server.devices], self.emit)
 
     def _request_exit(self) -> None:
         """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""

@@ -14,11 +14,19 @@ supervisor through its small interfaces (``launcher.supervision.hooks``), so the
 testable with scripted events. Hooks run inside the supervisor's loop: they return at once and never
 block.
 
-May import: nothing from ``launcher`` (``launcher.control`` and ``launcher.cluster`` build on it).
+May import: only for type checking (``Host``'s attributes), nothing at run time: ``launcher.control``
+and ``launcher.cluster`` build on it.
 """
 
 import logging
-from typing import Any, Dict, List, Mapping, Optional, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from launcher.common.rundir import RunDir
+    from launcher.jobspec.rankenv import EnvContext
+    from launcher.jobspec.runspec import RunSpec
+    from launcher.supervision.guard import OrphanGuard
+    from launcher.supervision.procgroup import LocalProcessGroup
 
 log = logging.getLogger(__name__)
 
@@ -27,20 +35,20 @@ class Host(Protocol):
     """What an integration may use of the Session that starts it (``launcher.run.session.Session``).
 
     Attributes:
-        opts: The run options (``launcher.jobspec.options.RunOptions``).
-        ctx: The job context (``launcher.jobspec.rankenv.EnvContext``); replaced when the rank table is
-            rewritten, so read it when needed rather than keeping it.
-        group: The process group and event loop (``launcher.supervision.procgroup.LocalProcessGroup``).
-        guard: The orphan guard (``launcher.supervision.guard.OrphanGuard``).
-        run_dir: The run dir (``launcher.common.rundir.RunDir``).
+        spec: The run's options, parsed and grouped (``restart``, ``hangs``, ``restore``, ``cluster``, ...).
+        ctx: The job context; replaced when the rank table is rewritten, so read it when needed rather
+            than keeping it.
+        group: The process group and event loop.
+        guard: The orphan guard.
+        run_dir: The run dir.
         log_session: This launcher invocation's log directory.
     """
 
-    opts: Any
-    ctx: Any
-    group: Any
-    guard: Any
-    run_dir: Any
+    spec: "RunSpec"
+    ctx: "EnvContext"
+    group: "LocalProcessGroup"
+    guard: "OrphanGuard"
+    run_dir: "RunDir"
     log_session: str
 
     def emit(self, event: str, **fields: object) -> None:

@@ -14,6 +14,7 @@ from launcher.cluster.etcdconf import coordinator_client, coordinator_security, 
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import RunOptions, coordinator_tls, parse_coordinator
+from launcher.jobspec.runspec import CoordinatorSpec, cluster_spec
 from tests.helpers.cli import run_cli
 
 SECRET = "hunter2-do-not-show"
@@ -35,8 +36,8 @@ def pem(tmp_path_factory):
     return tmp
 
 
-def opts(**fields) -> RunOptions:
-    return RunOptions(command=("true",), **{"coordinator": "etcds://127.0.0.1:2379", **fields})
+def opts(**fields) -> CoordinatorSpec:
+    return cluster_spec(RunOptions(command=("true",), **{"coordinator": "etcds://127.0.0.1:2379", **fields})).coordinator
 
 
 @pytest.mark.parametrize("url, tls, endpoints", [

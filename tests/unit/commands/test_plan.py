@@ -5,7 +5,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from launcher.commands.plan import parse_rank_list, plan
+from launcher.commands.plan import plan
+from launcher.jobspec.options import parse_rank_list
 from launcher.common.errors import UsageError
 from tests.helpers.paths import DATA
 

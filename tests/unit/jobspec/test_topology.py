@@ -6,6 +6,7 @@ from hypothesis import given, strategies as st
 from launcher.jobspec import topology
 from launcher.common.errors import UsageError
 from launcher.jobspec.options import RunOptions
+from launcher.jobspec.runspec import ClusterSpec, cluster_spec
 from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
 from launcher.jobspec.ranktable.generate import build_local_table
 from launcher.jobspec.topology import Topology, locate_server, rank_table_path, regroup, resolve
@@ -14,8 +15,8 @@ from launcher.jobspec.topology import Topology, locate_server, rank_table_path, 
 _REAL_HOST_ADDRESSES = topology.host_addresses
 
 
-def opts(**kwargs) -> RunOptions:
-    return RunOptions(command=("true",), **kwargs)
+def opts(**kwargs) -> ClusterSpec:
+    return cluster_spec(RunOptions(command=("true",), **kwargs))
 
 
 @pytest.fixture
@@ -360,15 +361,14 @@ def test_xdl_ip_shared_by_two_pods_is_narrowed_by_pod_ip():
 def test_master_addr_option_overrides_a_file_table():
     """--master-addr is honoured with a rank table file too (the rank-0 server's table address
     may not be reachable, e.g. several launchers on one machine)."""
-    from launcher.jobspec.options import RunOptions
     from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
     from launcher.jobspec.topology import resolve
 
     table = RankTable(servers=(ServerEntry("10.0.0.1", (Device(0, 0),)), ServerEntry("10.0.0.2", (Device(1, 0),))),
                       source="/x/hccl.json")
-    topo = resolve(RunOptions(command=("x",), server_id="10.0.0.2", master_addr="127.0.0.1"), "pytorch", {}, table)
+    topo = resolve(opts(server_id="10.0.0.2", master_addr="127.0.0.1"), "pytorch", {}, table)
     assert topo.table.master_addr == "127.0.0.1"
-    assert resolve(RunOptions(command=("x",), server_id="10.0.0.2"), "pytorch", {}, table).table.master_addr == "10.0.0.1"
+    assert resolve(opts(server_id="10.0.0.2"), "pytorch", {}, table).table.master_addr == "10.0.0.1"
 
 
 # --------------------------------------------------------------------------- free port (issue #10.3)

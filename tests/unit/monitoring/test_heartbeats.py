@@ -8,7 +8,8 @@ from hypothesis import given, strategies as st
 
 from launcher.jobspec.options import parse_section_timeouts
 from launcher.monitoring import heartbeats
-from launcher.monitoring.heartbeats import Beat, HangRules, judge, read_slot
+from launcher.jobspec.runspec import HangRules
+from launcher.monitoring.heartbeats import Beat, judge, read_slot
 from tests.helpers.paths import REPO
 
 HOOKS = str(REPO / "launcher" / "rankhooks")

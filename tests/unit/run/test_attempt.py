@@ -6,6 +6,7 @@ import pytest
 
 from launcher.run.attempt import attempt_specs, checkpoint_index, restore_inputs
 from launcher.jobspec.options import RunOptions
+from launcher.jobspec.runspec import run_spec
 from launcher.jobspec.rankenv import EnvContext
 from launcher.jobspec.ranktable.generate import build_local_table
 from launcher.jobspec.topology import Topology
@@ -19,7 +20,7 @@ def make_ctx(tmp_path, framework: str = "mindspore", base_env: Optional[Dict[str
 
 
 def worker_envs(tmp_path, opts: RunOptions, ctx: EnvContext):
-    specs, _ = attempt_specs(opts, ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, rank_env={})
+    specs, _ = attempt_specs(run_spec(opts, {}), ctx, 0, (), log_session=str(tmp_path), gasp_allowed=True, rank_env={})
     return [s.env for s in specs if s.rank >= 0]
 
 
@@ -47,9 +48,9 @@ def test_restore_inputs_read_the_given_root_once_ranks_wrote_there(tmp_path):
     root = tmp_path / "gi"
     (root / "device1").mkdir(parents=True)
     ctx = make_ctx(tmp_path, group_info_root=str(root))
-    assert restore_inputs(RunOptions(command=("x",)), ctx).group_info_root is None  # nothing written yet
+    assert restore_inputs(run_spec(RunOptions(command=("x",)), {}).restore, ctx).group_info_root is None  # nothing written yet
     (root / "device1" / "group_info.pb").write_bytes(b"")
-    assert restore_inputs(RunOptions(command=("x",)), ctx).group_info_root == str(root)
+    assert restore_inputs(run_spec(RunOptions(command=("x",)), {}).restore, ctx).group_info_root == str(root)
 
 
 def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
@@ -58,13 +59,13 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
     for rank in (0, 1):
         (ckpt / f"rank_{rank}").mkdir(parents=True)
         (ckpt / f"rank_{rank}" / "ckpt-1_5_breakpoint.pt").write_bytes(b"x")
-    opts = RunOptions(command=("x",), checkpoint_dir=str(ckpt))
-    assert checkpoint_index(RunOptions(command=("x",)), (0,)) is None
-    index = checkpoint_index(opts, (0,))
+    spec = run_spec(RunOptions(command=("x",), checkpoint_dir=str(ckpt)), {})
+    assert checkpoint_index(run_spec(RunOptions(command=("x",)), {}).restore, (0,)) is None
+    index = checkpoint_index(spec.restore, (0,))
     try:
         assert index.indexer is not None  # the event loop is not involved
         ctx = make_ctx(tmp_path, "pytorch")
-        _, plan = attempt_specs(opts, ctx, 1, (), log_session=str(tmp_path), gasp_allowed=True, rank_env={},
+        _, plan = attempt_specs(spec, ctx, 1, (), log_session=str(tmp_path), gasp_allowed=True, rank_env={},
                                 ckpt_index=index)
         assert (plan.kind, plan.step) == ("breakpoint", 5)
         assert index._ranks  # pylint: disable=protected-access  # the plan was read through the index
@@ -75,4 +76,4 @@ def test_restart_plans_come_from_the_checkpoint_index(tmp_path):
 def test_a_bad_checkpoint_pattern_is_left_to_the_plan_to_report(tmp_path):
     """No index (the session must start and stop cleanly); the first plan exits 2 as before."""
     opts = RunOptions(command=("x",), checkpoint_dir=str(tmp_path), checkpoint_pattern="no step group")
-    assert checkpoint_index(opts, (0,)) is None
+    assert checkpoint_index(run_spec(opts, {}).restore, (0,)) is None

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from launcher.jobspec.runspec import HangRules
 from launcher.monitoring.heartbeats import SLOT_FORMAT
 from launcher.run.hangwatch import HangWatch
 from launcher.supervision.loopevents import RankHung
@@ -30,10 +31,8 @@ class FakeGroup:
 
 
 class FakeHost:
-    def __init__(self, tmp, **opts):
-        base = dict(heartbeat_timeout=0.0, heartbeat_initial_timeout=None, section_timeout=(),
-                    max_no_progress_restarts=0, straggler_threshold=0.0)
-        self.opts = SimpleNamespace(**{**base, **opts})
+    def __init__(self, tmp, **rules):
+        self.spec = SimpleNamespace(hangs=HangRules(**rules))
         self.ctx = SimpleNamespace(run_dir=str(tmp))
         self.group = FakeGroup(tmp)
         self.events = []
@@ -50,7 +49,7 @@ def write_slot(tmp, rank, at, step):
 def watch(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_PY_SPY", "")  # no py-spy, no faulthandler flag: stacks unread, at once
     clock = SimpleNamespace(now=100.0)
-    host = FakeHost(tmp_path, heartbeat_timeout=5.0)
+    host = FakeHost(tmp_path, steady=5.0)
     hw = HangWatch(clock=lambda: clock.now)
     hw.start(host)
     hw.on_event("attempt_start", {"attempt": 0})
@@ -145,7 +144,7 @@ def test_output_counts_as_progress(watch):
 
 def test_status_names_stragglers_only_when_watched(tmp_path):
     hw = HangWatch()
-    hw.start(FakeHost(tmp_path, straggler_threshold=0.2))
+    hw.start(FakeHost(tmp_path, straggler=0.2))
     hw.named.add(2)
     assert hw.status() == {"stragglers": [2]}
     assert HangWatch().status() == {}

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from launcher.cluster.syncjoin import SyncCoordination
+from launcher.jobspec.runspec import ClusterSpec
 from launcher.supervision.integration import Integration, Integrations
 
 
@@ -104,7 +105,7 @@ def test_a_job_that_ended_has_left_already():
 
 def test_without_coordination_there_is_nothing_to_leave():
     sync = SyncCoordination()
-    sync.start(SimpleNamespace(opts=SimpleNamespace(sync_dir=None, coordinator=None), ctx=None))
+    sync.start(SimpleNamespace(spec=SimpleNamespace(cluster=ClusterSpec()), ctx=None))
     sync.stop()
     assert sync.coordinator is None
 
