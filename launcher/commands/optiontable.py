@@ -11,7 +11,8 @@ torchrun's or msrun's spellings of what the launcher does differently, each with
 * ``NOT_YET``: a launcher option whose consumer is not in this build: refused, never ignored.
 
 Adding an option: one row here, a ``RunOptions`` field of the same name and default (checked by
-tests/unit/commands/test_optiontable.py), and its consumer. ``schemas/launcher.schema.json`` is generated
+tests/unit/commands/test_optiontable.py), its place in one of the specs ``launcher.jobspec.runspec.run_spec``
+builds (parsed there, once), and its consumer, which reads the spec. ``schemas/launcher.schema.json`` is generated
 from the rows: ``python -m launcher.commands.optiontable > schemas/launcher.schema.json``.
 """
 

@@ -1,6 +1,5 @@
 """``launcher plan``: print the restore plan for given inputs without starting anything."""
 
-import dataclasses
 import json
 import os
 from typing import Any, Optional
@@ -63,7 +62,7 @@ def plan(ctx: click.Context, world_size: int, settle_seconds: float, rank: Optio
     _check_report(ctx, "fault_npus", "--fault-npus", restore.fault_npus_path)
     _check_report(ctx, "reset_json", "--reset-json", restore.reset_json_path)
     result = compute_plan(PlanInputs(world_size=world_size, settle_seconds=settle_seconds,
-                                     **dataclasses.asdict(restore)))
+                                     **vars(restore)))
     env = result.env_for(rank) if rank is not None else None
     if as_json:
         payload = result.to_json()

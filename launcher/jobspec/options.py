@@ -30,8 +30,10 @@ class RunOptions:
     ``launcher.commands.optiontable`` (same name and default, tests/unit/commands/test_optiontable.py), plus
     what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``).
 
-    Values are parsed once, at the edge (the click types below): ``console_ranks`` is None for all
-    ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` a tuple.
+    Values the click types below parse are parsed at the command line: ``console_ranks`` is None for
+    all ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` a tuple.
+    The rest is text until ``launcher.jobspec.runspec.run_spec`` parses it, once, into the specs every
+    consumer reads: nothing past the runner's edge reads ``RunOptions``.
     """
 
     command: Tuple[str, ...]

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional, Tuple
 
-from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, TASKD_DEFAULT_PORT, RunOptions,
-                                      coordinator_tls, parse_coordinator, parse_signal)
+from launcher.jobspec.options import (TASKD_DEFAULT_PORT, RunOptions, coordinator_tls, parse_coordinator,
+                                      parse_signal)
 from launcher.jobspec.recovery import RETRY, RecoveryStrategy, resolve_strategy
 
 
@@ -100,26 +100,29 @@ class HangRules:
 
 @dataclass(frozen=True)
 class RestoreSpec:
-    """What the restore planner reads, named as ``launcher.restore.PlanInputs`` names it (the job's world
-    size and the ranks that failed before are the run's, not options).
+    """The restore options, read by the restore planner (``launcher.restore.PlanInputs`` adds the run's
+    world size and failed ranks to them) for ``launcher run`` and ``launcher plan`` alike.
 
     Attributes:
-        fault_npus_path: ``--fault-npus`` (None: not read).
-        reset_json_path: ``--reset-json`` (None: not read); also followed while the job runs.
-        extra_fault_ranks: ``--fault-ranks``, sorted.
-        group_info_root: ``--group-info-root`` (MindSpore's group_info.pb files), or None.
-        groups_file: ``--groups-file``.
-        dp: ``--dp``.
-        tp: ``--tp``.
-        pp: ``--pp``.
-        checkpoint_dir: ``--checkpoint-dir`` (None: nothing to resume from).
-        checkpoint_pattern: ``--checkpoint-pattern``.
-        checkpoint_marker: ``--checkpoint-marker``.
-        strategy_file: ``--strategy-file``.
+        fault_npus_path: ``--fault-npus``: the cluster's fault-npus file (None: not read; a missing
+            file: no faults).
+        reset_json_path: ``--reset-json``: the cluster's reset.json (None: not read; a missing file: no
+            faults); ``launcher run`` also follows it while the job runs.
+        extra_fault_ranks: ``--fault-ranks``: ranks the user declares faulty, sorted.
+        group_info_root: ``--group-info-root``: directory of ``device<r>/group_info.pb`` files.
+        groups_file: ``--groups-file``: JSON/YAML replica groups file.
+        dp: ``--dp``: data-parallel size of a ``dp x tp x pp`` layout (``launcher.restore.groups``).
+        tp: ``--tp``: tensor-parallel size.
+        pp: ``--pp``: pipeline-parallel size.
+        checkpoint_dir: ``--checkpoint-dir``: holds ``rank_<r>/``; None means nothing to resume from.
+        checkpoint_pattern: ``--checkpoint-pattern``: file-name regex with ``(?P<step>)``; None for the defaults.
+        checkpoint_marker: ``--checkpoint-marker``: completion-marker template, e.g. ``{name}.done``.
+        strategy_file: ``--strategy-file``: MindSpore's sharding-strategy file of this world; with it a
+            step another world wrote (``manifests/``) is converted for this one.
     """
 
-    fault_npus_path: Optional[str] = DEFAULT_FAULT_NPUS
-    reset_json_path: Optional[str] = DEFAULT_RESET_JSON
+    fault_npus_path: Optional[str] = None
+    reset_json_path: Optional[str] = None
     extra_fault_ranks: Tuple[int, ...] = ()
     group_info_root: Optional[str] = None
     groups_file: Optional[str] = None

@@ -28,6 +28,7 @@ from typing import Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.common.gcpause import collector_paused
+from launcher.jobspec.runspec import RestoreSpec
 from launcher.restore.checkpoints import (DEFAULT_SETTLE_SECONDS, DIGEST_SUFFIX, KIND_BREAKPOINT,
                                           KIND_PERIODIC, Checkpoint, ScanResult, compile_patterns,
                                           probed_map, scan_checkpoints, verify_digest)
@@ -48,44 +49,20 @@ Index = Sequence[Dict[Key, Checkpoint]]
 _EXAMPLES = 3
 
 
-@dataclass(frozen=True)
-class PlanInputs:
-    """Everything the plan is computed from. Paths may be None to skip that source.
+@dataclass(frozen=True, kw_only=True)
+class PlanInputs(RestoreSpec):
+    """Everything the plan is computed from: the restore options (``RestoreSpec``, the same for
+    ``launcher run`` and ``launcher plan``) and the run's own facts. Paths may be None to skip that source.
 
     Attributes:
         world_size: number of ranks.
-        fault_npus_path: the cluster's ``fault-npus`` file (missing file: no faults).
-        reset_json_path: the cluster's ``reset.json`` file (missing file: no faults).
-        extra_fault_ranks: ranks the user declares faulty.
         previous_failed_ranks: ranks that failed in the previous attempt.
-        group_info_root: directory of ``device<r>/group_info.pb`` files.
-        groups_file: JSON/YAML replica groups file.
-        dp: data-parallel size of a ``dp x tp x pp`` layout (see ``groups.py`` for the rank order).
-        tp: tensor-parallel size.
-        pp: pipeline-parallel size.
-        checkpoint_dir: directory holding ``rank_<r>/``; None means nothing to resume from.
-        checkpoint_pattern: file-name regex with ``(?P<step>)``; None for the defaults.
-        checkpoint_marker: completion-marker template, e.g. ``{name}.done``; None for none.
         settle_seconds: interval of the "still being written" check; 0 disables it.
-        strategy_file: MindSpore's sharding-strategy file of this world; with it a step another world
-            wrote (``manifests/``) is converted for this one.
     """
 
     world_size: int
-    fault_npus_path: Optional[str] = None
-    reset_json_path: Optional[str] = None
-    extra_fault_ranks: Tuple[int, ...] = ()
     previous_failed_ranks: Tuple[int, ...] = ()
-    group_info_root: Optional[str] = None
-    groups_file: Optional[str] = None
-    dp: Optional[int] = None
-    tp: Optional[int] = None
-    pp: Optional[int] = None
-    checkpoint_dir: Optional[str] = None
-    checkpoint_pattern: Optional[str] = None
-    checkpoint_marker: Optional[str] = None
     settle_seconds: float = DEFAULT_SETTLE_SECONDS
-    strategy_file: Optional[str] = None
 
 
 @dataclass(frozen=True)

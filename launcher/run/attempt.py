@@ -6,7 +6,6 @@ whether a gasp save is allowed, the TaskD preload and torch's error file on top 
 run shows exactly what a start would give each rank.
 """
 
-import dataclasses
 import logging
 import os
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -145,7 +144,7 @@ def restore_inputs(restore: RestoreSpec, ctx: EnvContext, failed_before: Sequenc
     root = ctx.group_info_root
     group_info_root = root if root and _has_group_info(root) else None
     return PlanInputs(world_size=ctx.topology.table.world_size, previous_failed_ranks=tuple(sorted(failed_before)),
-                      **{**dataclasses.asdict(restore), "group_info_root": group_info_root})
+                      **{**vars(restore), "group_info_root": group_info_root})
 
 
 def _has_group_info(root: str) -> bool:
