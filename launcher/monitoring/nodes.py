@@ -17,6 +17,7 @@ the failed rank's exit), and a table of how long every node waited at each barri
 import statistics
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from launcher.monitoring import eventsfile
 from launcher.monitoring import goodput as goodput_mod
 from launcher.monitoring.timeline import (LANE, ROW, Page, attempt_line, esc, html_page, job_lane, marked, ring,
                                           svg)
@@ -40,7 +41,7 @@ def load(runs: Sequence[Tuple[str, List[dict]]]) -> List[Node]:
     """Nodes from ``(run dir, events)`` pairs, ordered by server index, clocks aligned to the first."""
     nodes = []
     for position, (where, events) in enumerate(runs):
-        run = goodput_mod.last_run(events)
+        run = eventsfile.last_run(events)
         joined = next((ev for ev in run if ev.get("event") == "sync_join"), {})
         start = run[0] if run and run[0].get("event") == "start" else {}
         index = joined.get("server") if isinstance(joined.get("server"), int) else position

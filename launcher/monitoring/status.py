@@ -21,6 +21,7 @@ from launcher.common import rundir as rundir_mod
 from launcher.common.errors import LauncherError
 from launcher.common.inputfiles import InputFileError, read_record
 from launcher.common.inputrecords import INT, NUMBER, OR_NONE, typed
+from launcher.monitoring import eventsfile
 from launcher.monitoring import goodput as goodput_mod
 from launcher.monitoring.heartbeats import HEARTBEAT_DIR, read_slot, slot_path
 
@@ -90,7 +91,7 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
     state = _read_json(os.path.join(run_dir, rundir_mod.STATE))
     live = jobs_mod.is_live(run_dir)
     try:
-        events, skipped = goodput_mod.read_events(os.path.join(run_dir, EVENTS), newest_run=True)
+        events, skipped = eventsfile.read_events(os.path.join(run_dir, EVENTS), newest_run=True)
         unreadable = None
     except (OSError, InputFileError) as exc:
         events, skipped, unreadable = [], 0, str(exc) if isinstance(exc, InputFileError) else \
