@@ -96,27 +96,38 @@ def render(nodes: Sequence[Node], title: Optional[str] = None) -> str:
     start = min(n.good.start + n.offset for n in nodes)
     page = Page(start, max(n.good.end + n.offset for n in nodes) - start)
     height = page.top + ROW * len(nodes) + 40
-    shapes, firsts = [page.axis(height)], first_failures(nodes)
+    firsts = first_failures(nodes)
+    shapes = [page.axis(height)]
     shapes += [attempt_line(page, float(ev["ts"]) + nodes[0].offset, ev.get("attempt"), height - 28, "generation")
                for ev in nodes[0].events if ev.get("event") == "attempt_start"]
     for i, node in enumerate(nodes):
-        y = page.top + ROW * i
-        spans = [(p, b + node.offset, e + node.offset, a) for p, b, e, a in node.good.spans]
-        shapes += job_lane(spans, page, y, node.name, node=node.name)
-        for failure in node.good.failures:
-            first = any(f[1] is node and f[2].get("generation") == failure.attempt for f in firsts.values())
-            tip = (f"{node.name}: rank {failure.rank} {failure.cause} in generation {failure.attempt} at "
-                   f"+{failure.at + node.offset - page.start:.2f} s" + ("; the first node to fail" if first else ""))
-            shapes.append(marked("failure", tip, ring(page.px(failure.at + node.offset), y + LANE / 2, first),
-                                 node=node.name, attempt=failure.attempt, first=int(first)))
+        shapes += _lane(page, node, page.top + ROW * i, firsts)
+    title = title or f"{len(nodes)}-node job: " + ", ".join(n.name for n in nodes)
+    return html_page(title, _lines(page, nodes, firsts), svg(height, shapes), _wait_table(nodes))
+
+
+def _lane(page: Page, node: Node, y: float, firsts: Dict[int, Tuple[float, Node, dict]]) -> List[str]:
+    """One node's goodput parts, shifted onto the first node's clock, and a ring where each of its own
+    ranks failed (a bold one on the node that failed first in that generation)."""
+    spans = [(p, b + node.offset, e + node.offset, a) for p, b, e, a in node.good.spans]
+    shapes = job_lane(spans, page, y, node.name, node=node.name)
+    for failure in node.good.failures:
+        first = any(f[1] is node and f[2].get("generation") == failure.attempt for f in firsts.values())
+        tip = (f"{node.name}: rank {failure.rank} {failure.cause} in generation {failure.attempt} at "
+               f"+{failure.at + node.offset - page.start:.2f} s" + ("; the first node to fail" if first else ""))
+        shapes.append(marked("failure", tip, ring(page.px(failure.at + node.offset), y + LANE / 2, first),
+                             node=node.name, attempt=failure.attempt, first=int(first)))
+    return shapes
+
+
+def _lines(page: Page, nodes: Sequence[Node], firsts: Dict[int, Tuple[float, Node, dict]]) -> List[str]:
+    """The text above the picture: the run, the first node to fail per generation, each node's goodput
+    and clock alignment."""
     lines = [f"started {page.started}, {page.wall:.1f} s, {len(nodes)} nodes"]
     for generation, (at, node, ev) in sorted(firsts.items()):
         lines.append(f"generation {generation}: {node.name} failed first (rank {ev.get('rank')}, exit code "
                      f"{ev.get('exit_code')}) at +{at - page.start:.2f} s")
-    lines += [f"{n.name}: {n.good.summary()}" for n in nodes]
-    lines += [_alignment(n) for n in nodes[1:]]
-    title = title or f"{len(nodes)}-node job: " + ", ".join(n.name for n in nodes)
-    return html_page(title, lines, svg(height, shapes), _wait_table(nodes))
+    return lines + [f"{n.name}: {n.good.summary()}" for n in nodes] + [_alignment(n) for n in nodes[1:]]
 
 
 def _alignment(node: Node) -> str:
