@@ -73,6 +73,8 @@ _UNKNOWN = "{}.server_list[{}].server_id: unknown server {!r} (not in $.server_l
      f"{_POD}.server_list: expected an array, got {{'server_id': 'node_0'}}"),
     ([{"super_pod_id": "0", "server_list": ["node_0", {"server_id": "node_1"}]}], {"node_1": "0"}, [],
      f"{_POD}.server_list[0]: expected an object, got 'node_0'"),
+    ([{"super_pod_id": "0", "server_list": [{"server_id": "node_9"}, "x"]}], {}, [_UNKNOWN.format(_POD, 0, "node_9")],
+     _UNKNOWN.format(_POD, 0, "node_9")),  # the strict walk stops at the first problem in document order
     ([{"super_pod_id": "0", "server_list": [{}, {"server_id": "node_1"}]}], {"node_1": "0"}, [],
      f"{_POD}.server_list[0].server_id: missing"),
     ([{"super_pod_id": "0", "server_list": [{"server_id": "node_9"}, {"server_id": "node_1"}]}], {"node_1": "0"},
