@@ -30,7 +30,8 @@ _START = b'"event": "start"'
 EVENT_FIELDS = {"event": TEXT, "ts": NUMBER, "attempt": INT + OR_NONE, "rank": INT + OR_NONE, "ranks": None,
                 "exited_at": NUMBER + OR_NONE, "at": NUMBER + OR_NONE, "after_rank": INT + OR_NONE,
                 "exit_code": INT + OR_NONE, "state": TEXT + OR_NONE, "restarts_left": INT + OR_NONE,
-                "max_restarts": INT + OR_NONE, "rss_bytes": INT + OR_NONE, "pid": INT + OR_NONE}
+                "max_restarts": INT + OR_NONE, "rss_bytes": INT + OR_NONE, "pid": INT + OR_NONE,
+                "generation": INT + OR_NONE}
 #: Per kind of event, fields whose type differs from :data:`EVENT_FIELDS`.
 _KIND_FIELDS = {"attempt_start": {"ranks": INTS, "attempt": INT}}
 

@@ -71,9 +71,9 @@ def first_failures(nodes: Sequence[Node]) -> Dict[int, Tuple[float, Node, dict]]
     for node in nodes:
         exits = {(ev.get("attempt"), ev.get("rank")): ev for ev in node.events if ev.get("event") == "rank_exited"}
         for ev in node.events:
-            if ev.get("event") != "sync_failure_announced":
+            generation = ev.get("generation")  # None: not as the coordinator writes it, which names it
+            if ev.get("event") != "sync_failure_announced" or generation is None:
                 continue
-            generation = ev.get("generation")
             exited = exits.get((generation, ev.get("rank")), {})
             at = float(exited.get("exited_at") or ev["ts"]) + node.offset
             if generation not in out or at < out[generation][0]:
@@ -86,7 +86,8 @@ def waits(nodes: Sequence[Node]) -> Dict[int, Dict[str, float]]:
     out: Dict[int, Dict[str, float]] = {}
     for node in nodes:
         for ev in node.events:
-            if ev.get("event") == "sync_barrier" and isinstance(ev.get("waited"), (int, float)):
+            if ev.get("event") == "sync_barrier" and ev.get("generation") is not None \
+                    and isinstance(ev.get("waited"), (int, float)):
                 out.setdefault(ev.get("generation"), {})[node.name] = float(ev["waited"])
     return out
 

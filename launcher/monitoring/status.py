@@ -143,7 +143,8 @@ class _Seen:
         self.beats[ev.get("rank")] = ev
 
     def _standby(self, ev: dict) -> None:
-        self.standbys[ev.get("rank")] = ev
+        if ev.get("rank") is not None:  # a standby stands in for a rank: without one it is not shown
+            self.standbys[ev["rank"]] = ev
 
     def _exited(self, ev: dict) -> None:
         if ev.get("attempt") == self.attempt:
@@ -154,8 +155,8 @@ class _Seen:
             self.exited.pop(ev.get("rank"), None)  # restarted in place
 
     def _straggler(self, ev: dict) -> None:
-        if ev.get("attempt") == self.attempt:
-            self.stragglers.add(ev.get("rank"))
+        if ev.get("attempt") == self.attempt and ev.get("rank") is not None:
+            self.stragglers.add(ev["rank"])
 
     def _restart(self, ev: dict) -> None:
         if "restarts_left" in ev:

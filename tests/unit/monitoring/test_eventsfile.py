@@ -23,3 +23,15 @@ def test_read_last_run_on_damaged_files(tmp_path, name, text, expected):
     if text is not None:
         path.write_text(text)
     assert [e["event"] for e in eventsfile.read_last_run(str(path))] == expected
+
+
+def test_a_generation_of_another_type_makes_the_event_unusable(tmp_path):
+    """The multi-node report keys and sorts by generation: one of another type is skipped as the
+    reader skips any event whose keys it cannot use, and counted."""
+    path = tmp_path / "events.jsonl"
+    path.write_text('{"ts": 1, "event": "start", "run_id": "a"}\n'
+                    '{"ts": 2, "event": "sync_barrier", "run_id": "a", "generation": [0], "waited": 1}\n'
+                    '{"ts": 3, "event": "sync_barrier", "run_id": "a", "generation": "0", "waited": 1}\n'
+                    '{"ts": 4, "event": "sync_barrier", "run_id": "a", "generation": 0, "waited": 1}\n')
+    read = eventsfile.read_events(str(path))
+    assert [e["ts"] for e in read.events] == [1, 4] and read.skipped == 2
