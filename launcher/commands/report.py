@@ -37,7 +37,7 @@ def report(run_dirs: Tuple[str, ...], output: Optional[str]) -> int:
 def _events(run_dir: str) -> list:
     """A run dir's events through the bounded reader (the newest run's, lines that are not events skipped)."""
     from launcher.common.inputfiles import InputFileError
-    from launcher.monitoring.goodput import read_events
+    from launcher.monitoring.eventsfile import read_events
 
     path = os.path.join(run_dir, "events.jsonl")
     try:

@@ -140,21 +140,32 @@ def plan_auto(allowed: FrozenSet[int], device_nodes: Sequence[Optional[int]],
     if count == 0 or len(allowed) < count:
         return None
     nodes = {node: cpus & allowed for node, cpus in node_cpus.items() if cpus & allowed}
-    if all(n is not None and n in nodes for n in device_nodes):
-        sets = _share_nodes(list(device_nodes), nodes)  # type: ignore[arg-type]
+    for how, share in (("device", _by_device), ("numa", _by_numa)):
+        sets = share(device_nodes, nodes)
         if sets is not None:
-            return Plan(sets, "device")
-    if len(nodes) > 1:
-        order = sorted(nodes)
-        if count >= len(order):  # consecutive ranks on the same node, as devices usually are
-            sets = _share_nodes([order[i * len(order) // count] for i in range(count)], nodes)
-        else:  # fewer ranks than nodes: each rank gets whole nodes
-            owner = [j * count // len(order) for j in range(len(order))]
-            sets = tuple(frozenset().union(*(nodes[order[j]] for j in range(len(order)) if owner[j] == rank))
-                         for rank in range(count))
-        if sets is not None:
-            return Plan(sets, "numa")
+            return Plan(sets, how)
     return Plan(tuple(_split(sorted(allowed), count)), "even")
+
+
+def _by_device(device_nodes: Sequence[Optional[int]], nodes: Mapping[int, FrozenSet[int]]) -> Optional[CpuSets]:
+    """Each rank on its device's NUMA node; None unless every device's node is known, has allowed CPUs
+    and at least as many as the ranks placed on it."""
+    if not all(n is not None and n in nodes for n in device_nodes):
+        return None
+    return _share_nodes(list(device_nodes), nodes)  # type: ignore[arg-type]
+
+
+def _by_numa(device_nodes: Sequence[Optional[int]], nodes: Mapping[int, FrozenSet[int]]) -> Optional[CpuSets]:
+    """The ranks spread over two or more NUMA nodes in order, whatever their devices; None with fewer
+    nodes, or when a node has fewer CPUs than the ranks placed on it."""
+    count, order = len(device_nodes), sorted(nodes)
+    if len(order) < 2:
+        return None
+    if count >= len(order):  # consecutive ranks on the same node, as devices usually are
+        return _share_nodes([order[i * len(order) // count] for i in range(count)], nodes)
+    owner = [j * count // len(order) for j in range(len(order))]  # fewer ranks than nodes: whole nodes each
+    return tuple(frozenset().union(*(nodes[order[j]] for j in range(len(order)) if owner[j] == rank))
+                 for rank in range(count))
 
 
 def _read(path: str) -> Optional[str]:

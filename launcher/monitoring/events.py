@@ -70,12 +70,12 @@ class EventLog:
 
 
 def read_events(path: str) -> list:
-    """The usable events in ``path`` (all runs), through the one reader (``goodput.read_events``):
+    """The usable events in ``path`` (all runs), through the one reader (``eventsfile.read_events``):
     lines that are not events are skipped; [] without the file.
 
     Raises:
         InputFileError: ``path`` is not a regular file (a FIFO, a device, a symlink).
     """
-    from launcher.monitoring.goodput import read_events as read
+    from launcher.monitoring.eventsfile import read_events as read
 
     return read(path).events

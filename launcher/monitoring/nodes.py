@@ -17,6 +17,7 @@ the failed rank's exit), and a table of how long every node waited at each barri
 import statistics
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
+from launcher.monitoring import eventsfile
 from launcher.monitoring import goodput as goodput_mod
 from launcher.monitoring.timeline import (LANE, ROW, Page, attempt_line, esc, html_page, job_lane, marked, ring,
                                           svg)
@@ -40,7 +41,7 @@ def load(runs: Sequence[Tuple[str, List[dict]]]) -> List[Node]:
     """Nodes from ``(run dir, events)`` pairs, ordered by server index, clocks aligned to the first."""
     nodes = []
     for position, (where, events) in enumerate(runs):
-        run = goodput_mod.last_run(events)
+        run = eventsfile.last_run(events)
         joined = next((ev for ev in run if ev.get("event") == "sync_join"), {})
         start = run[0] if run and run[0].get("event") == "start" else {}
         index = joined.get("server") if isinstance(joined.get("server"), int) else position
@@ -70,9 +71,9 @@ def first_failures(nodes: Sequence[Node]) -> Dict[int, Tuple[float, Node, dict]]
     for node in nodes:
         exits = {(ev.get("attempt"), ev.get("rank")): ev for ev in node.events if ev.get("event") == "rank_exited"}
         for ev in node.events:
-            if ev.get("event") != "sync_failure_announced":
+            generation = ev.get("generation")  # None: not as the coordinator writes it, which names it
+            if ev.get("event") != "sync_failure_announced" or generation is None:
                 continue
-            generation = ev.get("generation")
             exited = exits.get((generation, ev.get("rank")), {})
             at = float(exited.get("exited_at") or ev["ts"]) + node.offset
             if generation not in out or at < out[generation][0]:
@@ -85,7 +86,8 @@ def waits(nodes: Sequence[Node]) -> Dict[int, Dict[str, float]]:
     out: Dict[int, Dict[str, float]] = {}
     for node in nodes:
         for ev in node.events:
-            if ev.get("event") == "sync_barrier" and isinstance(ev.get("waited"), (int, float)):
+            if ev.get("event") == "sync_barrier" and ev.get("generation") is not None \
+                    and isinstance(ev.get("waited"), (int, float)):
                 out.setdefault(ev.get("generation"), {})[node.name] = float(ev["waited"])
     return out
 
@@ -95,27 +97,38 @@ def render(nodes: Sequence[Node], title: Optional[str] = None) -> str:
     start = min(n.good.start + n.offset for n in nodes)
     page = Page(start, max(n.good.end + n.offset for n in nodes) - start)
     height = page.top + ROW * len(nodes) + 40
-    shapes, firsts = [page.axis(height)], first_failures(nodes)
+    firsts = first_failures(nodes)
+    shapes = [page.axis(height)]
     shapes += [attempt_line(page, float(ev["ts"]) + nodes[0].offset, ev.get("attempt"), height - 28, "generation")
                for ev in nodes[0].events if ev.get("event") == "attempt_start"]
     for i, node in enumerate(nodes):
-        y = page.top + ROW * i
-        spans = [(p, b + node.offset, e + node.offset, a) for p, b, e, a in node.good.spans]
-        shapes += job_lane(spans, page, y, node.name, node=node.name)
-        for failure in node.good.failures:
-            first = any(f[1] is node and f[2].get("generation") == failure.attempt for f in firsts.values())
-            tip = (f"{node.name}: rank {failure.rank} {failure.cause} in generation {failure.attempt} at "
-                   f"+{failure.at + node.offset - page.start:.2f} s" + ("; the first node to fail" if first else ""))
-            shapes.append(marked("failure", tip, ring(page.px(failure.at + node.offset), y + LANE / 2, first),
-                                 node=node.name, attempt=failure.attempt, first=int(first)))
+        shapes += _lane(page, node, page.top + ROW * i, firsts)
+    title = title or f"{len(nodes)}-node job: " + ", ".join(n.name for n in nodes)
+    return html_page(title, _lines(page, nodes, firsts), svg(height, shapes), _wait_table(nodes))
+
+
+def _lane(page: Page, node: Node, y: float, firsts: Dict[int, Tuple[float, Node, dict]]) -> List[str]:
+    """One node's goodput parts, shifted onto the first node's clock, and a ring where each of its own
+    ranks failed (a bold one on the node that failed first in that generation)."""
+    spans = [(p, b + node.offset, e + node.offset, a) for p, b, e, a in node.good.spans]
+    shapes = job_lane(spans, page, y, node.name, node=node.name)
+    for failure in node.good.failures:
+        first = any(f[1] is node and f[2].get("generation") == failure.attempt for f in firsts.values())
+        tip = (f"{node.name}: rank {failure.rank} {failure.cause} in generation {failure.attempt} at "
+               f"+{failure.at + node.offset - page.start:.2f} s" + ("; the first node to fail" if first else ""))
+        shapes.append(marked("failure", tip, ring(page.px(failure.at + node.offset), y + LANE / 2, first),
+                             node=node.name, attempt=failure.attempt, first=int(first)))
+    return shapes
+
+
+def _lines(page: Page, nodes: Sequence[Node], firsts: Dict[int, Tuple[float, Node, dict]]) -> List[str]:
+    """The text above the picture: the run, the first node to fail per generation, each node's goodput
+    and clock alignment."""
     lines = [f"started {page.started}, {page.wall:.1f} s, {len(nodes)} nodes"]
     for generation, (at, node, ev) in sorted(firsts.items()):
         lines.append(f"generation {generation}: {node.name} failed first (rank {ev.get('rank')}, exit code "
                      f"{ev.get('exit_code')}) at +{at - page.start:.2f} s")
-    lines += [f"{n.name}: {n.good.summary()}" for n in nodes]
-    lines += [_alignment(n) for n in nodes[1:]]
-    title = title or f"{len(nodes)}-node job: " + ", ".join(n.name for n in nodes)
-    return html_page(title, lines, svg(height, shapes), _wait_table(nodes))
+    return lines + [f"{n.name}: {n.good.summary()}" for n in nodes] + [_alignment(n) for n in nodes[1:]]
 
 
 def _alignment(node: Node) -> str:

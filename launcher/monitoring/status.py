@@ -14,13 +14,14 @@ stragglers in this attempt (``straggler`` events) are listed.
 import json
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from launcher.common import jobs as jobs_mod
 from launcher.common import rundir as rundir_mod
 from launcher.common.errors import LauncherError
 from launcher.common.inputfiles import InputFileError, read_record
 from launcher.common.inputrecords import INT, NUMBER, OR_NONE, typed
+from launcher.monitoring import eventsfile
 from launcher.monitoring import goodput as goodput_mod
 from launcher.monitoring.heartbeats import HEARTBEAT_DIR, read_slot, slot_path
 
@@ -90,7 +91,7 @@ def job_status(run_dir: str, now: Optional[float] = None) -> dict:
     state = _read_json(os.path.join(run_dir, rundir_mod.STATE))
     live = jobs_mod.is_live(run_dir)
     try:
-        events, skipped = goodput_mod.read_events(os.path.join(run_dir, EVENTS), newest_run=True)
+        events, skipped = eventsfile.read_events(os.path.join(run_dir, EVENTS), newest_run=True)
         unreadable = None
     except (OSError, InputFileError) as exc:
         events, skipped, unreadable = [], 0, str(exc) if isinstance(exc, InputFileError) else \
@@ -115,6 +116,7 @@ class _Seen:
     """What the status shows from the events, in one pass over them (they may be many).
 
     Attributes:
+        attempt: The attempt ``state.json`` names: rank events of other attempts are not shown.
         exited: rank -> its ``rank_exited`` in ``attempt`` (not restarted in place since).
         beats: rank -> its newest ``heartbeat`` event.
         stragglers: Ranks named in ``attempt``'s ``straggler`` events.
@@ -126,38 +128,56 @@ class _Seen:
     """
 
     def __init__(self, events: List[dict], attempt: Optional[int]):
+        self.attempt = attempt
         self.exited: Dict[int, dict] = {}
         self.beats: Dict[int, dict] = {}
         self.stragglers: set = set()
         self.standbys: Dict[int, dict] = {}
         self.plan = self.update = self.hold = self.restarts_left = self.device_wait = None
         for ev in events:
-            kind = ev.get("event")
-            if kind == "heartbeat":
-                self.beats[ev.get("rank")] = ev
-            elif kind in ("rank_exited", "rank_spawned", "straggler"):
-                if ev.get("attempt") == attempt:
-                    self._rank_event(kind, ev)
-            elif kind == "restore_plan":
-                self.plan = ev
-            elif kind == "cluster_update":
-                self.update = ev
-            elif kind == "standby_ready":
-                self.standbys[ev.get("rank")] = ev
-            elif kind in ("cluster_hold", "cluster_hold_end"):
-                self.hold = ev.get("reason") if kind == "cluster_hold" else None
-            elif kind in ("device_wait", "device_wait_end"):
-                self.device_wait = _bare(ev) if kind == "device_wait" else None
-            elif kind == "start" or (kind == "restart" and "restarts_left" in ev):
-                self.restarts_left = ev.get("max_restarts" if kind == "start" else "restarts_left")
+            seen = self._SEEN.get(ev.get("event"))
+            if seen is not None:
+                seen(self, ev)
 
-    def _rank_event(self, kind: str, ev: dict) -> None:
-        if kind == "rank_exited":
+    def _beat(self, ev: dict) -> None:
+        self.beats[ev.get("rank")] = ev
+
+    def _standby(self, ev: dict) -> None:
+        if ev.get("rank") is not None:  # a standby stands in for a rank: without one it is not shown
+            self.standbys[ev["rank"]] = ev
+
+    def _exited(self, ev: dict) -> None:
+        if ev.get("attempt") == self.attempt:
             self.exited[ev.get("rank")] = ev
-        elif kind == "rank_spawned":
+
+    def _spawned(self, ev: dict) -> None:
+        if ev.get("attempt") == self.attempt:
             self.exited.pop(ev.get("rank"), None)  # restarted in place
-        else:
-            self.stragglers.add(ev.get("rank"))
+
+    def _straggler(self, ev: dict) -> None:
+        if ev.get("attempt") == self.attempt and ev.get("rank") is not None:
+            self.stragglers.add(ev["rank"])
+
+    def _restart(self, ev: dict) -> None:
+        if "restarts_left" in ev:
+            self.restarts_left = ev.get("restarts_left")
+
+    #: kind of event -> what it tells the status (the newest of a kind wins).
+    _SEEN: Dict[str, Callable[["_Seen", dict], None]] = {
+        "heartbeat": _beat,
+        "rank_exited": _exited,
+        "rank_spawned": _spawned,
+        "straggler": _straggler,
+        "restore_plan": lambda self, ev: setattr(self, "plan", ev),
+        "cluster_update": lambda self, ev: setattr(self, "update", ev),
+        "standby_ready": _standby,
+        "cluster_hold": lambda self, ev: setattr(self, "hold", ev.get("reason")),
+        "cluster_hold_end": lambda self, ev: setattr(self, "hold", None),
+        "device_wait": lambda self, ev: setattr(self, "device_wait", _bare(ev)),
+        "device_wait_end": lambda self, ev: setattr(self, "device_wait", None),
+        "start": lambda self, ev: setattr(self, "restarts_left", ev.get("max_restarts")),
+        "restart": _restart,
+    }
 
 
 def _bare(ev: Optional[dict]) -> Optional[dict]:
@@ -208,42 +228,57 @@ def _standbys(seen: _Seen, state: dict) -> List[dict]:
 
 def format_status(doc: dict) -> List[str]:
     """The text view of a status document."""
-    good = doc["goodput"]
+    return _job_lines(doc) + _rank_lines(doc["ranks"]) + _note_lines(doc) + _goodput_lines(doc["goodput"])
+
+
+def _job_lines(doc: dict) -> List[str]:
+    """The job, its restore plan, the cluster's word and a device wait."""
+    plan, cluster = doc["restore_plan"], doc["cluster"]
+    update = cluster["update"] or {}
+    faulty = update.get("newly_faulty_local")
     lines = [f"job {doc['job']}  {doc['status']}  launcher pid {doc['launcher_pid'] or '?'}  "
              f"attempt {_dash(doc['attempt'])}  restarts left {_dash(doc['restarts_left'])}",
-             f"run dir {doc['run_dir']}"]
-    plan = doc["restore_plan"]
-    lines.append(f"restore plan: {plan.get('kind')} step {_dash(plan.get('step'))} ({plan.get('reason')})"
-                 if plan else "restore plan: none (no --checkpoint-dir)")
-    cluster = doc["cluster"]
-    update = cluster["update"] or {}
-    lines.append(f"cluster: {'HOLD: ' + str(cluster['hold']) if cluster['hold'] else 'no hold'}"
-                 + (f"; faulty local ranks {update.get('newly_faulty_local')}" if update.get("newly_faulty_local")
-                    else ""))
-    if doc.get("device_wait"):
-        lines.append(f"waiting for device(s) {doc['device_wait'].get('devices')}, held by "
-                     f"{doc['device_wait'].get('holders')}")
-    lines.append(f"{'rank':>5} {'pid':>8} {'proc':>4} {'state':<10} {'exit':>5} {'heartbeat':>10} {'step':>8}")
-    for row in doc["ranks"]:
+             f"run dir {doc['run_dir']}",
+             f"restore plan: {plan.get('kind')} step {_dash(plan.get('step'))} ({plan.get('reason')})"
+             if plan else "restore plan: none (no --checkpoint-dir)",
+             f"cluster: {'HOLD: ' + str(cluster['hold']) if cluster['hold'] else 'no hold'}"
+             + (f"; faulty local ranks {faulty}" if faulty else "")]
+    wait = doc.get("device_wait")
+    return lines + ([f"waiting for device(s) {wait.get('devices')}, held by {wait.get('holders')}"] if wait else [])
+
+
+def _rank_lines(ranks: List[dict]) -> List[str]:
+    """The table of ranks."""
+    lines = [f"{'rank':>5} {'pid':>8} {'proc':>4} {'state':<10} {'exit':>5} {'heartbeat':>10} {'step':>8}"]
+    for row in ranks:
         age = "-" if row["heartbeat_age"] is None else f"{row['heartbeat_age']:.1f}s ago"
         lines.append(f"{row['rank']:>5} {row['pid']:>8} {row['process'] or '-':>4} {row['state']:<10} "
                      f"{_dash(row['exit_code']):>5} {age:>10} {_dash(row['step']):>8}")
+    return lines
+
+
+def _note_lines(doc: dict) -> List[str]:
+    """Warm standbys, stragglers, and what became of the events file, when there is something to say."""
+    lines = []
     if doc.get("standbys"):
-        lines.append("warm standbys (--preload): " + ", ".join(f"rank {sb['rank']} pid {sb['pid']} "
-                                                             f"{(sb['rss_bytes'] or 0) >> 20} MiB" for sb in doc["standbys"]))
+        lines.append("warm standbys (--preload): " + ", ".join(
+            f"rank {sb['rank']} pid {sb['pid']} {(sb['rss_bytes'] or 0) >> 20} MiB" for sb in doc["standbys"]))
     if doc.get("stragglers"):
         lines.append(f"stragglers (slower than their peers): ranks {', '.join(map(str, doc['stragglers']))}")
     if doc.get("events_unreadable"):
         lines.append(f"events: {doc['events_unreadable']}")
     elif doc.get("events_skipped"):
         lines.append(f"events: {doc['events_skipped']} line(s) of {EVENTS} skipped (not an event the launcher writes)")
+    return lines
+
+
+def _goodput_lines(good: dict) -> List[str]:
+    """The goodput line and one line per failure."""
     ratio = goodput_mod.ratio_text(good["ratio"], good.get("ratio_bounds"))
     parts = ", ".join(f"{k} {v:.1f}s" for k, v in good["parts"].items() if v or k == "productive")
-    lines.append(f"goodput {ratio} of {good['wall']:.1f}s: {parts}")
-    for failure in good["failures"]:
-        lines.append(f"  failure in attempt {failure['attempt']}: rank {_dash(failure['rank'])} {failure['cause']}; "
-                     f"lost {failure['time_lost']:.1f}s, {_recomputed(failure)}")
-    return lines
+    return [f"goodput {ratio} of {good['wall']:.1f}s: {parts}"] + [
+        f"  failure in attempt {failure['attempt']}: rank {_dash(failure['rank'])} {failure['cause']}; "
+        f"lost {failure['time_lost']:.1f}s, {_recomputed(failure)}" for failure in good["failures"]]
 
 
 def _recomputed(failure: dict) -> str:

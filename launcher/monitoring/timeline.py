@@ -21,6 +21,7 @@ import os
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from launcher.monitoring import eventsfile
 from launcher.monitoring import goodput as goodput_mod
 
 WIDTH, LEFT, RIGHT, ROW, LANE = 1300, 190, 20, 22, 18
@@ -45,7 +46,7 @@ def esc(text: object) -> str:
 def render(events: List[dict], title: Optional[str] = None, where: str = "") -> str:
     """The HTML page of the newest run in ``events``; ``title`` defaults to one made from the run's
     ``start`` event; ``where`` (the run dir) is shown under it."""
-    run = goodput_mod.last_run(events)
+    run = eventsfile.last_run(events)
     good = goodput_mod.compute(run)
     page = Page(good.start, good.wall)
     lanes = rank_lanes(run, good, page.px)

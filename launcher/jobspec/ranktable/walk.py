@@ -8,7 +8,7 @@ so parse -> validate -> walk has no cycle.
 """
 
 from collections import abc
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from launcher.jobspec.ranktable.model import Device
 
@@ -265,31 +265,48 @@ def _super_pods(walk: Walk, data: Mapping) -> Dict[str, str]:
     raw_pods = data.get("super_pod_list", _MISSING)
     if raw_pods is _MISSING:
         return {}
-    # Known ids come from the raw list: a server skipped for another problem is still not "unknown".
-    raw_servers = data.get("server_list")
-    known = {s.get("server_id") for s in (raw_servers if type(raw_servers) is list else ())
-             if isinstance(s, abc.Mapping) and type(s.get("server_id")) is str}
+    known = _listed_servers(data)
     membership: Dict[str, str] = {}
     for pi, raw in enumerate(walk.array(raw_pods, "$.super_pod_list", non_empty=False) or ()):
         ppath = f"$.super_pod_list[{pi}]"
         pod = walk.mapping(raw, ppath)
-        pod_id = None if pod is None else walk.text(pod, "super_pod_id", ppath)
-        members = None if pod is None else walk.array(pod.get("server_list", _MISSING),
-                                                      f"{ppath}.server_list", non_empty=False)
-        for mi, raw_member in enumerate(members or ()):
-            mpath = f"{ppath}.server_list[{mi}]"
-            member = walk.mapping(raw_member, mpath)
-            server_id = None if member is None else walk.text(member, "server_id", mpath)
-            if server_id is None or pod_id is None:
-                continue
-            if server_id not in known:
-                walk.problem(f"{mpath}.server_id", f"unknown server {server_id!r} (not in $.server_list)")
-            elif server_id in membership:
-                walk.problem(f"{mpath}.server_id", f"server {server_id!r} is already in super pod "
-                                                   f"{membership[server_id]!r}")
-            else:
-                membership[server_id] = pod_id
+        if pod is None:
+            continue
+        pod_id = walk.text(pod, "super_pod_id", ppath)
+        for mpath, server_id in _members(walk, pod, ppath):
+            if server_id is not None and pod_id is not None:
+                _join(walk, membership, known, (server_id, pod_id), f"{mpath}.server_id")
     return membership
+
+
+def _listed_servers(data: Mapping) -> set:
+    """The server ids of the raw ``server_list``: a server skipped for another problem is still not
+    "unknown" to a super pod."""
+    raw_servers = data.get("server_list")
+    return {s.get("server_id") for s in (raw_servers if type(raw_servers) is list else ())
+            if isinstance(s, abc.Mapping) and type(s.get("server_id")) is str}
+
+
+def _members(walk: Walk, pod: Mapping, ppath: str) -> Iterator[Tuple[str, Optional[str]]]:
+    """Each member of a super pod: its path and server_id (None: malformed, skipped). Lazily, so that a
+    strict walk stops at the first problem in document order."""
+    members = walk.array(pod.get("server_list", _MISSING), f"{ppath}.server_list", non_empty=False)
+    for mi, raw in enumerate(members or ()):
+        mpath = f"{ppath}.server_list[{mi}]"
+        member = walk.mapping(raw, mpath)
+        yield mpath, None if member is None else walk.text(member, "server_id", mpath)
+
+
+def _join(walk: Walk, membership: Dict[str, str], known: set, member: Tuple[str, str], path: str) -> None:
+    """Put server ``member[0]`` in super pod ``member[1]``: a problem when the server is unknown or
+    already in a pod."""
+    server_id, pod_id = member
+    if server_id not in known:
+        walk.problem(path, f"unknown server {server_id!r} (not in $.server_list)")
+    elif server_id in membership:
+        walk.problem(path, f"server {server_id!r} is already in super pod {membership[server_id]!r}")
+    else:
+        membership[server_id] = pod_id
 
 
 def _few(values: List[int], limit: int = 10) -> str:

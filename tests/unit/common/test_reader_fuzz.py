@@ -335,7 +335,7 @@ def test_status(name, kind, content):
 @settings(FUZZ, max_examples=3 * MAX_EXAMPLES)
 @given(KINDS, EVENT_LINES | CONTENT)
 def test_report(kind, content):
-    from launcher.monitoring.goodput import read_events
+    from launcher.monitoring.eventsfile import read_events
     from launcher.monitoring.timeline import render
 
     with fuzzed_run_dir(rundir_mod.EVENTS, kind, content) as run_dir:
@@ -411,6 +411,6 @@ def test_every_wrong_type_of_every_event_field(tmp_path, kind):
             with deadline():
                 doc = job_status(str(run_dir), now=3000.0)
                 format_status(doc)
-                from launcher.monitoring.goodput import read_events
+                from launcher.monitoring.eventsfile import read_events
                 events = read_events(str(run_dir / rundir_mod.EVENTS), newest_run=True).events
                 render(events, "fuzz")

@@ -1,5 +1,6 @@
 """``--bind-cores``: the cpulist parser, the pure ``auto`` planner (properties) and sysfs reading (a fake root)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -107,6 +108,19 @@ def test_auto_examples():
     assert plan_auto(frozenset({0, 4, 5}), [0, 0], nodes).how == "numa"
     assert plan_auto(frozenset({0}), [None, None], nodes) is None
 
+
+
+GOLDEN = [json.loads(line) for line in (Path(__file__).resolve().parents[2] / "data" / "golden" / "binding.jsonl")
+          .read_text().splitlines()]
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=[f"binding-{i}" for i in range(len(GOLDEN))])
+def test_auto_plans_as_recorded(case):
+    """400 random machines (nodes without CPUs, unknown and foreign device nodes, fewer CPUs than ranks)
+    and the plans the planner of commit abed7a9 made for them: a rewrite keeps every plan."""
+    plan = plan_auto(frozenset(case["allowed"]), case["device_nodes"],
+                     {int(n): frozenset(cpus) for n, cpus in case["node_cpus"].items()})
+    assert (None if plan is None else {"how": plan.how, "sets": [format_cpulist(s) for s in plan.sets]}) == case["plan"]
 
 # -- sysfs (a fake root) -------------------------------------------------------------------------------
 def _write(path: Path, text: str) -> None:

@@ -2,7 +2,6 @@
 
 import math
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -236,23 +235,3 @@ def test_parts_always_add_up_to_the_wall_time(log, now):
     assert math.isclose(sum(f.recompute_seconds or 0.0 for f in g.failures), g.parts["recomputed"], abs_tol=1e-6)
     spans = g.spans
     assert all(a[2] <= b[1] + 1e-9 for a, b in zip(spans, spans[1:]))  # in order, no overlap
-
-
-@pytest.mark.parametrize("name, text, expected", [
-    ("missing", None, []),
-    ("empty", "", []),
-    ("two runs: the newest only", '{"ts": 1, "event": "start", "run_id": "a"}\n{"ts": 2, "event": "x", "run_id": "a"}\n'
-     '{"ts": 3, "event": "start", "run_id": "b"}\n{"ts": 4, "event": "y", "run_id": "b"}\n', ["start", "y"]),
-    ("a torn line and a foreign one", '{"ts": 1, "event": "start", "run_id": "a"}\n{"ts": 2, "ev\n[1, 2]\n7\n'
-     '{"ts": 3, "event": "y", "run_id": "a"}\n', ["start", "y"]),
-    ("the start text inside a value", '{"ts": 1, "event": "start", "run_id": "a"}\n'
-     '{"ts": 2, "event": "note", "run_id": "a", "text": "\\"event\\": \\"start\\""}\n', ["start", "note"]),
-    ("a value that holds it unescaped is not JSON", '{"ts": 1, "event": "start", "run_id": "a"}\n'
-     '{"ts": 2, "event": "z", "run_id": "a"}\nnot json "event": "start" here\n', ["start", "z"]),
-    ("no start at all", '{"ts": 2, "event": "x"}\n', ["x"]),
-])
-def test_read_last_run_on_damaged_files(tmp_path, name, text, expected):
-    path = tmp_path / "events.jsonl"
-    if text is not None:
-        path.write_text(text)
-    assert [e["event"] for e in goodput.read_last_run(str(path))] == expected

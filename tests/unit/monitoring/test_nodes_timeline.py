@@ -76,3 +76,16 @@ def test_cli_takes_several_run_dirs(tmp_path, capsys):
     assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert "nodeB failed first" in out.read_text()
+
+
+def test_coordinator_records_without_a_generation_are_left_out():
+    """A ``sync_failure_announced`` or ``sync_barrier`` without a generation (not as the coordinator
+    writes them) next to ones with it: the page leaves them out. It used to fail sorting None among the
+    generations (a traceback for a file's content)."""
+    (a_dir, a), (b_dir, b) = two_nodes()
+    b = b + [ev(160.0, "sync_failure_announced", rank=3, exit_code=1), ev(161.0, "sync_barrier", waited=2.0)]
+    a = a + [ev(60.0, "sync_barrier", generation=None, waited=1.0)]
+    page = nodes.render(nodes.load([(a_dir, a), (b_dir, b)]))
+    assert "generation 0: nodeB failed first (rank 2, exit code 9) at +20.00 s" in page
+    assert "generation None" not in page and "failed first (rank 3" not in page
+    assert nodes.waits(nodes.load([(a_dir, a), (b_dir, b)])) == {0: {"nodeA": 27.0, "nodeB": 25.5}}

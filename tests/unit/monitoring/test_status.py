@@ -181,3 +181,25 @@ def test_status_lists_the_warm_standbys_waiting(tmp_path):
     # rank 0's standby became rank 0 (its pid is the rank's), rank 1's is gone
     assert doc["standbys"] == [{"rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
     assert f"warm standbys (--preload): rank 2 pid {os.getppid()} 220 MiB" in format_status(doc)
+
+
+def test_events_without_a_rank(tmp_path):
+    """A straggler or a ready standby without a rank (``rank`` null or missing: not as the launcher
+    writes them) next to ones with a rank: the status leaves them out. It used to fail sorting None
+    among the ranks (a traceback for a file's content)."""
+    odd = [{"ts": 1018.0, "event": "straggler", "attempt": 1, "rank": 1},
+           {"ts": 1018.1, "event": "straggler", "attempt": 1, "rank": None},
+           {"ts": 1018.2, "event": "straggler", "attempt": 1},
+           {"ts": 1019.0, "event": "standby_ready", "rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20},
+           {"ts": 1019.1, "event": "standby_ready", "rank": None, "pid": os.getppid(), "rss_bytes": 1 << 20},
+           {"ts": 1019.2, "event": "standby_ready", "pid": os.getppid(), "rss_bytes": 1 << 20}]
+    path = write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS + odd)
+    fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        doc = job_status(path, now=1020.0)
+    finally:
+        os.close(fd)
+    assert doc["stragglers"] == [1]
+    assert doc["standbys"] == [{"rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
+    assert "stragglers (slower than their peers): ranks 1" in format_status(doc)
