@@ -92,7 +92,7 @@ class CheckpointIndex(IndexWatches):
         self._unresolved: Set[int] = set()  # ranks whose entry has no result (to compute at the next scan)
         self._view: Optional[View] = None  # the last scan's per-rank lists, updated for changed ranks only
         self._gc_freeze, self._freeze_due = gc_freeze and background, False
-        self.absorbed_steps = 0  # updates and polls that changed some rank (the indexer thread reads it)
+        self.absorbed_steps = 0  # updates, polls and scans that changed some rank (the indexer thread reads it)
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
         self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
@@ -148,14 +148,18 @@ class CheckpointIndex(IndexWatches):
             self._root_stamp, self._ranks, self._unresolved, self._view = None, {}, set(), None
             return unreadable_root(self.root, world_size, exc)
         self._absorb_reports()
-        parallel = self._relist(self._stale(world_size))
+        stale = self._stale(world_size)
+        parallel = self._relist(stale)
         notes = Notes()
         notes.merge(self._root_notes)
         if self._ranks and max(self._ranks) >= world_size:
             for rank in sorted(self._ranks):
                 if rank >= world_size:
                     notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
-        self._settle_pending(sorted(rank for rank in self._unresolved if rank < world_size), notes, parallel)
+        pending = sorted(rank for rank in self._unresolved if rank < world_size)
+        self._settle_pending(pending, notes, parallel)
+        if stale or pending:
+            self._absorbed_here()
         view = self._current_view(world_size)
         for rank in sorted(view.noted):
             notes.merge(self._ranks[rank].notes)
@@ -163,6 +167,16 @@ class CheckpointIndex(IndexWatches):
             self._ranks[rank].result = None  # a file was still being written: look again next time
             self._unresolved.add(rank)
         return ScanResult(tuple(view.per_rank), notes.lines(), kinds=view.scan_kinds(), keys=view.keys())
+
+    def _absorbed_here(self) -> None:
+        """The plan's scan read changes itself (the job's first full listing, a round the thread had
+        not absorbed yet): the indexer thread takes them out of the collector's passes once the job
+        runs quietly, so that no later pass (in the event loop, in the plan before the first restart)
+        traverses the whole index (``REFREEZE_QUIET``; :meth:`refreeze`)."""
+        self.absorbed_steps += 1
+        self._freeze_due = self._gc_freeze
+        if self.indexer is not None:
+            self.indexer.nudge()
 
     def _current_view(self, world_size: int) -> "View":
         """The per-rank lists of the scan result, brought up to date for the ranks that changed since
