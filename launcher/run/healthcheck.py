@@ -33,14 +33,16 @@ class SpaceCheck:
     """:func:`checkpoint_space` of one directory, kept off the restart: the look before the first
     attempt is made then; each later one runs in a daemon thread beside the attempt before it
     (:meth:`start` when its ranks are spawned) and :meth:`take` hands its finding to the next
-    attempt. The look stats every entry of the directory: 16,384 rank directories took 0.2-0.8 s of
-    the restart -> restore_plan span (issue 29).
+    attempt, without waiting for a look still running (its finding goes to the attempt after). The
+    look stats every entry of the directory: 16,384 rank directories took 0.2-0.8 s of the restart ->
+    restore_plan span (issue 29).
     """
 
     def __init__(self, directory: str):
         self.directory = directory
         self._thread: Optional[threading.Thread] = None
         self._found: Optional[Tuple[int, int, str]] = None
+        self._looked = False  # a look ended whose finding was not taken yet
 
     def start(self) -> None:
         """Look now, beside the running attempt (no-op while a look is still running)."""
@@ -51,14 +53,16 @@ class SpaceCheck:
 
     def _look(self) -> None:
         self._found = checkpoint_space(self.directory)
+        self._looked = True
 
     def take(self) -> Optional[Tuple[int, int, str]]:
-        """The last look's finding (waiting for a look in progress); looks now if none was started."""
-        thread, self._thread = self._thread, None
-        if thread is None:
+        """The finding of the last look that ended since the last take; a look now when none was
+        ever started (before the first attempt); None while the only look is still running."""
+        if self._thread is None:
             return checkpoint_space(self.directory)
-        thread.join()
-        return self._found
+        found, looked = self._found, self._looked
+        self._looked = False
+        return found if looked else None
 
 
 def node_health(opts, devices: Iterable[int], emit: Callable[..., object],

@@ -49,14 +49,17 @@ def test_a_look_started_beside_the_attempt_is_what_the_next_attempt_gets(tmp_pat
     check.start()
     assert looking.wait(10)
     check.start()  # a look in progress is not started twice
+    assert check.take() is None  # a restart does not wait for a look still running
     release.set()
-    assert check.take() == (100, 500, str(tmp_path / "rank_0"))  # waits for the look in progress
+    check._thread.join()  # pylint: disable=protected-access
     monkeypatch.setattr(healthcheck, "checkpoint_space", real)
+    free["free"] = 1000  # after the look: its finding stands
+    assert check.take() == (100, 500, str(tmp_path / "rank_0"))  # the finding goes to the attempt after
+    assert check.take() is None  # taken once
+    free["free"] = 100
     check.start()
     check._thread.join()  # pylint: disable=protected-access
-    free["free"] = 1000  # after the look: the finding stands until the next one
-    assert check.take() is not None
-    assert check.take() is None  # no look started since: a look now
+    assert check.take() == (100, 500, str(tmp_path / "rank_0"))
 
 
 def test_node_health_warns_with_the_finding_of_its_space_check(tmp_path, free, caplog):
@@ -65,6 +68,7 @@ def test_node_health_warns_with_the_finding_of_its_space_check(tmp_path, free, c
     opts = SimpleNamespace(checkpoint_dir=str(tmp_path), health_check=None)
     check = SpaceCheck(str(tmp_path))
     check.start()
+    check._thread.join()  # pylint: disable=protected-access
     with caplog.at_level("WARNING"):
         assert node_health(opts, [0], lambda name, **fields: events.append((name, fields)), check) is None
     assert events == [("checkpoint_space_low", {"free_bytes": 100, "last_save_bytes": 500,
