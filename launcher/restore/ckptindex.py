@@ -253,15 +253,7 @@ class CheckpointIndex(IndexWatches):
         """Compute the result of every rank in ``ranks``: settle what is new (one sleep for all of
         them, none when every file was reported complete or seen settled before). Without
         ``sleep``, ranks with files to settle are left without a result."""
-        known: Dict[int, List[Checkpoint]] = {rank: [] for rank in ranks}
-        fresh = []
-        for rank in ranks:
-            for candidate in self._ranks[rank].candidates:
-                path = candidate.checkpoint.path
-                if path in self._complete or self._settled.get(path) == candidate.stamp:
-                    known[rank].append(candidate.checkpoint)
-                else:
-                    fresh.append(candidate)
+        known, fresh = self._seen_settled(ranks)
         if not sleep:
             waiting = {candidate.checkpoint.rank for candidate in fresh}
             ranks, fresh = [rank for rank in ranks if rank not in waiting], []
@@ -275,16 +267,34 @@ class CheckpointIndex(IndexWatches):
         # A rank with a file dropped as still being written (or left to settle) is looked at again.
         self._unsettled = {rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
         for rank in ranks:
-            entry = self._ranks[rank]
-            entry.notes = Notes()
-            entry.notes.merge(entry.list_notes)
-            entry.result = rank_checkpoints(known[rank], entry.notes)
-            self._resolved(rank)
-            if not entry.notes.by_reason:
-                entry.notes = QUIET
-            entry.kinds = same_kinds(entry.kinds, by_kind(entry.result))
+            self._set_result(rank, known[rank])
         self.digests.submit(self._found)  # one batch: hashed now, not before the restart
         self._found, self._digest_new = [], True
+
+    def _seen_settled(self, ranks: List[int]) -> Tuple[Dict[int, List[Checkpoint]], List[Candidate]]:
+        """Per rank, its candidates known complete (reported, or seen settled with this stamp), and
+        the others, which need the settle check."""
+        known: Dict[int, List[Checkpoint]] = {rank: [] for rank in ranks}
+        fresh = []
+        for rank in ranks:
+            for candidate in self._ranks[rank].candidates:
+                path = candidate.checkpoint.path
+                if path in self._complete or self._settled.get(path) == candidate.stamp:
+                    known[rank].append(candidate.checkpoint)
+                else:
+                    fresh.append(candidate)
+        return known, fresh
+
+    def _set_result(self, rank: int, checkpoints: List[Checkpoint]) -> None:
+        """``rank``'s result from its complete ``checkpoints``, with the notes of its listing."""
+        entry = self._ranks[rank]
+        entry.notes = Notes()
+        entry.notes.merge(entry.list_notes)
+        entry.result = rank_checkpoints(checkpoints, entry.notes)
+        self._resolved(rank)
+        if not entry.notes.by_reason:
+            entry.notes = QUIET
+        entry.kinds = same_kinds(entry.kinds, by_kind(entry.result))
 
     def _hash_ahead(self, rank: int, candidates: List[Candidate]) -> None:
         """Queue the new or changed ``candidates`` of ``rank`` for the digest worker (this node's
@@ -340,16 +350,21 @@ class CheckpointIndex(IndexWatches):
         if self._fd is not None and self._all_watched and not self._shared:
             return sorted(rank for rank in dirty if rank < world_size and rank in self._ranks)
         ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
+        stale = dirty & set(ranks)
+        skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
+        stale.update(self._moved_dirs([rank for rank in ranks if rank not in skip]))
+        return sorted(stale)
 
+    def _moved_dirs(self, ranks: List[int]) -> Set[int]:
+        """Those of ``ranks`` whose directory's ``(mtime, inode)`` is not the one of its last listing
+        (or cannot be trusted): one ``stat`` each, from threads on a slow file system."""
         def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:
             return [(rank, dir_stamp(self._ranks[rank].path)) for rank in batch]
 
-        stale = dirty & set(ranks)
-        skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
-        looked = [rank for rank in ranks if rank not in skip]
-        for batch in probed_map(check, looked, self._shared is not False)[0]:
-            stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
-        return sorted(stale)
+        moved: Set[int] = set()
+        for batch in probed_map(check, ranks, self._shared is not False)[0]:
+            moved.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
+        return moved
 
     def _apply_reports(self, rank: int) -> None:
         """Bring one rank's entry up to date with its reports, without listing its directory: a newly
@@ -358,21 +373,10 @@ class CheckpointIndex(IndexWatches):
         name that is no checkpoint, a file the last listing warned about) has the directory listed."""
         entry = self._ranks[rank]
         files = self._reports.files(rank)
-        listed = {c.checkpoint.path: c.stamp[0] for c in entry.candidates}
-        fresh = []
-        for name, size in files.items():
-            if entry.reported.get(name) == size:
-                continue  # accounted for by the last listing or report
-            # No pattern has a marker when reports are used, so no other name matters here.
-            parsed = classify_name(name, self.patterns, frozenset())[1] if size else None
-            if parsed is None:
-                self._dirty.add(rank)
-                return
-            path = os.path.join(entry.path, name)
-            if listed.get(path) == size:  # inotify's listing already has it: only its settling is saved
-                self._complete.add(path)
-                continue
-            fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
+        fresh = self._reported_fresh(rank, entry, files)
+        if fresh is None:
+            self._dirty.add(rank)
+            return
         gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
         if not gone and not fresh:
             entry.reported = files
@@ -383,15 +387,39 @@ class CheckpointIndex(IndexWatches):
             if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
                 self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
                 return
-        for path in gone:
-            self._settled.pop(path, None)
-            self.digests.cache.forget(path)
-            self._complete.discard(path)
+        self._forget(gone)
         self._complete.update(candidate.checkpoint.path for candidate in fresh)
         entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
         entry.reported, entry.result = files, None
         self._unresolved.add(rank)
         self._hash_ahead(rank, fresh)
+
+    def _reported_fresh(self, rank: int, entry: RankEntry, files: Dict[str, int]) -> Optional[List[Candidate]]:
+        """The candidates ``rank``'s reports add to its entry (a reported file the listing already
+        has with that size is only marked complete); None when a report needs the directory listed
+        (size 0, a name that is no checkpoint)."""
+        listed = {c.checkpoint.path: c.stamp[0] for c in entry.candidates}
+        fresh = []
+        for name, size in files.items():
+            if entry.reported.get(name) == size:
+                continue  # accounted for by the last listing or report
+            # No pattern has a marker when reports are used, so no other name matters here.
+            parsed = classify_name(name, self.patterns, frozenset())[1] if size else None
+            if parsed is None:
+                return None
+            path = os.path.join(entry.path, name)
+            if listed.get(path) == size:  # inotify's listing already has it: only its settling is saved
+                self._complete.add(path)
+                continue
+            fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
+        return fresh
+
+    def _forget(self, paths: Iterable[str]) -> None:
+        """What the index knows about files deleted or replaced: settled, digest checked, complete."""
+        for path in paths:
+            self._settled.pop(path, None)
+            self.digests.cache.forget(path)
+            self._complete.discard(path)
 
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
@@ -411,11 +439,8 @@ class CheckpointIndex(IndexWatches):
                 candidates = kept(entry.candidates, candidates)
                 notes = notes if notes.by_reason else QUIET
                 present = {candidate.checkpoint.path for candidate in candidates}
-                for old in entry.candidates:  # forget deleted files (rotation): the index stays bounded
-                    if old.checkpoint.path not in present:
-                        self._settled.pop(old.checkpoint.path, None)
-                        self.digests.cache.forget(old.checkpoint.path)
-                        self._complete.discard(old.checkpoint.path)
+                # Forget deleted files (rotation): the index stays bounded.
+                self._forget(old.checkpoint.path for old in entry.candidates if old.checkpoint.path not in present)
                 before = {(old.checkpoint.path, old.stamp) for old in entry.candidates}
                 self._hash_ahead(rank, [c for c in candidates if (c.checkpoint.path, c.stamp) not in before])
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None

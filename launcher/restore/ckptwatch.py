@@ -107,11 +107,7 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
 
     def _event(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:  # events lost: trust nothing that came from them
-            self._dirty.update(self._ranks)
-            self._complete.clear()
-            self._root_stamp = None
-            if self._reports is not None:
-                self._reports.lost()
+            self._overflowed()
             return
         rank = self._wds.get(wd)
         if rank is None:
@@ -119,21 +115,39 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
         if rank == _REPORTS and not mask & LOST_MASK:
             if name and mask & (IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM):
                 self._reports.event(name, bool(mask & (IN_CREATE | IN_MOVED_TO)))
-            return
-        if rank < 0 or mask & LOST_MASK:
-            self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
-            if rank == _REPORTS:
-                self._reports.follow(False)  # listed from now on, until the root's listing re-watches it
-            if mask & IN_IGNORED:
-                del self._wds[wd]
-            return
+        elif rank < 0 or mask & LOST_MASK:
+            self._watch_lost(wd, rank, mask)
+        else:
+            self._rank_event(rank, mask, name)
+
+    def _overflowed(self) -> None:
+        """The event queue overflowed: every directory is listed again, no file counts as complete."""
+        self._dirty.update(self._ranks)
+        self._complete.clear()
+        self._root_stamp = None
+        if self._reports is not None:
+            self._reports.lost()
+
+    def _watch_lost(self, wd: int, rank: int, mask: int) -> None:
+        """An event of the root or ``.saves/`` (other than a report's), or a watched directory gone."""
+        self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
+        if rank == _REPORTS:
+            self._reports.follow(False)  # listed from now on, until the root's listing re-watches it
+        if mask & IN_IGNORED:
+            del self._wds[wd]
+
+    def _rank_event(self, rank: int, mask: int, name: str) -> None:
+        """A change in ``rank``'s directory: list it again; a file closed after writing or renamed in
+        is complete until it is touched again."""
         self._dirty.add(rank)
-        if name:
-            path = os.path.join(self._ranks[rank].path, name) if rank in self._ranks else None
-            if path is not None and mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
-                self._complete.add(path)
-            elif path is not None:
-                self._complete.discard(path)
+        entry = self._ranks.get(rank)
+        if not name or entry is None:
+            return
+        path = os.path.join(entry.path, name)
+        if mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            self._complete.add(path)
+        else:
+            self._complete.discard(path)
 
 
 class Indexer:
