@@ -22,6 +22,7 @@ after its in-process rows. Each run waits for a quiet machine first (``GATE``).
 """
 
 import argparse
+import json
 import os
 import shutil
 import stat
@@ -56,12 +57,20 @@ def _worker(directory: str) -> str:
     return path
 
 
-def _gaps(run_dir: str) -> List[float]:
-    """Seconds from each ``restart`` event to the ``restore_plan`` event of its attempt."""
-    events = read_events(run_dir)
-    restarts = {e["attempt"]: e["ts"] for e in events if e.get("event") == "restart"}
-    return [e["ts"] - restarts[e["attempt"]] for e in events
+def _gaps(events: List[dict], clock: str = "ts") -> List[float]:
+    """Seconds from each ``restart`` event to the ``restore_plan`` event of its attempt (``clock``:
+    the events' ``ts``, or the probe's ``cpu``)."""
+    restarts = {e["attempt"]: e[clock] for e in events if e.get("event") == "restart"}
+    return [e[clock] - restarts[e["attempt"]] for e in events
             if e.get("event") == "restore_plan" and e.get("attempt") in restarts]
+
+
+def _records(path: str) -> List[dict]:
+    """The probe's records (none when the file is missing)."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
 
 
 def live_run(tree: str, scratch: str, save_step: Optional[int], repo: str = REPO) -> Dict[str, object]:
@@ -72,7 +81,12 @@ def live_run(tree: str, scratch: str, save_step: Optional[int], repo: str = REPO
     run_dir, log_dir = os.path.join(scratch, "run"), os.path.join(scratch, "logs")
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir, mode=0o700)
-    argv = [PYTHON, "-m", "launcher", "run", "--nnodes", str(NNODES), "--node-rank", "0", "--nproc-per-node",
+    cpu_file = os.path.join(scratch, "cpu.jsonl")
+    if os.path.exists(cpu_file):
+        os.remove(cpu_file)
+    # The launcher's CLI under bench/scaleprobe.py, which records its main thread's CPU time at the
+    # two events (run as a file: the launcher imported is repo's, whatever bench that tree has).
+    argv = [PYTHON, os.path.join(REPO, "bench", "scaleprobe.py"), cpu_file, "run", "--nnodes", str(NNODES), "--node-rank", "0", "--nproc-per-node",
             str(NPROC), "--dp", "8", "--tp", "8", "--pp", "256", "--checkpoint-dir", tree,
             "--max-restarts", str(RESTARTS), "--restart-backoff", "0", "--stop-timeout", "2", "--preload", "none",
             "--run-dir", run_dir, "--log-dir", log_dir, "--no-python", _worker(scratch)]
@@ -84,33 +98,40 @@ def live_run(tree: str, scratch: str, save_step: Optional[int], repo: str = REPO
     with open(os.path.join(scratch, "launcher.out"), "wb") as out:
         job = Job(argv, env, stdout=out, stderr=out, cwd=repo)
         job.finish(RUN_TIMEOUT)
-    gaps = _gaps(run_dir)
-    if len(gaps) != RESTARTS:
+    gaps, cpu = _gaps(read_events(run_dir)), _gaps(_records(cpu_file), "cpu")
+    if len(gaps) != RESTARTS or len(cpu) != RESTARTS:
         raise RuntimeError(f"scalelive: {len(gaps)} restart(s) measured, not {RESTARTS}; see "
                            f"{os.path.join(scratch, 'launcher.out')}")
-    return {"gaps": gaps, "load": meter.share()}
+    return {"gaps": gaps, "cpu": cpu, "load": meter.share()}
 
 
 def live_plans(tree: str, runs: int, repo: str = REPO) -> Dict[str, List[float]]:
-    """``runs`` runs of each kind, alternating; per row key, the seconds of each run."""
-    out: Dict[str, List[float]] = {"live_first": [], "live_later": [], "live_saved_first": [], "live_load": []}
+    """``runs`` runs of each kind, alternating; per row key, the seconds of each run (``_cpu``: the
+    launcher's main thread's CPU seconds in the same spans)."""
+    out: Dict[str, List[float]] = {f"{key}{clock}": [] for key in ("live_first", "live_later", "live_saved_first")
+                                   for clock in ("", "_cpu")}
+    out["live_load"] = []
     with TempDir("scalelive") as scratch:
         for run in range(runs):
             quiet = live_run(tree, scratch, None, repo)
             saved = live_run(tree, scratch, 500 + run, repo)  # a new step each run (the round deletes the one before)
-            out["live_first"].append(quiet["gaps"][0])
-            out["live_later"].extend(quiet["gaps"][1:])
-            out["live_saved_first"].append(saved["gaps"][0])
+            for clock, key in (("", "gaps"), ("_cpu", "cpu")):
+                out[f"live_first{clock}"].append(quiet[key][0])
+                out[f"live_later{clock}"].extend(quiet[key][1:])
+                out[f"live_saved_first{clock}"].append(saved[key][0])
             out["live_load"].extend([quiet["load"], saved["load"]])
-            progress(f"scale: live run {run + 1}/{runs}: first restart {quiet['gaps'][0] * 1e3:.0f} ms, later "
-                     f"{', '.join(f'{g * 1e3:.0f}' for g in quiet['gaps'][1:])} ms; first restart after a save "
-                     f"round {saved['gaps'][0] * 1e3:.0f} ms (others' CPU share {quiet['load']:.0%} / "
+            progress(f"scale: live run {run + 1}/{runs}: first restart {_ms(quiet, 0)}, later {_ms(quiet, 1)}; "
+                     f"first restart after a save round {_ms(saved, 0)} (others' CPU share {quiet['load']:.0%} / "
                      f"{saved['load']:.0%})")
     return out
 
 
+def _ms(result: Dict[str, List[float]], index: int) -> str:
+    return f"{result['gaps'][index] * 1e3:.0f} ms (CPU {result['cpu'][index] * 1e3:.0f} ms)"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
-    """Build the tree, run ``--runs`` runs of each kind, print the medians."""
+    """Build the tree, run ``--runs`` runs of each kind, print the medians ."""
     from bench.scale import LIVE_ROWS, _make_checkpoints  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser(prog="python -m bench.scalelive", description=__doc__.split("\n\n")[0])
@@ -123,9 +144,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         progress(f"scale: synthetic checkpoint dir made in {time.perf_counter() - start:.1f} s")
         times = live_plans(tree, args.runs, os.path.abspath(args.repo))
     for key, label in LIVE_ROWS:
-        values = times[key]
-        print(f"{label}: median {median(values) * 1e3:.1f} ms, runs "
-              f"{', '.join(f'{v * 1e3:.0f}' for v in values)} ms")
+        for clock in ("", "_cpu"):
+            values = times[key + clock]
+            print(f"{label}{' (CPU of the main thread)' if clock else ''}: median {median(values) * 1e3:.1f} ms, "
+                  f"runs {', '.join(f'{v * 1e3:.0f}' for v in values)} ms")
     print(f"other processes' share of the CPUs during the runs: median {median(times['live_load']):.0%}")
     return 0
 
