@@ -22,6 +22,7 @@ after its in-process rows. Each run waits for a quiet machine first (``GATE``).
 """
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -37,6 +38,7 @@ FAIL_AFTER = 3.0
 RESTARTS = 2
 #: Seconds a run may take (the first plan's full listing is ~3 s on an idle machine).
 RUN_TIMEOUT = 300.0
+_STEPS = itertools.count(500)  # the save rounds' steps, one more each round
 
 _WORKER = """#!/bin/sh
 # Local rank 0 fails each attempt; the others sleep until the launcher stops them.
@@ -114,7 +116,8 @@ def live_plans(tree: str, runs: int, repo: str = REPO) -> Dict[str, List[float]]
     with TempDir("scalelive") as scratch:
         for run in range(runs):
             quiet = live_run(tree, scratch, None, repo)
-            saved = live_run(tree, scratch, 500 + run, repo)  # a new step each run (the round deletes the one before)
+            # A new step each run (the round deletes the one before).
+            saved = live_run(tree, scratch, next(_STEPS), repo)
             for clock, key in (("", "gaps"), ("_cpu", "cpu")):
                 out[f"live_first{clock}"].append(quiet[key][0])
                 out[f"live_later{clock}"].extend(quiet[key][1:])
@@ -131,24 +134,33 @@ def _ms(result: Dict[str, List[float]], index: int) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Build the tree, run ``--runs`` runs of each kind, print the medians ."""
+    """Build the tree, run ``--runs`` runs of each kind (alternating the ``--repo`` trees run by run),
+    print the medians."""
     from bench.scale import LIVE_ROWS, _make_checkpoints  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser(prog="python -m bench.scalelive", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5, help="runs of each kind (default 5)")
-    parser.add_argument("--repo", default=REPO, help="the launcher source tree to run (A/B; default: this one)")
+    parser.add_argument("--repo", action="append", help="a launcher source tree to run; repeat it for an A/B "
+                        "(the trees alternate run by run; default: this one)")
     args = parser.parse_args(argv)
+    repos = [os.path.abspath(repo) for repo in args.repo or [REPO]]
+    times: Dict[str, Dict[str, List[float]]] = {repo: {} for repo in repos}
     with TempDir("ckpt") as tree:
         start = time.perf_counter()
         _make_checkpoints(tree)
         progress(f"scale: synthetic checkpoint dir made in {time.perf_counter() - start:.1f} s")
-        times = live_plans(tree, args.runs, os.path.abspath(args.repo))
-    for key, label in LIVE_ROWS:
-        for clock in ("", "_cpu"):
-            values = times[key + clock]
-            print(f"{label}{' (CPU of the main thread)' if clock else ''}: median {median(values) * 1e3:.1f} ms, "
-                  f"runs {', '.join(f'{v * 1e3:.0f}' for v in values)} ms")
-    print(f"other processes' share of the CPUs during the runs: median {median(times['live_load']):.0%}")
+        for _ in range(args.runs):
+            for repo in repos:
+                for key, values in live_plans(tree, 1, repo).items():
+                    times[repo].setdefault(key, []).extend(values)
+    for repo in repos:
+        print(f"{repo}:")
+        for key, label in LIVE_ROWS:
+            for clock in ("", "_cpu"):
+                values = times[repo][key + clock]
+                print(f"  {label}{' (CPU of the main thread)' if clock else ''}: median {median(values) * 1e3:.1f} "
+                      f"ms, runs {', '.join(f'{v * 1e3:.0f}' for v in values)} ms")
+        print(f"  other processes' share of the CPUs during the runs: median {median(times[repo]['live_load']):.0%}")
     return 0
 
 
