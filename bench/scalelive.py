@@ -88,8 +88,9 @@ def live_run(tree: str, scratch: str, save_step: Optional[int], repo: str = REPO
         os.remove(cpu_file)
     # The launcher's CLI under bench/scaleprobe.py, which records its main thread's CPU time at the
     # two events (run as a file: the launcher imported is repo's, whatever bench that tree has).
-    argv = [PYTHON, os.path.join(REPO, "bench", "scaleprobe.py"), cpu_file, "run", "--nnodes", str(NNODES), "--node-rank", "0", "--nproc-per-node",
-            str(NPROC), "--dp", "8", "--tp", "8", "--pp", "256", "--checkpoint-dir", tree,
+    argv = [PYTHON, os.path.join(REPO, "bench", "scaleprobe.py"), cpu_file, "run", "--nnodes", str(NNODES),
+            "--node-rank", "0", "--nproc-per-node", str(NPROC), "--dp", "8", "--tp", "8", "--pp", "256",
+            "--checkpoint-dir", tree,
             "--max-restarts", str(RESTARTS), "--restart-backoff", "0", "--stop-timeout", "2", "--preload", "none",
             "--run-dir", run_dir, "--log-dir", log_dir, "--no-python", _worker(scratch)]
     env = job_env(fail_after=FAIL_AFTER, python=PYTHON, tree=tree, round=_ROUND,

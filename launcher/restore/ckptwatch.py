@@ -155,8 +155,9 @@ class Indexer:
     inotify descriptor, drains the events as they come, runs the index's ``update`` ``UPDATE_DELAY``
     after a burst (one listing per burst, not per event) and its ``poll`` every ``POLL_SECONDS``.
     Once a round has been quiet for ``REFREEZE_QUIET``, whether this thread or a plan's scan absorbed
-    it (the first plan's full listing included), it runs the index's ``refreeze``. Each step holds the index's lock; an error is logged and the thread goes on (the plan's scan
-    reads whatever a failed step left).
+    it (the first plan's full listing included), it runs the index's ``refreeze``. Each step holds the
+    index's lock; an error is logged and the thread goes on (the plan's scan reads whatever a failed
+    step left).
 
     Args:
         index: the :class:`launcher.restore.ckptindex.CheckpointIndex` (``fileno``, ``drain``,
