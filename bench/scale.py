@@ -17,6 +17,9 @@
   round (the plan reads the round), once after the event loop's poll absorbed it (the poll comes
   ``RACY_SECONDS`` later, when the directory's mtime proves the next change; timed apart).
   Every save round is a new step (nothing rotated), so ``.saves/`` grows by ``SAVERS`` per round.
+* The launcher itself over that tree (:mod:`bench.scalelive`): ``launcher run --nnodes 1024
+  --nproc-per-node 16``, the ``restart`` -> ``restore_plan`` events of its first and later restarts,
+  and of a first restart right after a save round (issue #29).
 """
 
 import os
@@ -240,9 +243,12 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
         out["plan_env_all_ranks"] = timed(lambda: [plan.env_for(r) for r in range(WORLD)], settings)
         progress(f"scale: plan with checkpoints: {plan.kind} at step {plan.step}, {len(plan.warnings)} warning(s)")
         out.update(_index_times(root, with_ckpt, settings))
-        # pylint: disable=import-outside-toplevel  # both import this module
+        # pylint: disable=import-outside-toplevel  # they import this module
         from bench.scalebg import background_rounds
         from bench.scalefs import slow_fs_scan
+        from bench.scalelive import live_plans
+
+        out.update(live_plans(root, settings.runs))  # the launcher itself, before the rounds below
 
         out.update(background_rounds(root, with_ckpt))  # before slow_fs_scan writes digest sidecars
         out.update(slow_fs_scan(root, with_ckpt))
@@ -250,6 +256,11 @@ def _plan_times(settings: Settings) -> Dict[str, List[float]]:
 
 
 SLOW_FS_RANKS, SLOW_FS_LATENCY = 2048, 0.001
+#: bench.scalelive's rows (it cannot be imported here: it imports this module).
+LIVE_ROWS = (("live_first", "live `launcher run --nnodes 1024 --nproc-per-node 16` (16,384 ranks) over that tree, "
+              "first restart: `restart` -> `restore_plan` event"),
+             ("live_later", "the same, later restarts"),
+             ("live_saved_first", f"the same, first restart, failure the moment a round of {SAVERS:,} saves ended"))
 
 
 _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devices"),
@@ -270,7 +281,8 @@ _ROWS = (("parse", f"parse a 1.0 rank table, {SERVERS} servers x {DEVICES} devic
          ("bg_local_plan_after", "the same, once the thread absorbed the round"),
          ("bg_slow_fs_plan_at_once", "the same on the simulated shared file system: called the moment the round ends"),
          ("bg_slow_fs_plan_after", "the same, once the thread's poll absorbed the round"),
-         ("plan_env_all_ranks", f"restore environment of all {WORLD:,} ranks from that plan"))
+         ("plan_env_all_ranks", f"restore environment of all {WORLD:,} ranks from that plan"),
+         *LIVE_ROWS)
 
 
 def _rows(times: Dict[str, List[float]], settings: Settings) -> List[Row]:
@@ -336,6 +348,9 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      "poll below, then the loop's delay). The round was "
                      f"absorbed {fmt(ms(median(times['bg_local_absorbed'])))} / "
                      f"{fmt(ms(median(times['bg_slow_fs_absorbed'])))} ms after its last save.")
+    if "live_load" in times:
+        lines.append("- Live runs (`bench/scalelive.py`): other processes took a median "
+                     f"{median(times['live_load']):.0%} of the CPUs while they ran.")
     if "index_update" in times:
         lines.append(f"- Checkpoint index: after {SAVERS:,} ranks saved, the event loop's update (drain inotify, "
                      f"list the {SAVERS:,} changed directories) takes {fmt(ms(median(times['index_update'])))} ms, "

@@ -47,8 +47,9 @@ from launcher.restore.checkpoints import (DEFAULT_PATTERNS, DEFAULT_SETTLE_SECON
                                           CheckpointPattern, Notes, ScanResult, list_rank_dirs, probed_map,
                                           rank_checkpoints, scan_rank, settle, unreadable_root)
 from launcher.restore.ckptentry import NO_KINDS, QUIET, RankEntry, View, kept, same_kinds
-from launcher.restore.ckptnames import by_kind, classify_name
+from launcher.restore.ckptnames import by_kind
 from launcher.restore.ckptreports import DirStamp, Reports, dir_stamp
+from launcher.restore.ckptsaves import ReportedSaves
 from launcher.restore.ckptwatch import _REPORTS, _ROOT, Indexer, IndexWatches, locked
 from launcher.restore.digests import DigestCache, DigestWorker
 
@@ -59,7 +60,7 @@ RACY_SECONDS = 2.0
 _ANY_RANK = 1 << 62  # world size for listing: the index keeps every rank_<r>, scan() filters
 
 
-class CheckpointIndex(IndexWatches):
+class CheckpointIndex(IndexWatches, ReportedSaves):
     """The checkpoints under ``<root>/rank_<r>/``, re-read incrementally (see the module docstring).
 
     Args:
@@ -92,7 +93,7 @@ class CheckpointIndex(IndexWatches):
         self._unresolved: Set[int] = set()  # ranks whose entry has no result (to compute at the next scan)
         self._view: Optional[View] = None  # the last scan's per-rank lists, updated for changed ranks only
         self._gc_freeze, self._freeze_due = gc_freeze and background, False
-        self.absorbed_steps = 0  # updates and polls that changed some rank (the indexer thread reads it)
+        self.absorbed_steps = 0  # updates, polls and scans that changed some rank (the indexer thread reads it)
         self._shared: Optional[bool] = None  # root on a file system other machines write to
         self._inotify, self._fd = None, None
         self._lock = threading.RLock()  # the indexer thread's steps and the plan's scan take turns
@@ -148,14 +149,18 @@ class CheckpointIndex(IndexWatches):
             self._root_stamp, self._ranks, self._unresolved, self._view = None, {}, set(), None
             return unreadable_root(self.root, world_size, exc)
         self._absorb_reports()
-        parallel = self._relist(self._stale(world_size))
+        stale = self._stale(world_size)
+        parallel = self._relist(stale)
         notes = Notes()
         notes.merge(self._root_notes)
         if self._ranks and max(self._ranks) >= world_size:
             for rank in sorted(self._ranks):
                 if rank >= world_size:
                     notes.add(f"rank directories beyond world size {world_size} ignored", f"rank_{rank}")
-        self._settle_pending(sorted(rank for rank in self._unresolved if rank < world_size), notes, parallel)
+        pending = sorted(rank for rank in self._unresolved if rank < world_size)
+        self._settle_pending(pending, notes, parallel)
+        if stale or pending:
+            self._absorbed_here()
         view = self._current_view(world_size)
         for rank in sorted(view.noted):
             notes.merge(self._ranks[rank].notes)
@@ -163,6 +168,16 @@ class CheckpointIndex(IndexWatches):
             self._ranks[rank].result = None  # a file was still being written: look again next time
             self._unresolved.add(rank)
         return ScanResult(tuple(view.per_rank), notes.lines(), kinds=view.scan_kinds(), keys=view.keys())
+
+    def _absorbed_here(self) -> None:
+        """The plan's scan read changes itself (the job's first full listing, a round the thread had
+        not absorbed yet): the indexer thread takes them out of the collector's passes once the job
+        runs quietly, so that no later pass (in the event loop, in the plan before the first restart)
+        traverses the whole index (``REFREEZE_QUIET``; :meth:`refreeze`)."""
+        self.absorbed_steps += 1
+        self._freeze_due = self._gc_freeze
+        if self.indexer is not None:
+            self.indexer.nudge()
 
     def _current_view(self, world_size: int) -> "View":
         """The per-rank lists of the scan result, brought up to date for the ranks that changed since
@@ -224,30 +239,11 @@ class CheckpointIndex(IndexWatches):
         if self._view is not None:
             self._current_view(len(self._view.per_rank))
 
-    def _absorb_reports(self, eager: bool = True) -> Set[int]:
-        """Read the reports that changed and apply them to the known ranks; returns those ranks
-        (``eager``: see :meth:`launcher.restore.ckptreports.Reports.refresh`)."""
-        if self._reports is None:
-            return set()
-        self._reports.refresh(self._trusted, eager)
-        ranks = {rank for rank in self._reports.take_changed() if rank in self._ranks}
-        for rank in ranks:
-            self._apply_reports(rank)
-        return ranks
-
     def _settle_pending(self, ranks: List[int], notes: Notes, parallel: bool, sleep: bool = True) -> None:
         """Compute the result of every rank in ``ranks``: settle what is new (one sleep for all of
         them, none when every file was reported complete or seen settled before). Without
         ``sleep``, ranks with files to settle are left without a result."""
-        known: Dict[int, List[Checkpoint]] = {rank: [] for rank in ranks}
-        fresh = []
-        for rank in ranks:
-            for candidate in self._ranks[rank].candidates:
-                path = candidate.checkpoint.path
-                if path in self._complete or self._settled.get(path) == candidate.stamp:
-                    known[rank].append(candidate.checkpoint)
-                else:
-                    fresh.append(candidate)
+        known, fresh = self._seen_settled(ranks)
         if not sleep:
             waiting = {candidate.checkpoint.rank for candidate in fresh}
             ranks, fresh = [rank for rank in ranks if rank not in waiting], []
@@ -261,16 +257,34 @@ class CheckpointIndex(IndexWatches):
         # A rank with a file dropped as still being written (or left to settle) is looked at again.
         self._unsettled = {rank for rank in ranks if len(known[rank]) < len(self._ranks[rank].candidates)}
         for rank in ranks:
-            entry = self._ranks[rank]
-            entry.notes = Notes()
-            entry.notes.merge(entry.list_notes)
-            entry.result = rank_checkpoints(known[rank], entry.notes)
-            self._resolved(rank)
-            if not entry.notes.by_reason:
-                entry.notes = QUIET
-            entry.kinds = same_kinds(entry.kinds, by_kind(entry.result))
+            self._set_result(rank, known[rank])
         self.digests.submit(self._found)  # one batch: hashed now, not before the restart
         self._found, self._digest_new = [], True
+
+    def _seen_settled(self, ranks: List[int]) -> Tuple[Dict[int, List[Checkpoint]], List[Candidate]]:
+        """Per rank, its candidates known complete (reported, or seen settled with this stamp), and
+        the others, which need the settle check."""
+        known: Dict[int, List[Checkpoint]] = {rank: [] for rank in ranks}
+        fresh = []
+        for rank in ranks:
+            for candidate in self._ranks[rank].candidates:
+                path = candidate.checkpoint.path
+                if path in self._complete or self._settled.get(path) == candidate.stamp:
+                    known[rank].append(candidate.checkpoint)
+                else:
+                    fresh.append(candidate)
+        return known, fresh
+
+    def _set_result(self, rank: int, checkpoints: List[Checkpoint]) -> None:
+        """``rank``'s result from its complete ``checkpoints``, with the notes of its listing."""
+        entry = self._ranks[rank]
+        entry.notes = Notes()
+        entry.notes.merge(entry.list_notes)
+        entry.result = rank_checkpoints(checkpoints, entry.notes)
+        self._resolved(rank)
+        if not entry.notes.by_reason:
+            entry.notes = QUIET
+        entry.kinds = same_kinds(entry.kinds, by_kind(entry.result))
 
     def _hash_ahead(self, rank: int, candidates: List[Candidate]) -> None:
         """Queue the new or changed ``candidates`` of ``rank`` for the digest worker (this node's
@@ -326,58 +340,21 @@ class CheckpointIndex(IndexWatches):
         if self._fd is not None and self._all_watched and not self._shared:
             return sorted(rank for rank in dirty if rank < world_size and rank in self._ranks)
         ranks = [rank for rank in sorted(self._ranks) if rank < world_size]
+        stale = dirty & set(ranks)
+        skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
+        stale.update(self._moved_dirs([rank for rank in ranks if rank not in skip]))
+        return sorted(stale)
 
+    def _moved_dirs(self, ranks: List[int]) -> Set[int]:
+        """Those of ``ranks`` whose directory's ``(mtime, inode)`` is not the one of its last listing
+        (or cannot be trusted): one ``stat`` each, from threads on a slow file system."""
         def check(batch: List[int]) -> List[Tuple[int, DirStamp]]:
             return [(rank, dir_stamp(self._ranks[rank].path)) for rank in batch]
 
-        stale = dirty & set(ranks)
-        skip = stale.union(self._reports.reporting()) if self._reports is not None else stale
-        looked = [rank for rank in ranks if rank not in skip]
-        for batch in probed_map(check, looked, self._shared is not False)[0]:
-            stale.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
-        return sorted(stale)
-
-    def _apply_reports(self, rank: int) -> None:
-        """Bring one rank's entry up to date with its reports, without listing its directory: a newly
-        reported file is a candidate that needs no settling, a withdrawn report drops its file.
-        Anything the name alone cannot settle (one name reported with two sizes, an empty file, a
-        name that is no checkpoint, a file the last listing warned about) has the directory listed."""
-        entry = self._ranks[rank]
-        files = self._reports.files(rank)
-        listed = {c.checkpoint.path: c.stamp[0] for c in entry.candidates}
-        fresh = []
-        for name, size in files.items():
-            if entry.reported.get(name) == size:
-                continue  # accounted for by the last listing or report
-            # No pattern has a marker when reports are used, so no other name matters here.
-            parsed = classify_name(name, self.patterns, frozenset())[1] if size else None
-            if parsed is None:
-                self._dirty.add(rank)
-                return
-            path = os.path.join(entry.path, name)
-            if listed.get(path) == size:  # inotify's listing already has it: only its settling is saved
-                self._complete.add(path)
-                continue
-            fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
-        gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
-        if not gone and not fresh:
-            entry.reported = files
-            return
-        gone.update(candidate.checkpoint.path for candidate in fresh)
-        if entry.list_notes.by_reason:
-            noted = {name for names in entry.list_notes.by_reason.values() for name in names}
-            if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
-                self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
-                return
-        for path in gone:
-            self._settled.pop(path, None)
-            self.digests.cache.forget(path)
-            self._complete.discard(path)
-        self._complete.update(candidate.checkpoint.path for candidate in fresh)
-        entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
-        entry.reported, entry.result = files, None
-        self._unresolved.add(rank)
-        self._hash_ahead(rank, fresh)
+        moved: Set[int] = set()
+        for batch in probed_map(check, ranks, self._shared is not False)[0]:
+            moved.update(rank for rank, stamp in batch if stamp is None or stamp != self._ranks[rank].stamp)
+        return moved
 
     def _relist(self, ranks: List[int]) -> bool:
         """List and classify the given rank directories again (what the full scan does for each).
@@ -397,11 +374,8 @@ class CheckpointIndex(IndexWatches):
                 candidates = kept(entry.candidates, candidates)
                 notes = notes if notes.by_reason else QUIET
                 present = {candidate.checkpoint.path for candidate in candidates}
-                for old in entry.candidates:  # forget deleted files (rotation): the index stays bounded
-                    if old.checkpoint.path not in present:
-                        self._settled.pop(old.checkpoint.path, None)
-                        self.digests.cache.forget(old.checkpoint.path)
-                        self._complete.discard(old.checkpoint.path)
+                # Forget deleted files (rotation): the index stays bounded.
+                self._forget(old.checkpoint.path for old in entry.candidates if old.checkpoint.path not in present)
                 before = {(old.checkpoint.path, old.stamp) for old in entry.candidates}
                 self._hash_ahead(rank, [c for c in candidates if (c.checkpoint.path, c.stamp) not in before])
                 entry.stamp, entry.candidates, entry.list_notes, entry.result = stamp, candidates, notes, None

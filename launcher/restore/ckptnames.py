@@ -117,18 +117,27 @@ def compile_patterns(pattern: Optional[str],
         UsageError: the regex does not compile, lacks a ``step`` group, or the marker template names
             a field the regex does not define, formats a field, or points outside the rank directory.
     """
-    if pattern is None:
-        patterns: Sequence[CheckpointPattern] = DEFAULT_PATTERNS
-    else:
-        try:
-            regex = re.compile(pattern)
-        except re.error as exc:
-            raise UsageError(f"--checkpoint-pattern {pattern!r} is not a valid regex: {exc}") from exc
-        if "step" not in regex.groupindex:
-            raise UsageError(f"--checkpoint-pattern {pattern!r} has no named group (?P<step>...)")
-        patterns = (CheckpointPattern(regex),)
+    patterns = DEFAULT_PATTERNS if pattern is None else (CheckpointPattern(_user_regex(pattern)),)
     if marker is None:
         return tuple(patterns)
+    _check_marker(marker, patterns)
+    return tuple(CheckpointPattern(p.regex, marker, p.kind) for p in patterns)
+
+
+def _user_regex(pattern: str) -> Pattern[str]:
+    """``--checkpoint-pattern`` compiled; UsageError when it does not compile or has no ``step``."""
+    try:
+        regex = re.compile(pattern)
+    except re.error as exc:
+        raise UsageError(f"--checkpoint-pattern {pattern!r} is not a valid regex: {exc}") from exc
+    if "step" not in regex.groupindex:
+        raise UsageError(f"--checkpoint-pattern {pattern!r} has no named group (?P<step>...)")
+    return regex
+
+
+def _check_marker(marker: str, patterns: Sequence[CheckpointPattern]) -> None:
+    """UsageError when ``--checkpoint-marker`` points outside the rank directory, formats a field,
+    or names a field one of ``patterns`` (other than a fixed-kind one) does not define."""
     if "/" in marker or marker.startswith("."):
         raise UsageError(f"--checkpoint-marker {marker!r} must be a plain name in the rank directory")
     parsed = [item for item in string.Formatter().parse(marker) if item[1] is not None]
@@ -141,7 +150,6 @@ def compile_patterns(pattern: Optional[str],
         if unknown and item.kind is None:
             raise UsageError(f"--checkpoint-marker {marker!r} uses {sorted(unknown)}, which the "
                              f"pattern {item.regex.pattern!r} does not define")
-    return tuple(CheckpointPattern(p.regex, marker, p.kind) for p in patterns)
 
 
 def verify_digest(path: str) -> Optional[bool]:

@@ -107,11 +107,7 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
 
     def _event(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:  # events lost: trust nothing that came from them
-            self._dirty.update(self._ranks)
-            self._complete.clear()
-            self._root_stamp = None
-            if self._reports is not None:
-                self._reports.lost()
+            self._overflowed()
             return
         rank = self._wds.get(wd)
         if rank is None:
@@ -119,29 +115,49 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
         if rank == _REPORTS and not mask & LOST_MASK:
             if name and mask & (IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM):
                 self._reports.event(name, bool(mask & (IN_CREATE | IN_MOVED_TO)))
-            return
-        if rank < 0 or mask & LOST_MASK:
-            self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
-            if rank == _REPORTS:
-                self._reports.follow(False)  # listed from now on, until the root's listing re-watches it
-            if mask & IN_IGNORED:
-                del self._wds[wd]
-            return
+        elif rank < 0 or mask & LOST_MASK:
+            self._watch_lost(wd, rank, mask)
+        else:
+            self._rank_event(rank, mask, name)
+
+    def _overflowed(self) -> None:
+        """The event queue overflowed: every directory is listed again, no file counts as complete."""
+        self._dirty.update(self._ranks)
+        self._complete.clear()
+        self._root_stamp = None
+        if self._reports is not None:
+            self._reports.lost()
+
+    def _watch_lost(self, wd: int, rank: int, mask: int) -> None:
+        """An event of the root or ``.saves/`` (other than a report's), or a watched directory gone."""
+        self._root_stamp = None  # list the root again (re-watches a re-created rank directory)
+        if rank == _REPORTS:
+            self._reports.follow(False)  # listed from now on, until the root's listing re-watches it
+        if mask & IN_IGNORED:
+            del self._wds[wd]
+
+    def _rank_event(self, rank: int, mask: int, name: str) -> None:
+        """A change in ``rank``'s directory: list it again; a file closed after writing or renamed in
+        is complete until it is touched again."""
         self._dirty.add(rank)
-        if name:
-            path = os.path.join(self._ranks[rank].path, name) if rank in self._ranks else None
-            if path is not None and mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
-                self._complete.add(path)
-            elif path is not None:
-                self._complete.discard(path)
+        entry = self._ranks.get(rank)
+        if not name or entry is None:
+            return
+        path = os.path.join(entry.path, name)
+        if mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
+            self._complete.add(path)
+        else:
+            self._complete.discard(path)
 
 
 class Indexer:
     """The thread that keeps a checkpoint index up to date (issue #19): it waits on the index's
     inotify descriptor, drains the events as they come, runs the index's ``update`` ``UPDATE_DELAY``
     after a burst (one listing per burst, not per event) and its ``poll`` every ``POLL_SECONDS``.
-    Each step holds the index's lock; an error is logged and the thread goes on (the plan's scan
-    reads whatever a failed step left).
+    Once a round has been quiet for ``REFREEZE_QUIET``, whether this thread or a plan's scan absorbed
+    it (the first plan's full listing included), it runs the index's ``refreeze``. Each step holds the
+    index's lock; an error is logged and the thread goes on (the plan's scan reads whatever a failed
+    step left).
 
     Args:
         index: the :class:`launcher.restore.ckptindex.CheckpointIndex` (``fileno``, ``drain``,
@@ -150,12 +166,15 @@ class Indexer:
 
     def __init__(self, index: Any):
         self._index = index
-        self._wake_read, self._wake_write = os.pipe()  # stop() wakes the thread from its wait
+        self._wake_read, self._wake_write = os.pipe()  # stop() and nudge() wake the thread from its wait
+        os.set_blocking(self._wake_write, False)
         self._stopped = threading.Event()
         self.absorbed = threading.Condition()  # notified after every update and poll
         self.steps = 0  # updates and polls run (under ``absorbed``)
         self.busy_seconds = 0.0  # the last update's or poll's duration
         self._busy, self._update_at, self._refreeze_at = False, math.inf, math.inf
+        self._next_poll = math.inf
+        self._absorbed = 0  # the index's absorbed_steps when the thread last looked
         self._thread = threading.Thread(target=self._run, name="ckpt-index", daemon=True)
         self._thread.start()
 
@@ -163,12 +182,16 @@ class Indexer:
         """Stop the thread after the step it is in and wait for it (idempotent)."""
         if not self._stopped.is_set():
             self._stopped.set()
-            os.write(self._wake_write, b"x")
+            try:
+                os.write(self._wake_write, b"x")
+            except BlockingIOError:  # full of unread nudges: it wakes anyway
+                pass
         self._thread.join(timeout)
         if not self._thread.is_alive() and self._wake_read >= 0:
-            os.close(self._wake_read)
-            os.close(self._wake_write)
-            self._wake_read = self._wake_write = -1
+            fds = (self._wake_read, self._wake_write)
+            self._wake_read = self._wake_write = -1  # before the close: nudge() never writes to a reused number
+            for fd in fds:
+                os.close(fd)
 
     def wait_steps(self, steps: int, timeout: Optional[float] = None) -> bool:
         """Wait until ``steps`` updates and polls ran in all (benchmarks, tests); whether they did."""
@@ -183,42 +206,66 @@ class Indexer:
         fd = self._index.fileno()
         return fd is None or not _ready([fd], 0.0)
 
+    def nudge(self) -> None:
+        """Wake the thread to look at the index again (a plan's scan absorbed changes itself: their
+        collect-and-freeze pass is due once the job runs quietly)."""
+        fd = self._wake_write
+        if fd < 0 or self._stopped.is_set():
+            return
+        try:
+            os.write(fd, b"n")
+        except OSError:  # full of unread nudges (it wakes anyway), or closed by a stop meanwhile
+            pass
+
     def _run(self) -> None:
         index = self._index
-        next_poll = time.monotonic() + POLL_SECONDS if index.polls() else math.inf
+        self._next_poll = time.monotonic() + POLL_SECONDS if index.polls() else math.inf
         while not self._stopped.is_set():
-            fd = index.fileno()
-            watched = [self._wake_read] if fd is None else [self._wake_read, fd]
-            due = min(self._update_at, next_poll, self._refreeze_at)
-            self._busy = False
-            ready = _ready(watched, None if due == math.inf else max(0.0, due - time.monotonic()))
-            if ready is None:  # closed under us: close() gave up waiting for a long step
-                if not self._stopped.is_set():
-                    logger.warning("checkpoint index: its descriptor was closed; the thread stops and the "
-                                   "plan's scan reads what changed instead")
-                return
-            self._busy = True
-            if self._stopped.is_set():
+            ready = self._wait()
+            if ready is None or self._stopped.is_set():
                 return
             try:
-                if fd is not None and fd in ready:
-                    index.drain()
-                    if self._update_at == math.inf and index.pending():
-                        self._update_at = time.monotonic() + UPDATE_DELAY  # the rest of the burst comes meanwhile
-                absorbed = index.absorbed_steps
-                now = time.monotonic()
-                if now >= self._update_at:
-                    self._update_at = math.inf
-                    self._step(index.update)
-                if now >= next_poll:
-                    next_poll = now + POLL_SECONDS
-                    self._step(index.poll)
-                if index.absorbed_steps != absorbed:  # once the round is over, not after each of its steps
-                    self._refreeze_at = time.monotonic() + REFREEZE_QUIET
-                elif now >= self._refreeze_at:
-                    self._refreeze_at = math.inf if index.refreeze() else now + REFREEZE_RETRY
+                self._due(ready)
             except Exception:  # pylint: disable=broad-except  # the thread must outlive one bad step
                 logger.warning("checkpoint index: updating failed; the plan's scan reads it instead", exc_info=True)
+
+    def _wait(self) -> Optional[Set[int]]:
+        """Wait for an event, a nudge or the next step due; the ready descriptors, None when one was
+        closed under us (close() gave up waiting for a long step)."""
+        fd = self._index.fileno()
+        watched = [self._wake_read] if fd is None else [self._wake_read, fd]
+        due = min(self._update_at, self._next_poll, self._refreeze_at)
+        self._busy = False
+        ready = _ready(watched, None if due == math.inf else max(0.0, due - time.monotonic()))
+        if ready is None and not self._stopped.is_set():
+            logger.warning("checkpoint index: its descriptor was closed; the thread stops and the "
+                           "plan's scan reads what changed instead")
+        self._busy = True
+        return ready
+
+    def _due(self, ready: Set[int]) -> None:
+        """Whatever is due after the wait: drain the events, the update after a burst, the poll, and
+        the collect-and-freeze pass once a round (absorbed here or by a plan) has been quiet."""
+        index = self._index
+        fd = index.fileno()
+        if self._wake_read in ready:
+            os.read(self._wake_read, _READ_SIZE)  # nudges (a stop returns before this)
+        if fd is not None and fd in ready:
+            index.drain()
+            if self._update_at == math.inf and index.pending():
+                self._update_at = time.monotonic() + UPDATE_DELAY  # the rest of the burst comes meanwhile
+        now = time.monotonic()
+        if now >= self._update_at:
+            self._update_at = math.inf
+            self._step(index.update)
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_SECONDS
+            self._step(index.poll)
+        if index.absorbed_steps != self._absorbed:  # once the round is over, not after each of its steps
+            self._absorbed = index.absorbed_steps
+            self._refreeze_at = time.monotonic() + REFREEZE_QUIET
+        elif now >= self._refreeze_at:
+            self._refreeze_at = math.inf if index.refreeze() else now + REFREEZE_RETRY
 
     def _step(self, method: Callable[[], None]) -> None:
         """Run one update or poll and count it."""

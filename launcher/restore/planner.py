@@ -275,22 +275,9 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index, keys
         return None, "fault reports unreadable"
     usable = [g if faults.ranks.isdisjoint(g) else tuple(r for r in g if r not in faults.ranks) for g in groups]
     for key in _common_keys(usable, index, keys):
-        picks: List[Optional[Checkpoint]] = [None] * len(index)
-        for group, ranks in zip(groups, usable):
-            having = [index[r][key] for r in ranks if key in index[r]]
-            kept, dropped = _majority(having)
-            if not kept:
-                warnings.append(f"breakpoint checkpoints at {_at(key)} differ in size within replica "
-                                f"group {_groups_text([group])} with no majority: " + _sizes_text(having))
-                break
-            if dropped:
-                warnings.append(f"breakpoint checkpoints at {_at(key)} in replica group "
-                                f"{_groups_text([group])} whose size differs from the majority's "
-                                f"({kept[0].size} B) ignored: " + _sizes_text(dropped))
-            for rank in group:
-                picks[rank] = kept[0]
-        else:
-            return _Choice(KIND_BREAKPOINT, key, tuple(picks)), (
+        picks = _breakpoint_picks(groups, usable, index, key, warnings)
+        if picks is not None:
+            return _Choice(KIND_BREAKPOINT, key, picks), (
                 f"breakpoint checkpoints at {_at(key)} on a healthy rank of every replica group")
     lacking = _missing_groups(usable, groups, index, newest)
     if lacking:
@@ -298,6 +285,27 @@ def _breakpoint(groups: Sequence[Group], faults: FaultReport, index: Index, keys
                         f"replica groups {_groups_text(lacking)} have no healthy rank with a "
                         "breakpoint checkpoint, and no older step is complete")
     return None, "breakpoint checkpoints incomplete"
+
+
+def _breakpoint_picks(groups: Sequence[Group], usable: Sequence[Group], index: Index, key: Key,
+                      warnings: List[str]) -> Optional[Tuple[Checkpoint, ...]]:
+    """Per rank, the breakpoint checkpoint at ``key`` it loads (its group's usable replicas' file of
+    the majority size); None when some group's files at ``key`` have no majority size."""
+    picks: List[Optional[Checkpoint]] = [None] * len(index)
+    for group, ranks in zip(groups, usable):
+        having = [index[r][key] for r in ranks if key in index[r]]
+        kept, dropped = _majority(having)
+        if not kept:
+            warnings.append(f"breakpoint checkpoints at {_at(key)} differ in size within replica "
+                            f"group {_groups_text([group])} with no majority: " + _sizes_text(having))
+            return None
+        if dropped:
+            warnings.append(f"breakpoint checkpoints at {_at(key)} in replica group "
+                            f"{_groups_text([group])} whose size differs from the majority's "
+                            f"({kept[0].size} B) ignored: " + _sizes_text(dropped))
+        for rank in group:
+            picks[rank] = kept[0]
+    return tuple(picks)  # type: ignore[arg-type]  # the groups partition the world
 
 
 def _periodic(groups: Sequence[Group], faults: FrozenSet[int], index: Index, keys: Sequence[Key],
@@ -338,26 +346,28 @@ def _pick_periodic(group: Group, faults: FrozenSet[int], index: Index, key: Key,
     """
     having = [r for r in group if key in index[r]]
     if len({index[r][key].size for r in having}) > 1:
-        kept, _ = _majority([index[r][key] for r in having])
-        if not kept:
+        kept = _majority_ranks(group, index, key, having, warnings)
+        if kept is None:
             # No majority: none may stand in for another, so each rank needs its own file (groups
             # declared by --dp that really hold different shards end up here).
-            if len(having) < len(group):
-                return None
-            return tuple(index[r][key] for r in group)
-        # A minority size is a damaged copy: its rank borrows a majority replica's file.
-        dropped = [index[r][key] for r in having if index[r][key].size != kept[0].size]
-        warnings.append(f"periodic checkpoints at {_at(key)} in replica group {_groups_text([group])} "
-                        f"whose size differs from the majority's ({kept[0].size} B) ignored: "
-                        + _sizes_text(dropped))
-        having = [c.rank for c in kept]
-    has_own = set(having)
+            return None if len(having) < len(group) else tuple(index[r][key] for r in group)
+        having = kept
     healthy = next((r for r in having if r not in faults), None)
     fallback = having[0] if healthy is None else healthy
-    picks = []
-    for rank in group:
-        if rank in has_own and (rank not in faults or healthy is None):
-            picks.append(index[rank][key])
-        else:
-            picks.append(index[fallback][key])
-    return tuple(picks)
+    has_own = set(having)
+    return tuple(index[rank][key] if rank in has_own and (rank not in faults or healthy is None)
+                 else index[fallback][key] for rank in group)
+
+
+def _majority_ranks(group: Group, index: Index, key: Key, having: List[int],
+                    warnings: List[str]) -> Optional[List[int]]:
+    """Of ``having`` (the ranks of ``group`` with a file at ``key``, whose sizes differ), those whose
+    file has the majority size, with a warning about the others (damaged copies: their ranks borrow
+    a majority replica's file); None without a strict majority."""
+    kept, _ = _majority([index[r][key] for r in having])
+    if not kept:
+        return None
+    dropped = [index[r][key] for r in having if index[r][key].size != kept[0].size]
+    warnings.append(f"periodic checkpoints at {_at(key)} in replica group {_groups_text([group])} "
+                    f"whose size differs from the majority's ({kept[0].size} B) ignored: " + _sizes_text(dropped))
+    return [c.rank for c in kept]

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 from typing import Callable, Iterable, Mapping, Optional, Tuple
 
 from launcher.common import envnames
@@ -28,12 +29,49 @@ OUTPUT_LINES = 5
 MAX_WALK_FILES = 100_000
 
 
+class SpaceCheck:
+    """:func:`checkpoint_space` of one directory, kept off the restart: the look before the first
+    attempt is made then; each later one runs in a daemon thread beside the attempt before it
+    (:meth:`start` when its ranks are spawned) and :meth:`take` hands its finding to the next
+    attempt, without waiting for a look still running (its finding goes to the attempt after). The
+    look stats every entry of the directory: 16,384 rank directories took 0.2-0.8 s of the restart ->
+    restore_plan span (issue 29).
+    """
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self._thread: Optional[threading.Thread] = None
+        self._found: Optional[Tuple[int, int, str]] = None
+        self._looked = False  # a look ended whose finding was not taken yet
+
+    def start(self) -> None:
+        """Look now, beside the running attempt (no-op while a look is still running)."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._thread = threading.Thread(target=self._look, name="ckpt-space", daemon=True)
+        self._thread.start()
+
+    def _look(self) -> None:
+        self._found = checkpoint_space(self.directory)
+        self._looked = True
+
+    def take(self) -> Optional[Tuple[int, int, str]]:
+        """The finding of the last look that ended since the last take; a look now when none was
+        ever started (before the first attempt); None while the only look is still running."""
+        if self._thread is None:
+            return checkpoint_space(self.directory)
+        found, looked = self._found, self._looked
+        self._looked = False
+        return found if looked else None
+
+
 def node_health(health_check: Optional[str], checkpoint_dir: Optional[str], devices: Iterable[int],
-                emit: Callable[..., object]) -> Optional[str]:
-    """Before an attempt: warn when ``checkpoint_dir`` (``--checkpoint-dir``) may not hold the next save,
-    then run ``health_check`` (``--health-check``); None when the node is fit."""
+                emit: Callable[..., object], space: Optional[SpaceCheck] = None) -> Optional[str]:
+    """Before an attempt: warn when ``checkpoint_dir`` (``--checkpoint-dir``) may not hold the next save
+    (``space``'s finding, else a look now), then run ``health_check`` (``--health-check``); None when
+    the node is fit."""
     if checkpoint_dir:
-        tight = checkpoint_space(checkpoint_dir)
+        tight = space.take() if space is not None else checkpoint_space(checkpoint_dir)
         if tight is not None:
             free, size, newest = tight
             emit("checkpoint_space_low", free_bytes=free, last_save_bytes=size, last_save=newest)

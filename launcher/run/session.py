@@ -64,6 +64,7 @@ class Session:
         self.group: Optional[LocalProcessGroup] = None
         self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
         self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
+        self.space_check = None  # --checkpoint-dir's free-space look, beside each attempt
         # What runs beside the ranks (launcher.supervision.integration): started in this order before
         # the first attempt, stopped in reverse when the session ends. A new one is one line here.
         self.sync = SyncCoordination()  # also the elastic membership each attempt runs on
@@ -106,6 +107,10 @@ class Session:
                                        lambda spec: binding.cpus(spec.local_rank) if binding else None)
         gasp_mod.write_graceful_exit(self.graceful_exit_file, 0)  # a stale request never stops this run
         self.ckpt_index = checkpoint_index(self.spec.restore, self.ctx.topology.server.ranks)
+        if self.spec.restore.checkpoint_dir:
+            from launcher.run.healthcheck import SpaceCheck
+
+            self.space_check = SpaceCheck(self.spec.restore.checkpoint_dir)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
         return self
 
@@ -293,6 +298,8 @@ class Session:
                   seconds=round(time.monotonic() - started, 3), conversion=plan.conversion.to_json())
 
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
+        if self.space_check is not None:
+            self.space_check.start()  # the next attempt's free-space look, while this one runs
         ranks = [{"rank": rank, "pid": pid, "pgid": pid, "create_time": _create_time(pid)}
                  for rank, pid in sorted(pids.items())]
         self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
@@ -325,7 +332,7 @@ class Session:
         from launcher.run.healthcheck import node_health
 
         return node_health(self.spec.restart.health_check, self.spec.restore.checkpoint_dir,
-                           [d.device_id for d in self.ctx.topology.server.devices], self.emit)
+                           [d.device_id for d in self.ctx.topology.server.devices], self.emit, self.space_check)
 
     def _request_exit(self) -> None:
         """``launcher exit`` or reset.json: the ranks poll this file and stop at their next step boundary."""

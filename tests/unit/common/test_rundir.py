@@ -236,7 +236,7 @@ def test_write_on_a_full_disk_warns_once_and_keeps_the_old_content(tmp_path, cap
     def full_disk(*_args, **_kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(json_mod, "dump", full_disk)  # the temp file's writes fail as on a full disk
+    monkeypatch.setattr(json_mod, "dumps", full_disk)  # the temp file's writes fail as on a full disk
     for _ in range(2):
         with caplog.at_level("WARNING", logger="launcher.common.rundir"):
             assert rd.write_json("state.json", {"ok": False}) is False

@@ -1,0 +1,85 @@
+"""The ranks' reported saves applied to the checkpoint index (:mod:`launcher.restore.ckptindex`):
+a newly reported file becomes a candidate without a listing or a settle sleep, a withdrawn report
+drops its file, and whatever the name alone cannot settle has the rank directory listed.
+
+Split out of the index for size; :class:`ReportedSaves` is a base of
+:class:`launcher.restore.ckptindex.CheckpointIndex` and works on that object's state (as
+:class:`launcher.restore.ckptwatch.IndexWatches` does).
+"""
+
+import os
+from typing import Dict, Iterable, List, Optional, Set
+
+from launcher.restore.checkpoints import Candidate, Checkpoint
+from launcher.restore.ckptentry import RankEntry
+from launcher.restore.ckptnames import classify_name
+
+
+class ReportedSaves:  # pylint: disable=too-few-public-methods
+    """Reports for :class:`launcher.restore.ckptindex.CheckpointIndex` (its attributes)."""
+
+    def _absorb_reports(self, eager: bool = True) -> Set[int]:
+        """Read the reports that changed and apply them to the known ranks; returns those ranks
+        (``eager``: see :meth:`launcher.restore.ckptreports.Reports.refresh`)."""
+        if self._reports is None:
+            return set()
+        self._reports.refresh(self._trusted, eager)
+        ranks = {rank for rank in self._reports.take_changed() if rank in self._ranks}
+        for rank in ranks:
+            self._apply_reports(rank)
+        return ranks
+
+    def _apply_reports(self, rank: int) -> None:
+        """Bring one rank's entry up to date with its reports, without listing its directory: a newly
+        reported file is a candidate that needs no settling, a withdrawn report drops its file.
+        Anything the name alone cannot settle (one name reported with two sizes, an empty file, a
+        name that is no checkpoint, a file the last listing warned about) has the directory listed."""
+        entry = self._ranks[rank]
+        files = self._reports.files(rank)
+        fresh = self._reported_fresh(rank, entry, files)
+        if fresh is None:
+            self._dirty.add(rank)
+            return
+        gone = {os.path.join(entry.path, name) for name in entry.reported if name not in files}
+        if not gone and not fresh:
+            entry.reported = files
+            return
+        gone.update(candidate.checkpoint.path for candidate in fresh)
+        if entry.list_notes.by_reason:
+            noted = {name for names in entry.list_notes.by_reason.values() for name in names}
+            if any(f"rank_{rank}/{os.path.basename(path)}" in noted for path in gone):
+                self._dirty.add(rank)  # the listing said something about the file (e.g. empty): list again
+                return
+        self._forget(gone)
+        self._complete.update(candidate.checkpoint.path for candidate in fresh)
+        entry.candidates = [c for c in entry.candidates if c.checkpoint.path not in gone] + fresh
+        entry.reported, entry.result = files, None
+        self._unresolved.add(rank)
+        self._hash_ahead(rank, fresh)
+
+    def _reported_fresh(self, rank: int, entry: RankEntry, files: Dict[str, int]) -> Optional[List[Candidate]]:
+        """The candidates ``rank``'s reports add to its entry (a reported file the listing already
+        has with that size is only marked complete); None when a report needs the directory listed
+        (size 0, a name that is no checkpoint)."""
+        listed = {c.checkpoint.path: c.stamp[0] for c in entry.candidates}
+        fresh = []
+        for name, size in files.items():
+            if entry.reported.get(name) == size:
+                continue  # accounted for by the last listing or report
+            # No pattern has a marker when reports are used, so no other name matters here.
+            parsed = classify_name(name, self.patterns, frozenset())[1] if size else None
+            if parsed is None:
+                return None
+            path = os.path.join(entry.path, name)
+            if listed.get(path) == size:  # inotify's listing already has it: only its settling is saved
+                self._complete.add(path)
+                continue
+            fresh.append(Candidate(Checkpoint(rank, path, *parsed[:3], size), (size, -1)))
+        return fresh
+
+    def _forget(self, paths: Iterable[str]) -> None:
+        """What the index knows about files deleted or replaced: settled, digest checked, complete."""
+        for path in paths:
+            self._settled.pop(path, None)
+            self.digests.cache.forget(path)
+            self._complete.discard(path)
