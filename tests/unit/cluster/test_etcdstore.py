@@ -5,6 +5,7 @@ tests/integration/test_multinode_etcd.py."""
 
 import json
 import threading
+import time
 from typing import Dict, List, Sequence, Tuple
 
 import pytest
@@ -32,6 +33,9 @@ class FakeEtcd:
         self.closing = threading.Event()
         self.stores: List[EtcdStore] = []
         self.ranges = 0
+
+    def close(self):
+        """The kept connections: none here."""
 
     def _check(self):
         if self.down:
@@ -227,6 +231,28 @@ def test_join_fails_when_etcd_never_answers(etcd):
     etcd.down = True
     with pytest.raises(EtcdError, match="Connection refused"):
         EtcdStore.join(etcd, "job", 0, NAMES, ttl=5, wait=0.3)
+
+
+def test_a_renewal_that_failed_is_tried_again_within_half_a_second(etcd):
+    """TTL 3 s: a renewal every second; one that timed out is sent again after RENEW_AGAIN, not a
+    full second later (two late answers in a row would cost the lease)."""
+    renewals = []
+    keepalive = etcd.keepalive
+
+    def renew(lease):
+        renewals.append(time.monotonic())
+        if len(renewals) == 1:
+            raise EtcdError("127.0.0.1:2379: timed out")
+        return keepalive(lease)
+
+    etcd.keepalive = renew
+    store = EtcdStore.join(etcd, "job", 0, NAMES, ttl=3)
+    etcd.stores.append(store)
+    deadline = time.monotonic() + 5
+    while len(renewals) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(renewals) >= 3
+    assert renewals[1] - renewals[0] < 0.8 and renewals[2] - renewals[1] > 0.8  # again soon, then every second
 
 
 def test_a_watch_closed_at_once_is_not_a_busy_loop(etcd):
