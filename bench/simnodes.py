@@ -50,6 +50,8 @@ RESULTS = os.path.join(common.REPO, "bench", "results")
 class Workers:
     """The worker processes of one simulated job and what their nodes say."""
 
+    nice = 0  # the scheduler group nice value of each worker process (``--nodes-nice``)
+
     def __init__(self, url: str, run_id: str, count: int, groups: Sequence[Sequence[int]], extra: Sequence[str],
                  env: Dict[str, str], log: str):
         self.lines: "queue.Queue[dict]" = queue.Queue()
@@ -60,7 +62,7 @@ class Workers:
             proc = subprocess.Popen([sys.executable, "-m", "bench.simworker", url, run_id, str(count), spec, *extra],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=open(log, "ab"), env=env,
                                     text=True, start_new_session=True, cwd=env["PYTHONPATH"].split(os.pathsep)[0])
-            autogroup_nice(proc.pid, NODES_NICE)
+            autogroup_nice(proc.pid, self.nice)
             self.procs.append(proc)
             threading.Thread(target=self._read, args=(proc,), daemon=True).start()
         self.wait_for(lambda seen: sum(1 for e in seen if e["what"] == "ready") >= len(self.procs), 60)
@@ -136,10 +138,11 @@ def _count(what: str, **match) -> Callable[[List[dict]], int]:
 #: dedicated SSD etcd's hardware guide asks for), a backend quota of 8 GB (the largest the docs
 #: suggest; default 2 GB), history compacted every 5 minutes, snapshots every 10,000 entries, and
 #: its CPU and disk first (its scheduler group at nice -10, ionice -c2 -n0 as the tuning guide's
-#: "Disk" section gives for an etcd that shares its machine); the worker processes at nice 0.
+#: "Disk" section gives for an etcd that shares its machine); the worker processes' groups at
+#: ``--nodes-nice`` (default 0).
 ETCD_FLAGS = ("--quota-backend-bytes", str(8 * 1024 ** 3), "--auto-compaction-mode", "periodic",
               "--auto-compaction-retention", "5m", "--snapshot-count", "10000")
-ETCD_NICE, NODES_NICE = -10, 0
+ETCD_NICE = -10
 
 
 def autogroup_nice(pid: int, nice: int) -> None:
@@ -291,7 +294,7 @@ def measure(sizes: Sequence[int], ttl: int, launcher_path: Optional[str] = None)
             if os.path.exists(holder.sub("nodes.log")):
                 shutil.copy(holder.sub("nodes.log"), os.path.join(RESULTS, f"simnodes-{count}.log"))
             holder.__exit__()
-        results[count].update(elapsed_s=round(time.time() - started, 1), loadavg_before=load,
+        results[count].update(ttl=ttl, elapsed_s=round(time.time() - started, 1), loadavg_before=load,
                               loadavg_after=os.getloadavg()[0])
         common.progress(json.dumps({count: results[count]}))
     return results
@@ -317,7 +320,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--baseline", default=None, help="a results JSON of another design, dashed in the plot")
     parser.add_argument("--launcher-path", default=None,
                         help="run the nodes with the launcher package in this directory (compare designs)")
+    parser.add_argument("--nodes-nice", type=int, default=0,
+                        help="nice value of each worker process's scheduler group (default 0; etcd's is -10)")
     args = parser.parse_args(argv)
+    Workers.nice = args.nodes_nice
     common.become_subreaper()
     try:
         results = measure([int(n) for n in args.sizes.split(",")], args.ttl, args.launcher_path)

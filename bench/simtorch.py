@@ -4,7 +4,8 @@ Each node is a ``DynamicRendezvousHandler`` with the ``C10dRendezvousBackend`` (
 ``--rdzv-backend c10d``) on its own ``TCPStore`` client, the store served by a separate process as
 agent 0 would host it, or (``--backend etcd-v2``) with the backend and store torch's
 ``etcd_rendezvous_backend.create_backend`` makes (python-etcd, etcd's v2 API: an etcd with
-``--enable-v2``), one etcd client per node; the agent's loop stands in as ``torch/distributed/elastic/agent/server/api.py``
+``--enable-v2``), one etcd client per node; the agent's loop stands in as
+``torch/distributed/elastic/agent/server/api.py``
 runs it: every ``--monitor-interval`` (0.1 s) ``num_nodes_waiting()``, and a re-rendezvous when it is
 above 0. Measured: start -> every node through its first ``next_rendezvous()``; node N/2 "fails" (its
 agent re-enters ``next_rendezvous()``, as after a worker failure) -> every node told (saw a node
@@ -87,7 +88,8 @@ class _Server:
         if backend == "etcd-v2":
             from tests.integration.etcd_server import EtcdServer
 
-            self.holder = tempfile.mkdtemp(prefix="simtorch-etcd-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self.holder = tempfile.mkdtemp(prefix="simtorch-etcd-", dir=shm)
             self.etcd = EtcdServer(Path(self.holder) / "etcd", v2=True).start()
             self.port, self.pid = self.etcd.port, self.etcd.proc.pid
             return
@@ -95,7 +97,8 @@ class _Server:
         self.proc = subprocess.Popen([sys.executable, "-c", "import sys, time; from datetime import timedelta; "
                                       "from torch.distributed import TCPStore; "
                                       f"s = TCPStore('127.0.0.1', {self.port}, is_master=True, wait_for_workers=False, "
-                                      f"timeout=timedelta(seconds={TIMEOUT})); print('up', flush=True); sys.stdin.read()"],
+                                      f"timeout=timedelta(seconds={TIMEOUT})); print('up', flush=True); "
+                                      "sys.stdin.read()"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.proc.stdout.readline()
         self.pid = self.proc.pid

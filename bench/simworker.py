@@ -23,6 +23,7 @@ from gevent import monkey  # first: every thread below (the nodes' and their sto
 monkey.patch_all()
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import heapq  # noqa: E402
 import itertools  # noqa: E402
 import json  # noqa: E402
@@ -125,11 +126,16 @@ class Group:
             self.lock.acquire()
 
 
+@functools.lru_cache(maxsize=1)
+def _table(count: int) -> SimpleNamespace:
+    """The job's rank table (one server, one rank each): read-only, so the nodes of a process share it."""
+    return SimpleNamespace(servers=[SimpleNamespace(server_id=f"node{i}", container_ip=None, ranks=(i,))
+                                    for i in range(count)])
+
+
 def _host(index: int, count: int, args: argparse.Namespace, group: Group) -> SimpleNamespace:
     """What ``SyncCoordination.start`` reads of the launcher: options, topology, events, the group."""
-    servers = [SimpleNamespace(server_id=f"node{i}", container_ip=None, ranks=(i,)) for i in range(count)]
-    topo = SimpleNamespace(table=SimpleNamespace(servers=servers), server_index=index, table_file=None,
-                           master_port=29500)
+    topo = SimpleNamespace(table=_table(count), server_index=index, table_file=None, master_port=29500)
     # the launcher's own options with their defaults (the coordinator's TLS and user too)
     opts = RunOptions(command=("true",), coordinator=args.url, sync_timeout=args.sync_timeout,
                       min_nodes=args.min_nodes, elastic_wait=args.elastic_wait, coordinator_ttl=args.ttl)

@@ -79,7 +79,7 @@ class EtcdClient:
         self._token: Optional[str] = None
         self._token_lock = threading.Lock()  # three threads share one token
         self._local = threading.local()  # each thread's idle connections, by endpoint
-        self._kept: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()  # for close()
+        self._kept: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()  # idle ones, for close()
         self._kept_lock = threading.Lock()
 
     def _connect(self, host: str, port: int) -> http.client.HTTPConnection:
@@ -103,7 +103,7 @@ class EtcdClient:
         etcd closed it meanwhile (the request fails before any answer), the request goes once more on
         a new one."""
         idle = self._idle()
-        kept = idle.pop((host, port), None) if path != "/v3/watch" else None
+        kept = self._take(idle, (host, port)) if path != "/v3/watch" else None
         try:
             response, conn = self._send(kept or self._connect(host, port), path, body, token)
         except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
@@ -139,6 +139,15 @@ class EtcdClient:
             conn.close()
             raise
 
+    def _take(self, idle: Dict[Tuple[str, int], http.client.HTTPConnection],
+              endpoint: Tuple[str, int]) -> Optional[http.client.HTTPConnection]:
+        """This thread's kept connection to ``endpoint``, if any: close() leaves it alone from now on."""
+        with self._kept_lock:
+            kept = idle.pop(endpoint, None)
+            if kept is not None:
+                self._kept.discard(kept)
+            return kept
+
     def _keep(self, idle: Dict[Tuple[str, int], http.client.HTTPConnection], endpoint: Tuple[str, int],
               conn: http.client.HTTPConnection) -> None:
         idle[endpoint] = conn
@@ -146,11 +155,11 @@ class EtcdClient:
             self._kept.add(conn)
 
     def close(self) -> None:
-        """Close the connections kept for reuse (a later call opens a new one)."""
+        """Close the connections kept for reuse, none that a call is using (a later call connects again)."""
         with self._kept_lock:
-            kept, self._kept = list(self._kept), weakref.WeakSet()
-        for conn in kept:
-            conn.close()
+            for conn in list(self._kept):
+                conn.close()
+            self._kept = weakref.WeakSet()
 
     def _authorized(self, host: str, port: int, path: str, body: dict) -> Tuple[int, dict, http.client.HTTPConnection]:
         """:meth:`_post` with this client's token, authenticating first and again when etcd forgot it."""

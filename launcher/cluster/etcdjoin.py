@@ -29,7 +29,7 @@ class Joining:
     @classmethod
     def join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
              write_for: float = 300.0, wait: float = 3.0, elastic: bool = False,
-             address: Optional[str] = None, emit: Optional[Callable[..., object]] = None) -> "EtcdStore":
+             address: Optional[str] = None, emit: Optional[Callable[..., object]] = None) -> "Joining":
         """Join the current incarnation of ``run_id`` (or start the next one), as ``SyncDir.join``.
 
         ``write_for``: seconds a record is retried while etcd is away; ``wait``: how long etcd may
@@ -49,7 +49,8 @@ class Joining:
 
         retrying = tenacity.Retrying(stop=give_up, wait=tenacity.wait_fixed(0.25),
                                      retry=tenacity.retry_if_exception(_transient), reraise=True,
-                                     before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
+                                     before_sleep=lambda state: log.debug("etcd: %s (retrying)",
+                                                                          state.outcome.exception()))
         token = os.urandom(8).hex()  # tells this call's join record from a previous start's
         store = retrying(cls._enter, client, run_id, index, names, ttl, write_for, elastic, address, emit, token)
         retrying(store._begin)
@@ -60,7 +61,7 @@ class Joining:
     @classmethod
     def _enter(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
                write_for: float, elastic: bool, address: Optional[str], emit: Optional[Callable[..., object]],
-               token: str) -> "EtcdStore":
+               token: str) -> "Joining":
         """Create this server's ``join.<i>`` and ``member.<i>`` in the incarnation it joins (again
         after an answer that timed out: a join record with ``token`` is this call's own)."""
         root = f"{ROOT}{run_id}/"
@@ -110,7 +111,8 @@ class Joining:
         note = self._record(JOIN_NOTE)
         if not self.client.create(f"{self.prefix}member.{self.index}", b"{}", self.lease,
                                   [(f"{self.prefix}join.{self.index}", self._joined(), 0),
-                                   (f"{gen}failed.{self.index}.json", note, 0), (f"{gen}stopped.{self.index}", b"{}", 0)]):
+                                   (f"{gen}failed.{self.index}.json", note, 0),
+                                   (f"{gen}stopped.{self.index}", b"{}", 0)]):
             raise taken
         self.running = running
         return True

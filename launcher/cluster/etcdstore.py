@@ -40,7 +40,7 @@ from launcher.cluster import etcdview
 from launcher.cluster.etcdclient import Changes, EtcdClient, EtcdError
 from launcher.cluster.etcdjoin import MEMBER, Joining, parse as _parse
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
-from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp, usable
+from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class EtcdStore(Joining, etcdview.Leading):
         records, stopped, done = etcdview.generation(view, generation)
         names = {key[len(sub):] for key in snapshot if key.startswith(sub)} | set(records)
         state = collect(generation, names, lambda name: _parse(snapshot[sub + name], sub + name)
-                        if sub + name in snapshot else _viewed(records.get(name), sub + name, name))
+                        if sub + name in snapshot else etcdview.viewed(records.get(name), sub + name, name))
         state = dataclasses.replace(state, stopped=state.stopped | stopped, done=state.done | done)  # the view's marks
         if self.leading:
             present: Dict[str, set] = {"join": set(), "member": set()}
@@ -240,19 +240,21 @@ class EtcdStore(Joining, etcdview.Leading):
         self._outage = problem
 
     def _keep_alive(self) -> None:
-        """Renew the lease every third of its TTL, and ``RENEW_AGAIN`` seconds after a renewal that
-        failed (two answers in a row that came late must not cost the lease); a lease etcd no longer
-        knows: see :meth:`_refresh`."""
-        pause = self.ttl / 3
-        while not self._stop.wait(pause) and not self.expelled:
-            lease, pause = self.lease, self.ttl / 3
+        """Renew the lease every TTL/3; ``RENEW_AGAIN`` s after a failed renewal, doubling up to TTL/3
+        (two late answers must not cost the lease, nor a slow etcd get a storm of renewals); a lease
+        etcd no longer knows: see :meth:`_refresh`."""
+        failed = 0
+        while not self._stop.wait(min(self.ttl / 3, RENEW_AGAIN * 2 ** (failed - 1) if failed else self.ttl)) \
+                and not self.expelled:
+            lease = self.lease
             try:
                 if self.client.keepalive(lease) <= 0 and not self._stop.is_set():
                     self._refresh(gone=lease)
                 self._reachable(None)
+                failed = 0
             except EtcdError as exc:
                 self._reachable(str(exc))
-                pause = min(pause, RENEW_AGAIN)
+                failed += 1
 
     def _refresh(self, gone: Optional[int] = None) -> int:
         """Read the incarnation into the snapshot (a follower: the view), after putting the records
@@ -399,8 +401,3 @@ class EtcdStore(Joining, etcdview.Leading):
                     retrying(self.client.create if exclusive else self.client.put, key, value)
             except EtcdError as exc:
                 log.error("etcd: gave up writing %s after %.0f s: %s", key or "the view", self.write_for, exc)
-
-
-def _viewed(record: object, key: str, name: str) -> Optional[dict]:
-    """A record the leader's view carries for ``key`` (None: absent or unusable, warned once)."""
-    return usable(record, f"{key} (in the view)", name) if record is not None else None

@@ -28,7 +28,7 @@ from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Set, Tuple
 
 from launcher.cluster.etcdclient import EtcdError
 from launcher.cluster.etcdjoin import parse
-from launcher.cluster.syncdir import DONE, STOPPED
+from launcher.cluster.syncdir import DONE, STOPPED, usable
 from launcher.common.inputfiles import loads_json
 
 log = logging.getLogger(__name__)
@@ -151,6 +151,11 @@ def generation(view: Mapping, number: int) -> Tuple[Dict[str, dict], FrozenSet[i
         return {}, frozenset(), frozenset()
     records = gen.get("records")
     return (records if isinstance(records, dict) else {}), unbits(gen.get(STOPPED, "0")), unbits(gen.get(DONE, "0"))
+
+
+def viewed(record: object, key: str, name: str) -> Optional[dict]:
+    """A record the view carries for ``key`` (None: absent or unusable, warned once)."""
+    return usable(record, f"{key} (in the view)", name) if record is not None else None
 
 
 class Leading:

@@ -191,7 +191,8 @@ class Coordinator(NoSync):
         """How the job ends when the barrier cannot pass (an abort, a node that finished, a node that
         never stopped), else None."""
         if state.abort is not None:
-            log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation, state.abort["reason"])
+            log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation,
+                      state.abort["reason"])
             return Agreement(exit_code=code, reason="failed")
         if state.done & set(self.members):
             names = self._names(state.done & set(self.members))
