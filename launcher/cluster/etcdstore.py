@@ -17,7 +17,7 @@ A server that joined, whose ``member.<i>`` is gone and that did not finish the g
 **lost** (``Generation.lost``). Nothing here blocks the supervisor's loop: three daemon threads keep
 the lease alive, follow the keys (a watch whose events update an in-memory snapshot that
 :meth:`EtcdStore.read` parses; read again in full when the watch is opened, at least every
-``WATCH_IDLE`` seconds: the leader every key, a follower the view), and write the records queued by
+``WATCH_IDLE`` to 1.5 times that: the leader every key, a follower the view), and write the records queued by
 :meth:`EtcdStore.write` in order (the leader's view too), retrying while etcd is away. A lease that etcd
 no longer knows means that etcd lost its data (every launcher puts its records back and the job goes
 on) or that this server's lease expired (the others count it as lost: it leaves without rejoining);
@@ -29,6 +29,7 @@ import itertools
 import json
 import logging
 import queue
+import random
 import threading
 import time
 from collections import deque
@@ -44,7 +45,8 @@ from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp
 
 log = logging.getLogger(__name__)
 
-#: A watch that says nothing for this long is re-opened after a fresh read (also the fallback poll).
+#: A watch that says nothing for 5-7.5 s (drawn at each opening: the followers' watches, opened by one
+#: view, must not all be re-read at once every 5 s) is re-opened after a fresh read (the fallback poll).
 WATCH_IDLE = 5.0
 MIN_WATCH_ROUND = 0.1  # seconds: a watch that ends sooner is not reopened at once
 RENEW_AGAIN = 0.5  # seconds from a renewal of the lease that failed to the next try
@@ -348,7 +350,8 @@ class EtcdStore(Joining, etcdview.Leading):
                 revision = self._refresh()
                 leading, opened = self.leading, time.monotonic()
                 low, high = (self.prefix, None) if leading else self._view_keys
-                for changes in self.client.watch(low, revision + 1, WATCH_IDLE, range_end=high):
+                idle = WATCH_IDLE * random.uniform(1.0, 1.5)
+                for changes in self.client.watch(low, revision + 1, idle, range_end=high):
                     self._apply(changes)
                     if self._stop.is_set():
                         return

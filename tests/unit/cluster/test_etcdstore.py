@@ -11,7 +11,7 @@ from typing import Dict, List, Sequence, Tuple
 import pytest
 
 from launcher.cluster.etcdclient import EtcdError
-from launcher.cluster.etcdstore import EtcdStore
+from launcher.cluster.etcdstore import WATCH_IDLE, EtcdStore
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
 
@@ -255,6 +255,22 @@ def test_a_renewal_that_failed_is_tried_again_within_half_a_second(etcd):
     gaps = [b - a for a, b in zip(renewals, renewals[1:])]
     assert len(gaps) >= 3
     assert gaps[0] < 0.8 and 0.8 < gaps[1] < 1.3 and gaps[2] > 0.8  # 0.5 s, then 1 s (TTL/3), then every second
+
+
+def test_silent_watches_are_reopened_at_moments_of_their_own(etcd):
+    """Every follower opens its watch on the same view: each waits 5-7.5 s drawn at random before it
+    re-reads, so that 1,000 of them do not all hit etcd in the same instant every 5 s."""
+    idles = []
+    watch = etcd.watch
+    etcd.watch = lambda prefix, revision, idle, range_end=None: idles.append(idle) or watch(
+        prefix, revision, 0.01, range_end)
+    for index in range(3):
+        join(etcd, index)
+    deadline = time.monotonic() + 5
+    while len(idles) < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(idles) >= 12 and all(WATCH_IDLE <= idle <= 1.5 * WATCH_IDLE for idle in idles)
+    assert len(set(idles)) == len(idles)
 
 
 def test_a_watch_closed_at_once_is_not_a_busy_loop(etcd):
