@@ -18,21 +18,28 @@ What stands in for the supervisor: ``attempt_started`` when a generation starts;
 process, each callback under its node's lock, as a node's event loop would run it.
 """
 
-import argparse
-import heapq
-import itertools
-import json
-import queue
-import random
-import sys
-import threading
-import time
-from types import SimpleNamespace
-from typing import Callable, Dict, List, Optional
+from gevent import monkey  # first: every thread below (the nodes' and their stores') is a greenlet
 
-from launcher.cluster.syncjoin import SyncCoordination
-from launcher.supervision.policy import Failure, PeerUpdate, RunResult
-from launcher.supervision.states import ExitInfo
+monkey.patch_all()
+
+import argparse  # noqa: E402
+import functools  # noqa: E402
+import heapq  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import queue  # noqa: E402
+import random  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+from typing import Callable, Dict, List, Optional  # noqa: E402
+
+from gevent.fileobject import FileObject  # noqa: E402
+from launcher.cluster.syncjoin import SyncCoordination  # noqa: E402
+from launcher.jobspec.options import RunOptions  # noqa: E402
+from launcher.supervision.policy import Failure, PeerUpdate, RunResult  # noqa: E402
+from launcher.supervision.states import ExitInfo  # noqa: E402
 
 _OUT = threading.Lock()
 
@@ -119,13 +126,19 @@ class Group:
             self.lock.acquire()
 
 
+@functools.lru_cache(maxsize=1)
+def _table(count: int) -> SimpleNamespace:
+    """The job's rank table (one server, one rank each): read-only, so the nodes of a process share it."""
+    return SimpleNamespace(servers=[SimpleNamespace(server_id=f"node{i}", container_ip=None, ranks=(i,))
+                                    for i in range(count)])
+
+
 def _host(index: int, count: int, args: argparse.Namespace, group: Group) -> SimpleNamespace:
     """What ``SyncCoordination.start`` reads of the launcher: options, topology, events, the group."""
-    servers = [SimpleNamespace(server_id=f"node{i}", container_ip=None, ranks=(i,)) for i in range(count)]
-    topo = SimpleNamespace(table=SimpleNamespace(servers=servers), server_index=index, table_file=None,
-                           master_port=29500)
-    opts = SimpleNamespace(sync_dir=None, coordinator=args.url, sync_timeout=args.sync_timeout,
-                           min_nodes=args.min_nodes, elastic_wait=args.elastic_wait, coordinator_ttl=args.ttl)
+    topo = SimpleNamespace(table=_table(count), server_index=index, table_file=None, master_port=29500)
+    # the launcher's own options with their defaults (the coordinator's TLS and user too)
+    opts = RunOptions(command=("true",), coordinator=args.url, sync_timeout=args.sync_timeout,
+                      min_nodes=args.min_nodes, elastic_wait=args.elastic_wait, coordinator_ttl=args.ttl)
     ctx = SimpleNamespace(run_id=args.run_id, topology=topo, base_env={"POD_IP": "127.0.0.1"})
     return SimpleNamespace(opts=opts, ctx=ctx, group=group, emit=lambda name, **fields: None)
 
@@ -207,13 +220,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--elastic-wait", type=float, default=0.5)
     parser.add_argument("--join-spread", type=float, default=1.0, help="seconds over which the nodes start")
     args = parser.parse_args(argv)
-    threading.stack_size(512 * 1024)
     timers = Timers()
     groups = {index: Group(timers) for index in args.nodes}
     threads = [threading.Thread(target=node_main, args=(i, args, timers, groups), name=f"node{i}", daemon=True)
                for i in args.nodes]
     say(-1, "ready", nodes=len(args.nodes))
-    for line in sys.stdin:
+    for line in FileObject(sys.stdin.fileno(), "r", close=False):  # read without blocking the other greenlets
         command = line.split()
         if command == ["go"]:
             threading.Thread(target=_start, args=(threads, args.join_spread), daemon=True).start()

@@ -24,6 +24,7 @@ import json
 import socket
 import ssl
 import threading
+import weakref
 from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
@@ -77,27 +78,48 @@ class EtcdClient:
         self._context = self.security.ssl_context()
         self._token: Optional[str] = None
         self._token_lock = threading.Lock()  # three threads share one token
+        self._local = threading.local()  # each thread's idle connections, by endpoint
+        self._kept: "weakref.WeakSet[http.client.HTTPConnection]" = weakref.WeakSet()  # idle ones, for close()
+        self._kept_lock = threading.Lock()
 
     def _connect(self, host: str, port: int) -> http.client.HTTPConnection:
         if self._context is not None:
             return http.client.HTTPSConnection(host, port, timeout=self.timeout, context=self._context)
         return http.client.HTTPConnection(host, port, timeout=self.timeout)
 
+    def _idle(self) -> Dict[Tuple[str, int], http.client.HTTPConnection]:
+        idle = getattr(self._local, "idle", None)
+        if idle is None:
+            idle = self._local.idle = {}
+        return idle
+
     def _post(self, host: str, port: int, path: str, body: dict,
               token: Optional[str]) -> Tuple[int, dict, http.client.HTTPConnection]:
         """One request; returns the status, the answer (``{"message": text}`` when not JSON) and the
-        open connection (the caller closes it: a watch reads on)."""
-        conn = self._connect(host, port)
-        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        connection (the caller closes it: a watch reads on; any other call's connection is kept for
+        the thread's next call to the same endpoint, closing it then is a no-op).
+
+        A connection kept from an earlier call saves etcd a TCP (and TLS) handshake per call; when
+        etcd closed it meanwhile (the request fails before any answer), the request goes once more on
+        a new one."""
+        idle = self._idle()
+        kept = self._take(idle, (host, port)) if path != "/v3/watch" else None
         try:
-            conn.request("POST", path, json.dumps(body), headers)
-            response = conn.getresponse()
-            if path == "/v3/watch" and response.status == 200:
-                return response.status, {"response": response}, conn
+            response, conn = self._send(kept or self._connect(host, port), path, body, token)
+        except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
+            if kept is None:
+                raise
+            response, conn = self._send(self._connect(host, port), path, body, token)  # etcd closed the kept one
+        if path == "/v3/watch" and response.status == 200:
+            return response.status, {"response": response}, conn
+        try:
             raw = response.read(LIMIT_ANSWER + 1)
         except BaseException:
             conn.close()
             raise
+        if path != "/v3/watch" and not response.will_close and response.isclosed():  # read to its end
+            self._keep(idle, (host, port), conn)
+            conn = _Kept()
         try:
             if len(raw) > LIMIT_ANSWER:
                 raise ValueError("too long")
@@ -105,6 +127,39 @@ class EtcdClient:
         except ValueError:  # InputFileError too: not JSON, too deep, numbers out of range
             data = {"message": raw[:200].decode("utf-8", "replace").strip()}
         return response.status, data if isinstance(data, dict) else {}, conn
+
+    @staticmethod
+    def _send(conn: http.client.HTTPConnection, path: str, body: dict,
+              token: Optional[str]) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
+        try:
+            conn.request("POST", path, json.dumps(body), headers)
+            return conn.getresponse(), conn
+        except BaseException:
+            conn.close()
+            raise
+
+    def _take(self, idle: Dict[Tuple[str, int], http.client.HTTPConnection],
+              endpoint: Tuple[str, int]) -> Optional[http.client.HTTPConnection]:
+        """This thread's kept connection to ``endpoint``, if any: close() leaves it alone from now on."""
+        with self._kept_lock:
+            kept = idle.pop(endpoint, None)
+            if kept is not None:
+                self._kept.discard(kept)
+            return kept
+
+    def _keep(self, idle: Dict[Tuple[str, int], http.client.HTTPConnection], endpoint: Tuple[str, int],
+              conn: http.client.HTTPConnection) -> None:
+        idle[endpoint] = conn
+        with self._kept_lock:
+            self._kept.add(conn)
+
+    def close(self) -> None:
+        """Close the connections kept for reuse, none that a call is using (a later call connects again)."""
+        with self._kept_lock:
+            for conn in list(self._kept):
+                conn.close()
+            self._kept = weakref.WeakSet()
 
     def _authorized(self, host: str, port: int, path: str, body: dict) -> Tuple[int, dict, http.client.HTTPConnection]:
         """:meth:`_post` with this client's token, authenticating first and again when etcd forgot it."""
@@ -227,6 +282,13 @@ class EtcdClient:
             yield from _watch_changes(data["response"])
         finally:
             conn.close()
+
+
+class _Kept:
+    """A connection kept for the thread's next call: the caller's ``close()`` leaves it open."""
+
+    def close(self) -> None:
+        pass
 
 
 def _watch_changes(response: http.client.HTTPResponse) -> Iterator[Changes]:

@@ -17,7 +17,7 @@ A server that joined, whose ``member.<i>`` is gone and that did not finish the g
 **lost** (``Generation.lost``). Nothing here blocks the supervisor's loop: three daemon threads keep
 the lease alive, follow the keys (a watch whose events update an in-memory snapshot that
 :meth:`EtcdStore.read` parses; read again in full when the watch is opened, at least every
-``WATCH_IDLE`` seconds: the leader every key, a follower the view), and write the records queued by
+``WATCH_IDLE`` to 1.5 times that: the leader every key, a follower the view), and write the records queued by
 :meth:`EtcdStore.write` in order (the leader's view too), retrying while etcd is away. A lease that etcd
 no longer knows means that etcd lost its data (every launcher puts its records back and the job goes
 on) or that this server's lease expired (the others count it as lost: it leaves without rejoining);
@@ -28,9 +28,8 @@ import dataclasses
 import itertools
 import json
 import logging
-import os
 import queue
-import re
+import random
 import threading
 import time
 from collections import deque
@@ -39,26 +38,22 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import tenacity
 
 from launcher.cluster import etcdview
-from launcher.cluster.etcdclient import Changes, EtcdClient, EtcdError, EtcdRejected
+from launcher.cluster.etcdclient import Changes, EtcdClient, EtcdError
+from launcher.cluster.etcdjoin import MEMBER, Joining, parse as _parse
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
-from launcher.common.errors import UsageError
-from launcher.cluster.syncdir import CLOSED, DONE, JOIN_NOTE, STOPPED, Generation, checked, collect, stamp, usable
+from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp
 
 log = logging.getLogger(__name__)
 
-ROOT = "/launcher/"
-#: A watch that says nothing for this long is re-opened after a fresh read (also the fallback poll).
+#: A watch that says nothing for 5-7.5 s (drawn at each opening: the followers' watches, opened by one
+#: view, must not all be re-read at once every 5 s) is re-opened after a fresh read (the fallback poll).
 WATCH_IDLE = 5.0
 MIN_WATCH_ROUND = 0.1  # seconds: a watch that ends sooner is not reopened at once
-#: Seconds a join may take when etcd answers slowly (calls time out: every node of a large job at once).
-SLOW_JOIN_WAIT = 30.0
-_MEMBER = re.compile(r"(join|member)\.(\d+)")
-_GENERATION = re.compile(r"gen_(\d+)/")
+RENEW_AGAIN = 0.5  # seconds from a renewal of the lease that failed to the next try
 _Put = Tuple[str, bytes, bool]
-_VIEW = ("", b"", False)  # the writer's cue to publish the leader's view (when it changed)
 
 
-class EtcdStore:
+class EtcdStore(Joining, etcdview.Leading):
     """One incarnation of the job in etcd, as seen by server ``index`` (``SyncDir``'s interface).
 
     Args:
@@ -114,73 +109,10 @@ class EtcdStore:
         self._keys: Dict[str, bytes] = {}
         self._not_joined: Tuple[int, List[int]] = (-1, [])
         self.token: Optional[str] = None  # in join.<i>: this launcher's join, not a previous start's
-        self._published: Optional[dict] = None  # what this server last published as the leader
-        self._published_at = 0.0
-        self._view_due: Optional[float] = None  # a publication of progress waits until then
 
     def name(self, index: int) -> str:
         """``server 1 (10.0.0.2)``."""
         return f"server {index} ({self.names[index]})" if 0 <= index < self.count else f"server {index}"
-
-    @classmethod
-    def join(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-             write_for: float = 300.0, wait: float = 3.0, elastic: bool = False,
-             address: Optional[str] = None, emit: Optional[Callable[..., object]] = None) -> "EtcdStore":
-        """Join the current incarnation of ``run_id`` (or start the next one), as ``SyncDir.join``.
-
-        ``write_for``: seconds a record is retried while etcd is away; ``wait``: how long etcd may
-        take to answer the first time. With ``elastic``, a server whose place is free (its launcher
-        lost) or that arrives after the job's first restart joins the running job instead: see
-        :meth:`_join_running`; ``running`` is then the generation it joined in. ``address`` goes into
-        ``join.<i>``: where this server's ranks host the master if it comes to host rank 0. ``emit``:
-        see the class.
-
-        Raises:
-            EtcdError: etcd did not answer within ``wait`` seconds, or this server's place is taken.
-            EtcdRejected: etcd refused this client (TLS, user, permission): at once, not retried.
-        """
-        def give_up(state: tenacity.RetryCallState) -> bool:  # an etcd that is there but slow gets longer
-            slow = "timed out" in str(state.outcome.exception())
-            return state.seconds_since_start >= (max(wait, SLOW_JOIN_WAIT) if slow else wait)
-
-        retrying = tenacity.Retrying(stop=give_up, wait=tenacity.wait_fixed(0.25),
-                                     retry=tenacity.retry_if_exception(_transient), reraise=True,
-                                     before_sleep=lambda state: log.debug("etcd: %s (retrying)", state.outcome.exception()))
-        token = os.urandom(8).hex()  # tells this call's join record from a previous start's
-        store = retrying(cls._enter, client, run_id, index, names, ttl, write_for, elastic, address, emit, token)
-        retrying(store._begin)
-        for thread in store._threads:
-            thread.start()
-        return store
-
-    @classmethod
-    def _enter(cls, client: EtcdClient, run_id: str, index: int, names: Sequence[str], ttl: int,
-               write_for: float, elastic: bool, address: Optional[str], emit: Optional[Callable[..., object]],
-               token: str) -> "EtcdStore":
-        """Create this server's ``join.<i>`` and ``member.<i>`` in the incarnation it joins (again
-        after an answer that timed out: a join record with ``token`` is this call's own)."""
-        root = f"{ROOT}{run_id}/"
-        number = 0  # the newest incarnation, found by counting (every node joins: no key list travels)
-        while client.count(f"{root}inc_{number + 1}/"):
-            number += 1
-        lease = client.grant(ttl)
-        while True:
-            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address, emit)
-            store.token = token
-            mine = store.prefix + f"join.{index}"
-            if (_parse(client.get(mine), mine) or {}).get("token") == token:
-                client.put(store.prefix + f"member.{index}", b"{}", lease)  # onto this attempt's lease
-                break
-            if client.get(store.prefix + CLOSED) is None:
-                # only a late joiner of a running elastic job reads the incarnation's keys
-                running = elastic and client.count(store.prefix + "gen_") > 0
-                if running and store._join_running(client.range(store.prefix)[1]):
-                    break
-                if client.create(store.prefix + f"join.{index}", store._joined(), 0,
-                                 [(store.prefix + f"member.{index}", b"{}", lease)]):
-                    break
-            number += 1
-        return store
 
     def _begin(self) -> None:
         """The first read after joining: every key for the leader, the view for a follower (with the
@@ -194,39 +126,6 @@ class EtcdStore:
             keys[f"{self.prefix}join.{self.index}"] = self._joined()
         self._snapshot = keys
         self._seen = Seen(revision, self.client.cluster_id, resets(self.prefix, keys))
-
-    def _join_running(self, keys: Dict[str, bytes]) -> bool:
-        """Elastic: join the incarnation while it runs, when this server's place is free and the job is
-        past its start (some generation has records: ``gen_0/start.json`` once its servers are decided).
-
-        One transaction, if ``member.<i>`` is absent: ``member.<i>`` and ``join.<i>``, then
-        ``failed.<i>.json`` (so that the running servers stop and restart with this one) and
-        ``stopped.<i>`` (it has nothing running) in the running generation ``g``: this server passes
-        the barrier of ``g`` like the others and starts ``g + 1``.
-        """
-        names = [k[len(self.prefix):] for k in keys if k.startswith(self.prefix)]
-        mine = {m.group(1) for m in map(_MEMBER.fullmatch, names) if m and int(m.group(2)) == self.index}
-        generations = [int(m.group(1)) for m in map(_GENERATION.match, names) if m]
-        running = max(generations) if generations else None
-        alive = any(name.startswith("member.") for name in names)
-        if running is None or not alive:  # not started yet (gen_0 has records once it is decided)
-            return False
-        taken = UsageError(f"{self.name(self.index)} is already a live member of the running job",
-                           ["give each launcher its own --node-rank (or --server-id)"])
-        if "member" in mine:
-            raise taken
-        gen = f"{self.prefix}gen_{running}/"
-        note = self._record(JOIN_NOTE)
-        if not self.client.create(f"{self.prefix}member.{self.index}", b"{}", self.lease,
-                                  [(f"{self.prefix}join.{self.index}", self._joined(), 0),
-                                   (f"{gen}failed.{self.index}.json", note, 0), (f"{gen}stopped.{self.index}", b"{}", 0)]):
-            raise taken
-        self.running = running
-        return True
-
-    def _joined(self) -> bytes:
-        return self._record({**({"address": self.address} if self.address else {}),
-                             **({"token": self.token} if self.token else {})})
 
     def _record(self, data: dict) -> bytes:
         return json.dumps(stamp(self.index, self.name(self.index), data)).encode()
@@ -257,13 +156,13 @@ class EtcdStore:
         sub = f"{self.prefix}gen_{generation}/"
         records, stopped, done = etcdview.generation(view, generation)
         names = {key[len(sub):] for key in snapshot if key.startswith(sub)} | set(records)
-        names |= {f"{STOPPED}.{i}" for i in stopped} | {f"{DONE}.{i}" for i in done}
         state = collect(generation, names, lambda name: _parse(snapshot[sub + name], sub + name)
-                        if sub + name in snapshot else _viewed(records.get(name), sub + name, name))
+                        if sub + name in snapshot else etcdview.viewed(records.get(name), sub + name, name))
+        state = dataclasses.replace(state, stopped=state.stopped | stopped, done=state.done | done)  # the view's marks
         if self.leading:
             present: Dict[str, set] = {"join": set(), "member": set()}
             for key in snapshot:
-                match = _MEMBER.fullmatch(key[len(self.prefix):]) if key.startswith(self.prefix) else None
+                match = MEMBER.fullmatch(key[len(self.prefix):]) if key.startswith(self.prefix) else None
                 if match:
                     present[match.group(1)].add(int(match.group(2)))
             lost = present["join"] - present["member"] - set(state.done)
@@ -325,12 +224,13 @@ class EtcdStore:
         self._writes.put(None)
         self._threads[2].join(timeout)
         self._stop.set()
-        if self.expelled:
-            return  # etcd dropped the lease already
         try:
-            self.client.revoke(self.lease)
+            if not self.expelled:  # else etcd dropped the lease already
+                self.client.revoke(self.lease)
         except EtcdError as exc:
             log.info("etcd: cannot revoke the lease (%s); it expires within %d s", exc, self.ttl)
+        finally:
+            self.client.close()
 
     # -- threads ------------------------------------------------------------------------------------
     def _reachable(self, problem: Optional[str]) -> None:
@@ -342,15 +242,21 @@ class EtcdStore:
         self._outage = problem
 
     def _keep_alive(self) -> None:
-        """Renew the lease every third of its TTL; a lease etcd no longer knows: see :meth:`_refresh`."""
-        while not self._stop.wait(self.ttl / 3) and not self.expelled:
+        """Renew the lease every TTL/3; ``RENEW_AGAIN`` s after a failed renewal, doubling up to TTL/3
+        (two late answers must not cost the lease, nor a slow etcd get a storm of renewals); a lease
+        etcd no longer knows: see :meth:`_refresh`."""
+        failed = 0
+        while not self._stop.wait(min(self.ttl / 3, RENEW_AGAIN * 2 ** (failed - 1) if failed else self.ttl)) \
+                and not self.expelled:
             lease = self.lease
             try:
                 if self.client.keepalive(lease) <= 0 and not self._stop.is_set():
                     self._refresh(gone=lease)
                 self._reachable(None)
+                failed = 0
             except EtcdError as exc:
                 self._reachable(str(exc))
+                failed += 1
 
     def _refresh(self, gone: Optional[int] = None) -> int:
         """Read the incarnation into the snapshot (a follower: the view), after putting the records
@@ -412,20 +318,6 @@ class EtcdStore:
         if self.leading:
             self._view_cue()
 
-    def _campaign(self) -> None:
-        """Become the leader if nobody is (``view.leader`` on this server's lease, if absent)."""
-        if self.leading or self.expelled:
-            return
-        try:
-            won = self.client.create(self.prefix + etcdview.LEADER, self._record({}), self.lease)
-        except EtcdError as exc:
-            self._reachable(str(exc))
-            return
-        if won:
-            log.info("etcd: this server leads the coordination (it publishes the view the others follow)")
-            self.leading, self._published = True, None
-            self._snapshot = self.client.range(self.prefix)[1]  # every key before the first view
-
     def _reset(self, why: str, keys: Dict[str, bytes]) -> None:
         """etcd lost its data: put back this server's records and what it knew of the others'."""
         number = max(resets(self.prefix, keys), self._seen.resets + 1)
@@ -458,7 +350,8 @@ class EtcdStore:
                 revision = self._refresh()
                 leading, opened = self.leading, time.monotonic()
                 low, high = (self.prefix, None) if leading else self._view_keys
-                for changes in self.client.watch(low, revision + 1, WATCH_IDLE, range_end=high):
+                idle = WATCH_IDLE * random.uniform(1.0, 1.5)
+                for changes in self.client.watch(low, revision + 1, idle, range_end=high):
                     self._apply(changes)
                     if self._stop.is_set():
                         return
@@ -488,29 +381,6 @@ class EtcdStore:
             if not self.leading and self.prefix + etcdview.LEADER not in keys:
                 self._campaign()
 
-    # -- the leader's view ----------------------------------------------------------------------------
-    def _view_cue(self) -> None:
-        """Ask the writer thread to publish the view (once for any number of changes before it does)."""
-        if self._view_due != 0.0:
-            self._view_due = 0.0
-            self._writes.put(_VIEW)
-
-    def _publish_view(self) -> None:
-        """Publish the view if it changed: at once when a node would act on the change, else at most
-        every ``VIEW_INTERVAL`` seconds."""
-        self._view_due = None
-        if not self.leading or self.expelled:
-            return
-        view = etcdview.compose(self.prefix, self.count, self._snapshot, _parse)  # parse(raw, key)
-        if view == self._published:
-            return
-        wait = self._published_at + etcdview.VIEW_INTERVAL - time.monotonic()
-        if wait > 0 and not etcdview.urgent(view, self._published):
-            self._view_due = time.monotonic() + wait
-            return
-        self.client.put(self.prefix + etcdview.VIEW, etcdview.encode(view))
-        self._published, self._published_at = view, time.monotonic()
-
     def _write_queued(self) -> None:
         """Write the queued records in order, each retried for up to ``write_for`` seconds; publish
         the view when cued (the leader)."""
@@ -523,29 +393,14 @@ class EtcdStore:
             try:
                 item = self._writes.get(timeout=max(0.0, due - time.monotonic()) if due else None)
             except queue.Empty:
-                item = _VIEW
+                item = etcdview.CUE
             if item is None:
                 return
             key, value, exclusive = item
             try:
-                if item is _VIEW:
+                if item is etcdview.CUE:
                     retrying(self._publish_view)
                 else:
                     retrying(self.client.create if exclusive else self.client.put, key, value)
             except EtcdError as exc:
                 log.error("etcd: gave up writing %s after %.0f s: %s", key or "the view", self.write_for, exc)
-
-
-def _transient(exc: BaseException) -> bool:
-    """An error worth retrying at the start: etcd away, not etcd refusing this client."""
-    return isinstance(exc, EtcdError) and not isinstance(exc, EtcdRejected)
-
-
-def _viewed(record: object, key: str, name: str) -> Optional[dict]:
-    """A record the leader's view carries for ``key`` (None: absent or unusable, warned once)."""
-    return usable(record, f"{key} (in the view)", name) if record is not None else None
-
-
-def _parse(raw: Optional[bytes], key: str) -> Optional[dict]:
-    """The record etcd holds at ``key`` (None: absent, or unusable: warned once, the job goes on)."""
-    return checked(raw, key, key.rsplit("/", 1)[-1]) if raw is not None else None

@@ -22,10 +22,16 @@ what the view says.
 """
 
 import json
+import logging
+import time
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Set, Tuple
 
-from launcher.cluster.syncdir import DONE, STOPPED
+from launcher.cluster.etcdclient import EtcdError
+from launcher.cluster.etcdjoin import parse
+from launcher.cluster.syncdir import DONE, STOPPED, usable
 from launcher.common.inputfiles import loads_json
+
+log = logging.getLogger(__name__)
 
 #: The largest view read: one failure record of every node of a 10,000-node job fits.
 LIMIT_VIEW = 64 * 1024 * 1024
@@ -36,6 +42,7 @@ VIEW_INTERVAL = 0.5
 #: Generations whose stopped/done sets the view carries (the running one and the one before).
 MARKED_GENERATIONS = 2
 _RECORDS = ("failed.", "abort", "next.json", "start.json", "master.json")
+CUE = ("", b"", False)  # in a store's write queue: publish the view (if the leader and it changed)
 
 
 def bits(servers: Iterable[int]) -> str:
@@ -144,3 +151,53 @@ def generation(view: Mapping, number: int) -> Tuple[Dict[str, dict], FrozenSet[i
         return {}, frozenset(), frozenset()
     records = gen.get("records")
     return (records if isinstance(records, dict) else {}), unbits(gen.get(STOPPED, "0")), unbits(gen.get(DONE, "0"))
+
+
+def viewed(record: object, key: str, name: str) -> Optional[dict]:
+    """A record the view carries for ``key`` (None: absent or unusable, warned once)."""
+    return usable(record, f"{key} (in the view)", name) if record is not None else None
+
+
+class Leading:
+    """How :class:`~launcher.cluster.etcdstore.EtcdStore` becomes the leader and publishes the view
+    (a mixin: the store's attributes; its writer thread publishes on ``CUE``)."""
+
+    _published: Optional[dict] = None  # what this server last published as the leader
+    _published_at = 0.0
+    _view_due: Optional[float] = None  # a publication of progress waits until then
+
+    def _campaign(self) -> None:
+        """Become the leader if nobody is (``view.leader`` on this server's lease, if absent)."""
+        if self.leading or self.expelled:
+            return
+        try:
+            won = self.client.create(self.prefix + LEADER, self._record({}), self.lease)
+        except EtcdError as exc:
+            self._reachable(str(exc))
+            return
+        if won:
+            log.info("etcd: this server leads the coordination (it publishes the view the others follow)")
+            self.leading, self._published = True, None
+            self._snapshot = self.client.range(self.prefix)[1]  # every key before the first view
+
+    def _view_cue(self) -> None:
+        """Ask the writer thread to publish the view (once for any number of changes before it does)."""
+        if self._view_due != 0.0:
+            self._view_due = 0.0
+            self._writes.put(CUE)
+
+    def _publish_view(self) -> None:
+        """Publish the view if it changed: at once when a node would act on the change, else at most
+        every ``VIEW_INTERVAL`` seconds."""
+        self._view_due = None
+        if not self.leading or self.expelled:
+            return
+        view = compose(self.prefix, self.count, self._snapshot, parse)  # parse(raw, key)
+        if view == self._published:
+            return
+        wait = self._published_at + VIEW_INTERVAL - time.monotonic()
+        if wait > 0 and not urgent(view, self._published):
+            self._view_due = time.monotonic() + wait
+            return
+        self.client.put(self.prefix + VIEW, encode(view))
+        self._published, self._published_at = view, time.monotonic()

@@ -176,8 +176,23 @@ class Coordinator(NoSync):
         if state is None:
             return Agreement()
         code = failure.info.exit_code if failure is not None else state.exit_code()
+        ended = self._barrier_failed(generation, state, code)
+        if ended is not None:
+            return ended
+        if self._lost(state):
+            if self.elastic is None or self.files.index in state.lost:  # this one lost: never re-enter
+                return self._end_for_lost(generation, state, code)
+            state = self._await_replacement(generation, state, wait)
+            if state is None:
+                return Agreement()
+        return self._restart_with(generation, state, code, waited, wait)
+
+    def _barrier_failed(self, generation: int, state: Generation, code: int) -> Optional[Agreement]:
+        """How the job ends when the barrier cannot pass (an abort, a node that finished, a node that
+        never stopped), else None."""
         if state.abort is not None:
-            log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation, state.abort["reason"])
+            log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation,
+                      state.abort["reason"])
             return Agreement(exit_code=code, reason="failed")
         if state.done & set(self.members):
             names = self._names(state.done & set(self.members))
@@ -186,12 +201,11 @@ class Coordinator(NoSync):
             return Agreement(exit_code=code, reason="failed")
         if self._waiting(state):
             return self._timed_out(generation, self._waiting(state), STOPPED)
-        if self._lost(state):
-            if self.elastic is None or self.files.index in state.lost:  # this one lost: never re-enter
-                return self._end_for_lost(generation, state, code)
-            state = self._await_replacement(generation, state, wait)
-            if state is None:
-                return Agreement()
+        return None
+
+    def _restart_with(self, generation: int, state: Generation, code: int, waited: float, wait: Wait) -> Agreement:
+        """Every node stopped ``generation``: restart with the servers not lost (elastic: agreed
+        first) and the union of the failed ranks."""
         servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
         # Only launchers joined, nobody failed or was lost: torchrun does not count such a restart either.
         membership = (bool(state.failed) and set(state.failed) <= self._joins(state)
@@ -303,10 +317,9 @@ class Coordinator(NoSync):
         if members <= state.done:
             self.emit("sync_all_done", generation=generation, waited=round(waited, 3))
             return Agreement()
-        if self._lost(state) and state.abort is None and not state.failed and not state.stopped:
-            return self._end_for_lost(generation, state, 1)
-        if state.abort is None and not state.failed and not state.stopped:
-            return self._timed_out(generation, [i for i in self.members if i not in state.done], DONE)
+        if state.abort is None and not state.failed and not state.stopped:  # nobody failed: lost, or late
+            return self._end_for_lost(generation, state, 1) if self._lost(state) \
+                else self._timed_out(generation, [i for i in self.members if i not in state.done], DONE)
         cause = state.failures()
         log.error("this node's ranks finished, but the job failed on another node in generation %d: %s",
                   generation, f"{cause[0].label} ({cause[0].info.describe()})" if cause else "see its log")
@@ -320,17 +333,20 @@ class Coordinator(NoSync):
         timeout = self.timeout if timeout is None else timeout
         deadline = start + timeout
         state = self._read(generation)
-        if not ready(state):
+        done = ready(state)
+        if not done:
             waiting = [self.files.name(i) for i in state.missing(self.members)] or [what]
             self.emit("sync_wait", generation=generation, waiting_for=what, servers=waiting, timeout=timeout)
             log.info("generation %d: waiting for %s (up to %.0f s)", generation, ", ".join(waiting), timeout)
-        while not ready(state):
+        while not done:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 break
             if not wait(min(self.interval, remaining)):
                 return None, self.clock() - start
-            state = self._read(generation)
+            fresh = self._read(generation)
+            if fresh is not state:  # a store that kept its snapshot hands back the same object: nothing new
+                state, done = fresh, ready(fresh)
         return state, self.clock() - start
 
     def _timed_out(self, generation: int, missing: List[int], what: str) -> Agreement:

@@ -10,7 +10,7 @@ joins the running job at the next generation, as one started later does.
 """
 
 import logging
-from typing import Callable, Collection, Optional, Tuple
+from typing import Callable, Collection, List, NoReturn, Optional, Tuple
 
 from launcher.cluster.sync import Coordinator
 from launcher.cluster.syncdir import JOIN_NOTE, START, STOPPED
@@ -45,21 +45,31 @@ def elastic_start(sync: Coordinator, joined: Callable[[], Collection[int]], wait
             return _agreed(sync, tuple(int(i) for i in record.get("servers", ())))
         now, present = sync.clock(), sorted(joined())
         if last_call is None and len(present) >= elastic.min_nodes:
-            last_call = now + elastic.wait
-            if len(present) < files.count:
-                sync.emit("sync_last_call", joined=present, min_nodes=elastic.min_nodes, wait=elastic.wait)
-                log.info("%d of %d servers joined (--nnodes needs %d): starting within %.0f s, with more if they "
-                         "join (--elastic-wait)", len(present), files.count, elastic.min_nodes, elastic.wait)
+            last_call = _last_call(sync, present, now)
         if not proposed and (len(present) == files.count or (last_call is not None and now >= last_call)):
             files.write(0, f"{START}.json", {"servers": present}, exclusive=True)  # the first proposal wins
             proposed = True
         if now - started >= sync.timeout:
-            missing = ", ".join(files.name(i) for i in range(files.count) if i not in present)
-            what = f"{missing} did not join" if len(present) < elastic.min_nodes else "no start agreed"
-            raise LauncherError(f"--sync-timeout: {what} within {sync.timeout:.0f} s "
-                                f"(--nnodes needs at least {elastic.min_nodes} servers)")
+            _timed_out(sync, present)
         if not wait(sync.interval):
             return None
+
+
+def _last_call(sync: Coordinator, present: List[int], now: float) -> float:
+    """``MIN`` servers joined at ``now``: when generation 0 starts without the others."""
+    count, elastic = sync.files.count, sync.elastic
+    if len(present) < count:
+        sync.emit("sync_last_call", joined=present, min_nodes=elastic.min_nodes, wait=elastic.wait)
+        log.info("%d of %d servers joined (--nnodes needs %d): starting within %.0f s, with more if they "
+                 "join (--elastic-wait)", len(present), count, elastic.min_nodes, elastic.wait)
+    return now + elastic.wait
+
+
+def _timed_out(sync: Coordinator, present: List[int]) -> NoReturn:
+    missing = ", ".join(sync.files.name(i) for i in range(sync.files.count) if i not in present)
+    what = f"{missing} did not join" if len(present) < sync.elastic.min_nodes else "no start agreed"
+    raise LauncherError(f"--sync-timeout: {what} within {sync.timeout:.0f} s "
+                        f"(--nnodes needs at least {sync.elastic.min_nodes} servers)")
 
 
 def _agreed(sync: Coordinator, servers: Tuple[int, ...]) -> Tuple[int, ...]:

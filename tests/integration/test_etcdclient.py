@@ -68,3 +68,26 @@ def _until(done, timeout: float = 5.0) -> None:
     while not done():
         assert time.monotonic() < deadline, "not within the time"
         threading.Event().wait(0.05)
+
+
+def test_one_thread_reuses_its_connection_and_a_closed_one_is_replaced(tmp_path):
+    server = EtcdServer(tmp_path / "etcd").start()
+    try:
+        client = EtcdClient([("127.0.0.1", server.port)])
+        opened = []
+        connect = client._connect
+        client._connect = lambda host, port: opened.append(port) or connect(host, port)
+        for number in range(5):
+            client.put("/k/a", str(number).encode())
+        assert client.get("/k/a") == b"4" and len(opened) == 1  # six calls, one TCP connection
+        threading.Thread(target=client.put, args=("/k/b", b"x")).start()
+        time.sleep(0.5)
+        assert len(opened) == 2  # another thread: a connection of its own
+        server.restart()  # etcd closes every connection: the kept one is dead
+        assert client.get("/k/a") == b"4" and len(opened) == 3
+        kept = list(client._kept)
+        client.close()
+        assert kept and all(conn.sock is None for conn in kept)
+        assert client.get("/k/b") == b"x"  # closed: the next call connects again
+    finally:
+        server.stop()

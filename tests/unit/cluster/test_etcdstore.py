@@ -5,12 +5,13 @@ tests/integration/test_multinode_etcd.py."""
 
 import json
 import threading
+import time
 from typing import Dict, List, Sequence, Tuple
 
 import pytest
 
 from launcher.cluster.etcdclient import EtcdError
-from launcher.cluster.etcdstore import EtcdStore
+from launcher.cluster.etcdstore import WATCH_IDLE, EtcdStore
 
 NAMES = ("10.0.0.1", "10.0.0.2", "10.0.0.3")
 
@@ -32,6 +33,9 @@ class FakeEtcd:
         self.closing = threading.Event()
         self.stores: List[EtcdStore] = []
         self.ranges = 0
+
+    def close(self):
+        """The kept connections: none here."""
 
     def _check(self):
         if self.down:
@@ -227,6 +231,46 @@ def test_join_fails_when_etcd_never_answers(etcd):
     etcd.down = True
     with pytest.raises(EtcdError, match="Connection refused"):
         EtcdStore.join(etcd, "job", 0, NAMES, ttl=5, wait=0.3)
+
+
+def test_a_renewal_that_failed_is_tried_again_within_half_a_second(etcd):
+    """TTL 3 s: a renewal every second; one that timed out is sent again after RENEW_AGAIN, not a
+    full second later (two late answers in a row would cost the lease), the next after twice that
+    (at most TTL/3: no storm of renewals against a slow etcd)."""
+    renewals = []
+    keepalive = etcd.keepalive
+
+    def renew(lease):
+        renewals.append(time.monotonic())
+        if len(renewals) <= 2:
+            raise EtcdError("127.0.0.1:2379: timed out")
+        return keepalive(lease)
+
+    etcd.keepalive = renew
+    store = EtcdStore.join(etcd, "job", 0, NAMES, ttl=3)
+    etcd.stores.append(store)
+    deadline = time.monotonic() + 6
+    while len(renewals) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gaps = [b - a for a, b in zip(renewals, renewals[1:])]
+    assert len(gaps) >= 3
+    assert gaps[0] < 0.8 and 0.8 < gaps[1] < 1.3 and gaps[2] > 0.8  # 0.5 s, then 1 s (TTL/3), then every second
+
+
+def test_silent_watches_are_reopened_at_moments_of_their_own(etcd):
+    """Every follower opens its watch on the same view: each waits 5-7.5 s drawn at random before it
+    re-reads, so that 1,000 of them do not all hit etcd in the same instant every 5 s."""
+    idles = []
+    watch = etcd.watch
+    etcd.watch = lambda prefix, revision, idle, range_end=None: idles.append(idle) or watch(
+        prefix, revision, 0.01, range_end)
+    for index in range(3):
+        join(etcd, index)
+    deadline = time.monotonic() + 5
+    while len(idles) < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(idles) >= 12 and all(WATCH_IDLE <= idle <= 1.5 * WATCH_IDLE for idle in idles)
+    assert len(set(idles)) == len(idles)
 
 
 def test_a_watch_closed_at_once_is_not_a_busy_loop(etcd):
