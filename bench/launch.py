@@ -14,12 +14,14 @@ import subprocess
 import time
 from typing import Dict, List, Optional
 
+import psutil
+
 from bench.common import (PYTHON, Job, Result, Row, Settings, TempDir, alternate, cleanup, column, first_event,
                           fmt, job_env, launcher_argv, median, ms, msrun_argv, read_events, script,
                           speedup, torchrun_argv, wait_until, worker_ready)
 
 NAME = "launch"
-TARGET = 4.0
+TARGET = 10.0
 ANCHORS = ("torchrun", "msrun")
 
 
@@ -38,6 +40,7 @@ def one_run(kind: str, nproc: int) -> dict:
         ready = tmp.sub("ready")
         job = Job(_argv(kind, nproc, tmp), job_env(ready=ready))
         wait_until(lambda: len(worker_ready(ready)) >= nproc or job.proc.poll() is not None, 120, 0.005)
+        cpu = _own_cpu(job.pid) if kind == "ours" else None
         code = job.finish(grace=0.5)
         stamps = worker_ready(ready)
         if len(stamps) < nproc:
@@ -45,7 +48,18 @@ def one_run(kind: str, nproc: int) -> dict:
         metrics = {"latency_s": max(stamps) - job.t0, "first_rank_s": min(stamps) - job.t0, "exit": code}
         if kind == "ours":
             metrics.update(_phases(read_events(tmp.sub("run")), job.t0, max(stamps)))
+            metrics["launcher_cpu_s"] = cpu
     return metrics
+
+
+def _own_cpu(pid: int) -> Optional[float]:
+    """CPU seconds the launcher process itself used so far (not its ranks): its cost to get the ranks
+    running, which other processes on a shared machine inflate less than its wall time."""
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 def _phases(events: List[dict], t0: float, last_rank: float) -> Dict[str, Optional[float]]:
@@ -79,14 +93,15 @@ def _row(nproc: int, runs: Dict[str, List[dict]]) -> Row:
     ratio = ", ".join(f"{fmt(ups[a])}x faster than {a}" for a in ANCHORS if ups[a] is not None)
     met = all(u is not None and u >= TARGET for u in ups.values())
     return Row(NAME, f"N={nproc}: invocation -> all ranks running", "ms", ours, anchors, ratio,
-               ">= 4x faster than torchrun and msrun", met, len(runs["ours"]))
+               f">= {TARGET:g}x faster than torchrun and msrun", met, len(runs["ours"]))
 
 
 def _breakdown(nproc: int, runs: List[dict]) -> str:
     parts = [(label, ms(median(column(runs, key)))) for label, key in (
         ("launcher start-up (interpreter, imports, options, run dir) -> `start` event", "startup_s"),
         ("`start` -> last `rank_spawned`", "spawn_s"),
-        ("last `rank_spawned` -> last rank running (rank interpreter start-up)", "rank_startup_s"))]
+        ("last `rank_spawned` -> last rank running (rank interpreter start-up)", "rank_startup_s"),
+        ("CPU of the launcher process itself up to then", "launcher_cpu_s"))]
     return f"- N={nproc}, ours (medians): " + "; ".join(f"{label}: {fmt(value)} ms" for label, value in parts)
 
 
