@@ -120,8 +120,9 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             console.attach(self.add_writer, self.remove_reader)
         guard_mod.prepare()
         self._spawner = spawner or Spawner()  # checks setpriv in the background, before the first start
-        if self._spawner.probe_pid is not None:
-            self.watch_pid(self._spawner.probe_pid, self._spawner.probed)
+        self._probe_pid = self._spawner.probe_pid
+        if self._probe_pid is not None:  # reaped by this loop meanwhile: the spawner gets its status
+            self.watch_pid(self._probe_pid, self._spawner.probed)
         self._standby = standby
         if standby is not None:
             standby.attach(self, self._tree, orphan_guard)
@@ -142,6 +143,9 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
                     for spec in cold:
                         self._spawn(spec, attempt, base, cgroup, False if spec.rank in warm else None)
             self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
+            if self._probe_pid is not None:  # reaped by now: its pid may be a rank's one day
+                self.unwatch_pid(self._probe_pid)
+                self._probe_pid = None
             if self._standby is not None:
                 self._standby.after_start(specs, attempt)
         except OSError as exc:  # out of the cgroup again before killing what it holds
