@@ -134,9 +134,31 @@ def startup_diagnostics(settings: Settings) -> dict:
         proc = subprocess.run(argv, env=job_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                               check=False)
         cleanup()
+    diag.update(spawn_cost(40))
     diag["importtime_top"] = top_imports(proc.stderr)
     diag["importtime_total_s"] = sum(t for _, t in top_level_imports(proc.stderr)) / 1e6
     return diag
+
+
+def spawn_cost(rounds: int) -> dict:
+    """Seconds ``Popen`` of ``true`` takes in this process (median of ``rounds``, alternated), started
+    as the launcher starts ranks: fork + ``preexec_fn`` (the parent-death signal set in the child) and,
+    where setpriv can set it, vfork + ``setpriv --pdeathsig KILL``; with this process's resident size."""
+    from launcher.supervision.spawn import Spawner
+
+    variants = {"spawn_preexec_s": Spawner(None), "spawn_setpriv_s": Spawner()}
+    if not variants["spawn_setpriv_s"].usable():
+        del variants["spawn_setpriv_s"]
+    times: Dict[str, List[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, spawner in variants.items():
+            start = time.perf_counter()
+            proc = spawner.popen(["true"], dict(os.environ), {"stdin": subprocess.DEVNULL}, None)
+            times[name].append(time.perf_counter() - start)
+            proc.wait()
+    result = {name: median(values) for name, values in times.items()}
+    result["spawn_parent_rss_mib"] = psutil.Process().memory_info().rss / (1 << 20)
+    return result
 
 
 _IMPORT_LINE = re.compile(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)")
@@ -166,6 +188,10 @@ def _diag_lines(diag: dict) -> List[str]:
              f"leaves the editable-installed launcher without byte-code and every start compiles it: "
              f"{fmt(ms(diag['launcher_run_help_no_pyc_s']))} ms (the bench gives every job a byte-code "
              f"cache, as an installed package has).",
+             f"- Starting one process (`Popen` of `true`, median of 40, in the bench process of "
+             f"{fmt(diag['spawn_parent_rss_mib'])} MiB): fork + `preexec_fn` {fmt(ms(diag['spawn_preexec_s']))} ms; "
+             f"vfork + `setpriv --pdeathsig KILL` (how ranks start where setpriv can set that signal) "
+             f"{fmt(ms(diag.get('spawn_setpriv_s')))} ms.",
              f"- `python -X importtime -m launcher run --nproc-per-node 1 ... -- python -c pass`: "
              f"{fmt(ms(diag['importtime_total_s']))} ms of imports in total; top-level imports by "
              "cumulative time: " + ", ".join(f"`{i['module']}` {fmt(i['cumulative_ms'])} ms"
