@@ -7,22 +7,24 @@ launcher fails instead, :meth:`SyncCoordination.stop` leaves it, so the other no
 than at their ``--sync-timeout``.
 """
 
+from __future__ import annotations  # the coordination's own modules only when a run coordinates
+
 import logging
 import os
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence, Tuple
 
-from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic
-from launcher.cluster.syncstore import Store
-from launcher.cluster.syncdir import SyncDir
-from launcher.cluster.syncmaster import MasterMove
-from launcher.cluster.syncstart import announce_join, elastic_start
 from launcher.common.errors import LauncherError, UsageError
 from launcher.jobspec.runspec import ClusterSpec
 from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
 from launcher.supervision.policy import RunResult
+
+if TYPE_CHECKING:  # imported where used: a run without --sync-dir or --coordinator never needs them
+    from launcher.cluster.sync import Coordinator
+    from launcher.cluster.syncmaster import MasterMove
+    from launcher.cluster.syncstore import Store
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,8 @@ class SyncCoordination(Integration):
         cluster, ctx = host.spec.cluster, host.ctx
         if not cluster.coordinated:
             return
+        from launcher.cluster.sync import POLL_INTERVAL, Coordinator, Elastic
+
         topo = ctx.topology
         names = [server.server_id for server in topo.table.servers]
         files: Store = self._join_etcd(cluster, ctx.run_id, topo.server_index, names,
@@ -91,6 +95,8 @@ class SyncCoordination(Integration):
 
     def _await_elastic_start(self, host: Host, files: Any, start: float) -> None:
         """``--nnodes MIN:MAX``: start with the servers agreed on, or join them at the next generation."""
+        from launcher.cluster.syncstart import announce_join, elastic_start
+
         servers = elastic_start(self.coordinator, lambda: set(range(files.count)) - set(files.not_joined()),
                                 lambda seconds: _idle(host.group, seconds))
         if servers is None:
@@ -128,6 +134,8 @@ class SyncCoordination(Integration):
     def _master_move(self, topo: Topology) -> MasterMove:
         """Where the master goes when rank 0 moves (elastic): the server that then hosts it, at the
         address it registered; the port checked on that server's host."""
+        from launcher.cluster.syncmaster import MasterMove
+
         # The addresses only when the master moves: a follower of etcd's view reads them from etcd.
         return MasterMove(lambda servers: moved_master(topo, servers) and moved_master(topo, servers, self.addresses()),
                           topo.master_port, master_port_on)
@@ -145,6 +153,8 @@ class SyncCoordination(Integration):
 
     @staticmethod
     def _join_dir(sync_dir: str, run_id: str, index: int, names: Sequence[str]) -> Store:
+        from launcher.cluster.syncdir import SyncDir
+
         try:
             return SyncDir.join(sync_dir, run_id, index, names)
         except (OSError, LauncherError) as exc:

@@ -24,7 +24,6 @@ import logging
 import os
 import time
 from collections import deque
-from statistics import median
 from typing import Deque, Dict, Optional, Set, Tuple
 
 from launcher.monitoring import stacks
@@ -169,6 +168,8 @@ class HangWatch(Integration):
                 history.popleft()
         rates = {rank: step_rate(history) for rank, history in self.history.items()}
         for rank in stragglers(rates, self.rules.straggler):
+            from statistics import median  # with its decimal and fractions: only once a rank straggles
+
             if rank in self.named:
                 continue
             self.named.add(rank)

@@ -12,7 +12,6 @@
 """
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -31,7 +30,9 @@ _libc: Optional[ctypes.CDLL] = None
 def _prctl(option: int, arg: int) -> bool:
     global _libc
     if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        # The process's own libc (dlopen(NULL)): find_library("c") would run `ldconfig -p` in a
+        # subprocess (a fork and an exec, ~8 ms) and import ctypes.util on the way to the first rank.
+        _libc = ctypes.CDLL(None, use_errno=True)
     return _libc.prctl(option, arg, 0, 0, 0) == 0
 
 

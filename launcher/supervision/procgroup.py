@@ -25,6 +25,7 @@ from launcher.supervision.eventloop import EventLoop
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log, rank_pipe
+from launcher.supervision.spawn import Spawner
 from launcher.supervision.standby import StandbyPool
 from launcher.jobspec.binding import format_cpulist
 from launcher.jobspec.rankenv import WorkerSpec
@@ -89,13 +90,15 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             stderr (``--debug-rank``) instead of /dev/null and its log; optional.
         standby: Warm standbys that become ranks where they can (``--preload``); optional.
         cpus: ``spec -> CPU set or None``: the CPUs the rank may run on (``--bind-cores``); optional.
+        spawner: Starts the ranks' processes; default: a new :class:`~launcher.supervision.spawn.Spawner`.
     """
 
     def __init__(self, log_path: Callable[[WorkerSpec, int], str], on_console: Callable[[WorkerSpec], bool],
                  orphan_guard: Optional[guard_mod.OrphanGuard] = None, tree: Optional[JobTree] = None,
                  on_terminal: Callable[[WorkerSpec], bool] = lambda spec: False,
                  standby: Optional[StandbyPool] = None,
-                 cpus: Callable[[WorkerSpec], Optional[FrozenSet[int]]] = lambda spec: None):
+                 cpus: Callable[[WorkerSpec], Optional[FrozenSet[int]]] = lambda spec: None,
+                 spawner: Optional[Spawner] = None):
         super().__init__()
         self._cpus = cpus
         self._log_path = log_path
@@ -116,6 +119,10 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         for console in console_mod.consoles():  # a console backlog is flushed by this loop
             console.attach(self.add_writer, self.remove_reader)
         guard_mod.prepare()
+        self._spawner = spawner or Spawner()  # checks setpriv in the background, before the first start
+        self._probe_pid = self._spawner.probe_pid
+        if self._probe_pid is not None:  # reaped by this loop meanwhile: the spawner gets its status
+            self.watch_pid(self._probe_pid, self._spawner.probed)
         self._standby = standby
         if standby is not None:
             standby.attach(self, self._tree, orphan_guard)
@@ -136,6 +143,9 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
                     for spec in cold:
                         self._spawn(spec, attempt, base, cgroup, False if spec.rank in warm else None)
             self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
+            if self._probe_pid is not None:  # reaped by now: its pid may be a rank's one day
+                self.unwatch_pid(self._probe_pid)
+                self._probe_pid = None
             if self._standby is not None:
                 self._standby.after_start(specs, attempt)
         except OSError as exc:  # out of the cgroup again before killing what it holds
@@ -156,42 +166,42 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         if self._standby is not None and warm_only is not False:
             warm = self._standby.activate(spec, {**base, **spec.env}, stdio, cpus)
         if warm is None and warm_only:
-            for fd in (log_fd, read_fd, target):
-                if fd >= 0:
-                    os.close(fd)
+            _close(log_fd, read_fd, target)
             return False
         try:
             if warm is not None:  # the standby is the rank now: same session, its own cgroup and token
                 proc, self._leaves[spec.rank] = warm
             else:
                 leaf = self._leaves[spec.rank] = self._tree.leaf(f"a{attempt}-r{spec.rank}", cgroup)
-                proc = subprocess.Popen(
-                    list(spec.argv), env={**base, **spec.env, **leaf.env}, **stdio,
-                    start_new_session=True, close_fds=True,
-                    preexec_fn=guard_mod.child_setup if cpus is None else functools.partial(_child_setup_bound, cpus))
+                proc = self._spawner.popen(spec.argv, {**base, **spec.env, **leaf.env}, stdio, cpus)
         except (OSError, subprocess.SubprocessError) as exc:
-            for fd in (log_fd, read_fd, target):
-                if fd >= 0:
-                    os.close(fd)
+            _close(log_fd, read_fd, target)
             if isinstance(exc, OSError):
                 raise
             # The only preexec_fn step that can fail: the CPU set is no longer allowed (cpuset changed).
             raise OSError(f"cannot bind it to CPUs {format_cpulist(cpus or frozenset())}") from None
-        if target >= 0:
-            os.close(target)
-            os.set_blocking(read_fd, False)
-            console = self._console if self._on_console(spec) else None
-            out = RankOutput(read_fd, log_fd, spec.label, console, self._log_failed, path)
-            self._outputs[read_fd] = out
-            self._selector.register(read_fd, selectors.EVENT_READ, functools.partial(self._pump, out, read_fd))
-        else:
+        self._attach_output(spec, path, log_fd, read_fd, target)
+        self._started(spec.rank, proc)
+        return True
+
+    def _attach_output(self, spec: WorkerSpec, path: str, log_fd: int, read_fd: int, target: int) -> None:
+        """The parent's side of a started rank's output: its pipe read on the loop into its log file."""
+        if target < 0:
             os.close(log_fd)  # --debug-rank: the rank has the terminal
-        self._procs[spec.rank] = proc
-        self._pid_rank[proc.pid] = spec.rank
-        self._pgids[spec.rank] = proc.pid  # start_new_session: pgid == pid
+            return
+        os.close(target)
+        os.set_blocking(read_fd, False)
+        console = self._console if self._on_console(spec) else None
+        out = RankOutput(read_fd, log_fd, spec.label, console, self._log_failed, path)
+        self._outputs[read_fd] = out
+        self._selector.register(read_fd, selectors.EVENT_READ, functools.partial(self._pump, out, read_fd))
+
+    def _started(self, rank: int, proc: subprocess.Popen) -> None:
+        self._procs[rank] = proc
+        self._pid_rank[proc.pid] = rank
+        self._pgids[rank] = proc.pid  # start_new_session: pgid == pid
         if self._guard is not None:
             self._guard.watch(proc.pid)
-        return True
 
     def _stdio(self, spec: WorkerSpec, log_fd: int) -> Tuple[Dict[str, int], int, int]:
         """Popen's stdio for ``spec``, and its output pipe's ends (-1 for the rank on the terminal)."""
@@ -337,11 +347,10 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         self._tree.close(time.monotonic() + 0.5)
 
 
-def _child_setup_bound(cpus: FrozenSet[int]) -> None:
-    """``preexec_fn`` of a rank with a CPU set: in the child before exec, so every thread it ever starts
-    inherits the set (set from the parent after the start, threads already started would not)."""
-    guard_mod.child_setup()
-    os.sched_setaffinity(0, cpus)
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _group_exists(pgid: int) -> bool:
