@@ -26,6 +26,7 @@ import shutil
 import subprocess
 from typing import Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
+from launcher.common.inputfiles import InputFileError, open_regular
 from launcher.supervision import guard as guard_mod
 from launcher.supervision.states import ExitInfo
 
@@ -113,11 +114,16 @@ def execs_directly(program: str, env: Mapping[str, str]) -> bool:
     path = resolve(program, env)
     if path is None:
         return False
+    try:  # the user's program: its first bytes, through the one reader (a FIFO is not waited for)
+        fd = open_regular(path, "program")
+    except (OSError, InputFileError):
+        return False
     try:
-        with open(path, "rb") as fh:
-            head = fh.read(_HEAD)
+        head = os.read(fd, _HEAD)
     except OSError:
         return False
+    finally:
+        os.close(fd)
     if head.startswith(b"\x7fELF"):
         return True
     if not head.startswith(b"#!"):
