@@ -182,17 +182,8 @@ class StandbyPool:
                 other ranks are no longer needed (the rank table changed).
         """
         if every:
-            wanted = {spec.rank for spec in specs}
-            for rank in [rank for rank in self._standbys if rank not in wanted]:
-                self._discard(self._standbys[rank])
-        if self._used or (self._cold and attempt):  # attempt 0 has no standby yet: nothing to say
-            self.emit("standby_start", attempt=attempt, ranks=sorted(self._used),
-                      cold={str(rank): why for rank, why in sorted(self._cold.items())})
-        if self._used:
-            log.info("rank(s) %s started from warm standbys", ", ".join(map(str, sorted(self._used))))
-        if self._cold and attempt:
-            log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
-        self._used, self._cold = [], {}
+            self._keep_only({spec.rank for spec in specs})
+        self._report(attempt)
         if every:
             self._specs = {}
         self._specs.update((spec.rank, spec) for spec in specs)
@@ -204,6 +195,23 @@ class StandbyPool:
             self._loop.call_later(LEARN_POLL, self._poll)
         if attempt:
             self._loop.call_later(REPLACE_DELAY, self._prepare_within_memory)
+
+    def _keep_only(self, ranks: set) -> None:
+        """Discard the standbys of ranks no longer on this server (the rank table changed)."""
+        for rank in [rank for rank in self._standbys if rank not in ranks]:
+            self._discard(self._standbys[rank])
+
+    def _report(self, attempt: int) -> None:
+        """Say which ranks of the start came from standbys and why the others started cold."""
+        cold = self._cold and attempt  # attempt 0 has no standby yet: nothing to say
+        if self._used or cold:
+            self.emit("standby_start", attempt=attempt, ranks=sorted(self._used),
+                      cold={str(rank): why for rank, why in sorted(self._cold.items())})
+        if self._used:
+            log.info("rank(s) %s started from warm standbys", ", ".join(map(str, sorted(self._used))))
+        if cold:
+            log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
+        self._used, self._cold = [], {}
 
     # -- --preload auto -----------------------------------------------------------------------------
     def _poll(self) -> None:
