@@ -47,6 +47,12 @@ REPLACE_DELAY = 3.0
 #: once a read finds none (the ranks' imports paused); the first ones after two such reads, so that
 #: the standbys' imports do not slow down the ranks' own start.
 LEARN_POLL = 1.0
+#: ``--preload auto``: the first standbys start once the job has run this many times its start-up (the
+#: time until the ranks' imports first paused): a standby's imports cost about what a rank's start-up
+#: did, so a job that ends sooner never pays for standbys it could not use, and one that runs on pays at
+#: most what it already ran (rent or buy). Measured: a job that ends while its standbys import loses a
+#: rank to torch's exit race far more often (docs/fidelity.md, "A rank lost at the very end").
+WARM_AFTER = 2.0
 #: ``--preload auto``: modules refused (threads, devices) before auto gives up for the run.
 MAX_EXCLUDED = 5
 _MAX_ANSWER = 1 << 16
@@ -92,6 +98,9 @@ class StandbyPool:
         self._specs: Dict[int, WorkerSpec] = {}
         self._polling = self._short_of_memory = False
         self._quiet = 0  # reads in a row that found no new name
+        self._began: Optional[float] = None  # monotonic start of the first attempt
+        self._last_new = 0.0  # when a read last found new names
+        self.startup: Optional[float] = None  # seconds until the ranks' imports first paused
         self.log_dir = log_dir
         self.emit = emit
         self.refused: Optional[str] = None  # a standby was refused for a reason every other would share
@@ -191,7 +200,7 @@ class StandbyPool:
             self._loop.call_later(REPLACE_DELAY if attempt else PREPARE_DELAY, lambda: self.prepare(specs))
             return
         if not self._polling:
-            self._polling = True
+            self._polling, self._began = True, time.monotonic()
             self._loop.call_later(LEARN_POLL, self._poll)
         if attempt:
             self._loop.call_later(REPLACE_DELAY, self._prepare_within_memory)
@@ -219,9 +228,11 @@ class StandbyPool:
         if self.refused is not None:
             return
         new = learned_modules(self.learn.read_new(), (*self.modules, *self._pending), self._excluded)
+        now = time.monotonic()
         self._pending.extend(new)
         self._quiet = 0 if new else self._quiet + 1
-        if self._pending and self._quiet >= (1 if self.modules else 2):
+        self._last_new = now if new else self._last_new
+        if self._pending and self._quiet >= (1 if self.modules else 2) and self._warm_enough(now):
             more, self._pending = self._pending, []
             self.modules += tuple(more)
             for standby in list(self._standbys.values()):
@@ -230,6 +241,17 @@ class StandbyPool:
         elif self._short_of_memory:  # memory may have been freed since
             self._prepare_within_memory()
         self._loop.call_later(LEARN_POLL, self._poll)
+
+    def _warm_enough(self, now: float) -> bool:
+        """Whether the job has run long enough for its first standbys (:data:`WARM_AFTER`); once it
+        has, always. Called when the ranks' imports paused: the first call measures their start-up."""
+        if self.modules:
+            return True
+        if self.startup is None:
+            self.startup = round(self._last_new - self._began, 3)
+            log.debug("the ranks' imports paused %.1f s after the start: standbys from %.1f s on",
+                      self.startup, WARM_AFTER * self.startup)
+        return now - self._began >= WARM_AFTER * self.startup
 
     def _send_modules(self, standby: Standby, names: Sequence[str]) -> None:
         try:

@@ -3,6 +3,8 @@ may take a rank (ready, same command, same start-time variables) and what happen
 
 import os
 import select
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -179,3 +181,44 @@ def test_auto_starts_no_standby_that_does_not_fit_in_memory(auto_pool, monkeypat
     assert not auto_pool._standbys
     skipped = [fields for name, fields in auto_pool.events if name == "standby_skipped"]
     assert len(skipped) == 1 and skipped[0]["ranks"] == [0] and skipped[0]["need_bytes"] > 1 << 20
+
+
+def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool, monkeypatch):
+    """A job that ends within twice its start-up never gets standbys whose imports would load the CPUs
+    while it ends (docs/fidelity.md); once the job ran that long, they start."""
+    clock = [100.0]
+    monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
+    auto_pool.after_start([auto_pool.spec], 0)
+    for second, name in enumerate(["fakeheavy", "fakeheavy.lazy", "not_installed"], start=1):
+        clock[0] = 100.0 + second
+        with open(auto_pool.record, "a") as fh:
+            fh.write(name + "\n")
+        _tick(auto_pool)
+    for second in (4, 5):  # the imports paused after 3 s; two quiet reads, but 5 s < 2 x 3 s
+        clock[0] = 100.0 + second
+        _tick(auto_pool)
+    assert auto_pool.startup == 3.0 and not auto_pool._standbys and not auto_pool.modules
+    clock[0] = 106.0
+    _tick(auto_pool)
+    assert auto_pool.modules == ("fakeheavy", "fakeheavy.lazy", "not_installed") and list(auto_pool._standbys) == [0]
+
+
+def _policy_in_standby(prefix=()):
+    """In a fresh interpreter: the policy a standby waits with, and whether it can go back to SCHED_OTHER."""
+    code = ("import os, launcher_standby as s\nborn = s._background()\nwaiting = os.sched_getscheduler(0)\n"
+            "os.sched_setscheduler(0, born, os.sched_param(0))\nprint(waiting, os.sched_getscheduler(0))")
+    hooks = os.path.dirname(standby_mod.BOOTSTRAP)
+    out = subprocess.run([*prefix, sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": hooks},
+                         capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def test_a_standby_waits_as_sched_idle_only_where_it_can_leave_it():
+    """SCHED_IDLE takes only CPU the ranks leave, but leaving it needs CAP_SYS_NICE (or RLIMIT_NICE):
+    without, SCHED_BATCH, which any process may leave. Either way the rank runs as SCHED_OTHER."""
+    with open("/proc/self/status") as fh:
+        privileged = int(next(line.split()[1] for line in fh if line.startswith("CapEff:")), 16) >> 23 & 1
+    assert _policy_in_standby() == [os.SCHED_IDLE if privileged else os.SCHED_BATCH, os.SCHED_OTHER]
+    if not privileged or not shutil.which("setpriv"):
+        pytest.skip("cannot drop CAP_SYS_NICE here")
+    assert _policy_in_standby(("setpriv", "--bounding-set=-sys_nice")) == [os.SCHED_BATCH, os.SCHED_OTHER]
