@@ -75,6 +75,18 @@ class Standby:
     env_read: Tuple[str, ...] = ()
 
 
+def _out_of_idle(pid: int) -> None:
+    """A standby waiting as SCHED_IDLE runs only when no other task wants a CPU: before it is woken to
+    become a rank, make it SCHED_BATCH (it goes on to SCHED_OTHER itself), so that a busy machine cannot
+    hold the hand-over back and the launcher still hands every rank over before a standby preempts it.
+    The standby waits as SCHED_IDLE only where it may leave it, and the launcher has its privileges."""
+    try:
+        if os.sched_getscheduler(pid) == os.SCHED_IDLE:
+            os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:  # gone, or not allowed: the standby leaves SCHED_IDLE itself once it runs
+        pass
+
+
 class StandbyPool:
     """The standbys of one job on this server.
 
@@ -166,6 +178,7 @@ class StandbyPool:
 
     def _hand_over(self, standby: Standby, env: Dict[str, str], argv: Sequence[str], out_fd: int) -> Optional[str]:
         entry = python_entry(argv)
+        _out_of_idle(standby.proc.pid)
         message = {"env": env, "argv": list(argv), "script": list(argv[len(entry.interpreter):]), "cwd": os.getcwd()}
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:

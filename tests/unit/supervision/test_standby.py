@@ -222,3 +222,22 @@ def test_a_standby_waits_as_sched_idle_only_where_it_can_leave_it():
     if not privileged or not shutil.which("setpriv"):
         pytest.skip("cannot drop CAP_SYS_NICE here")
     assert _policy_in_standby(("setpriv", "--bounding-set=-sys_nice")) == [os.SCHED_BATCH, os.SCHED_OTHER]
+
+
+def test_the_launcher_takes_a_standby_out_of_sched_idle_before_waking_it():
+    """A woken SCHED_IDLE task runs only on an idle CPU: the hand-over would wait for a busy machine."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        try:
+            os.sched_setscheduler(sleeper.pid, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(sleeper.pid, os.SCHED_OTHER, os.sched_param(0))
+        except PermissionError:
+            pytest.skip("no CAP_SYS_NICE here: a standby never waits as SCHED_IDLE")
+        standby_mod._out_of_idle(sleeper.pid)
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER  # only SCHED_IDLE is changed
+        os.sched_setscheduler(sleeper.pid, os.SCHED_IDLE, os.sched_param(0))
+        standby_mod._out_of_idle(sleeper.pid)
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_BATCH
+    finally:
+        sleeper.kill()
+        sleeper.wait()
