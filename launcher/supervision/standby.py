@@ -264,6 +264,8 @@ class StandbyPool:
             self.startup = round(self._last_new - self._began, 3)
             log.debug("the ranks' imports paused %.1f s after the start: standbys from %.1f s on",
                       self.startup, WARM_AFTER * self.startup)
+            self.emit("standby_timing", startup_seconds=self.startup,
+                      start_after_seconds=round(WARM_AFTER * self.startup, 3))
         return now - self._began >= WARM_AFTER * self.startup
 
     def _send_modules(self, standby: Standby, names: Sequence[str]) -> None:

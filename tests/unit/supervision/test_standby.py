@@ -198,6 +198,7 @@ def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool
         clock[0] = 100.0 + second
         _tick(auto_pool)
     assert auto_pool.startup == 3.0 and not auto_pool._standbys and not auto_pool.modules
+    assert auto_pool.events == [("standby_timing", {"startup_seconds": 3.0, "start_after_seconds": 6.0})]
     clock[0] = 106.0
     _tick(auto_pool)
     assert auto_pool.modules == ("fakeheavy", "fakeheavy.lazy", "not_installed") and list(auto_pool._standbys) == [0]
