@@ -48,7 +48,7 @@ REPLACE_DELAY = 3.0
 #: the standbys' imports do not slow down the ranks' own start.
 LEARN_POLL = 1.0
 #: ``--preload auto``: the first standbys start once the job has run this many times its start-up (the
-#: time until the ranks' imports first paused): a standby's imports cost about what a rank's start-up
+#: time until the ranks' newest import, once their imports paused): a standby's imports cost about what a rank's start-up
 #: did, so a job that ends sooner never pays for standbys it could not use, and one that runs on pays at
 #: most what it already ran (rent or buy). Measured: a job that ends while its standbys import loses a
 #: rank to torch's exit race far more often (docs/fidelity.md, "A rank lost at the very end").
@@ -112,7 +112,7 @@ class StandbyPool:
         self._quiet = 0  # reads in a row that found no new name
         self._began: Optional[float] = None  # monotonic start of the first attempt
         self._last_new = 0.0  # when a read last found new names
-        self.startup: Optional[float] = None  # seconds until the ranks' imports first paused
+        self.startup: Optional[float] = None  # seconds until the ranks' newest import (auto, before standbys)
         self.log_dir = log_dir
         self.emit = emit
         self.refused: Optional[str] = None  # a standby was refused for a reason every other would share
@@ -257,16 +257,15 @@ class StandbyPool:
 
     def _warm_enough(self, now: float) -> bool:
         """Whether the job has run long enough for its first standbys (:data:`WARM_AFTER`); once it
-        has, always. Called when the ranks' imports paused: the first call measures their start-up."""
+        has, always. The start-up runs until the ranks' newest import so far: a lazy import (the
+        optimizer's ``torch._dynamo`` on the first step) moves it on."""
         if self.modules:
             return True
-        if self.startup is None:
-            self.startup = round(self._last_new - self._began, 3)
-            log.debug("the ranks' imports paused %.1f s after the start: standbys from %.1f s on",
-                      self.startup, WARM_AFTER * self.startup)
-            self.emit("standby_timing", startup_seconds=self.startup,
-                      start_after_seconds=round(WARM_AFTER * self.startup, 3))
-        return now - self._began >= WARM_AFTER * self.startup
+        self.startup = round(self._last_new - self._began, 3)
+        if now - self._began < WARM_AFTER * self.startup:
+            return False
+        self.emit("standby_timing", startup_seconds=self.startup, start_after_seconds=round(WARM_AFTER * self.startup, 3))
+        return True
 
     def _send_modules(self, standby: Standby, names: Sequence[str]) -> None:
         try:

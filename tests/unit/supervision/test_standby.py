@@ -128,7 +128,8 @@ def test_ranks_no_longer_here_lose_their_standbys(pool):
 
 # -- --preload auto --------------------------------------------------------------------------------
 @pytest.fixture
-def auto_pool(tmp_path):
+def auto_pool(tmp_path, monkeypatch):
+    monkeypatch.setattr(standby_mod, "WARM_AFTER", 0.0)  # when the first standbys start: its own test
     site = tmp_path / "site-packages"
     (site / "fakeheavy").mkdir(parents=True)
     (site / "fakeheavy" / "__init__.py").write_text("")
@@ -184,24 +185,30 @@ def test_auto_starts_no_standby_that_does_not_fit_in_memory(auto_pool, monkeypat
 
 
 def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool, monkeypatch):
-    """A job that ends within twice its start-up never gets standbys whose imports would load the CPUs
-    while it ends (docs/fidelity.md); once the job ran that long, they start."""
+    """A job that ends within twice its start-up (until the ranks' newest import) never gets standbys
+    whose imports would load the CPUs while it ends (docs/fidelity.md); once the job ran that long,
+    they start."""
     clock = [100.0]
     monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
     auto_pool.after_start([auto_pool.spec], 0)
-    for second, name in enumerate(["fakeheavy", "fakeheavy.lazy", "not_installed"], start=1):
+
+    def read_at(second, name=None):
         clock[0] = 100.0 + second
-        with open(auto_pool.record, "a") as fh:
-            fh.write(name + "\n")
+        if name:
+            with open(auto_pool.record, "a") as fh:
+                fh.write(name + "\n")
         _tick(auto_pool)
-    for second in (4, 5):  # the imports paused after 3 s; two quiet reads, but 5 s < 2 x 3 s
-        clock[0] = 100.0 + second
-        _tick(auto_pool)
-    assert auto_pool.startup == 3.0 and not auto_pool._standbys and not auto_pool.modules
-    assert auto_pool.events == [("standby_timing", {"startup_seconds": 3.0, "start_after_seconds": 6.0})]
-    clock[0] = 106.0
-    _tick(auto_pool)
-    assert auto_pool.modules == ("fakeheavy", "fakeheavy.lazy", "not_installed") and list(auto_pool._standbys) == [0]
+
+    for second, name in ((1, "fakeheavy"), (2, None), (3, "not_installed"), (4, None), (5, None)):
+        read_at(second, name)
+    assert auto_pool.startup == 3.0 and not auto_pool._standbys  # two quiet reads, but 5 s < 2 x 3 s
+    for second, name in ((6, "fakeheavy.lazy"), (7, None), (8, None), (11, None)):  # a lazy import: 2 x 6 s
+        read_at(second, name)
+    assert auto_pool.startup == 6.0 and not auto_pool._standbys and not auto_pool.events
+    read_at(12)
+    assert auto_pool.modules == ("fakeheavy", "not_installed", "fakeheavy.lazy") and list(auto_pool._standbys) == [0]
+    assert auto_pool.events == [("standby_timing", {"startup_seconds": 6.0, "start_after_seconds": 12.0})]
 
 
 def _policy_in_standby(prefix=()):
