@@ -47,9 +47,9 @@ REPLACE_DELAY = 3.0
 #: once a read finds none (the ranks' imports paused); the first ones after two such reads, so that
 #: the standbys' imports do not slow down the ranks' own start.
 LEARN_POLL = 1.0
-#: ``--preload auto``: the first standbys start once the job has run this many times its start-up (the
-#: time until the ranks' newest import, once their imports paused): a standby's imports cost about what a rank's start-up
-#: did, so a job that ends sooner never pays for standbys it could not use, and one that runs on pays at
+#: ``--preload auto``: the first standbys start once the job has run this many times its start-up (until
+#: the ranks' latest import; ``launcher_imports`` writes signs of life): a standby's imports cost about
+#: what a rank's start-up did, so a job that ends sooner never pays for standbys it could not use, and one that runs on pays at
 #: most what it already ran (rent or buy). Measured: a job that ends while its standbys import loses a
 #: rank to torch's exit race far more often (docs/fidelity.md, "A rank lost at the very end").
 WARM_AFTER = 2.0
@@ -111,8 +111,8 @@ class StandbyPool:
         self._polling = self._short_of_memory = False
         self._quiet = 0  # reads in a row that found no new name
         self._began: Optional[float] = None  # monotonic start of the first attempt
-        self._last_new = 0.0  # when a read last found new names
-        self.startup: Optional[float] = None  # seconds until the ranks' newest import (auto, before standbys)
+        self._last_new = 0.0  # when a read last found the ranks importing
+        self.startup: Optional[float] = None  # seconds until the ranks' latest import (auto, before standbys)
         self.log_dir = log_dir
         self.emit = emit
         self.refused: Optional[str] = None  # a standby was refused for a reason every other would share
@@ -243,8 +243,9 @@ class StandbyPool:
         new = learned_modules(self.learn.read_new(), (*self.modules, *self._pending), self._excluded)
         now = time.monotonic()
         self._pending.extend(new)
-        self._quiet = 0 if new else self._quiet + 1
-        self._last_new = now if new else self._last_new
+        active = bool(new) or self.learn.grew  # names, or signs of life: the ranks are still importing
+        self._quiet = 0 if active else self._quiet + 1
+        self._last_new = now if active else self._last_new
         if self._pending and self._quiet >= (1 if self.modules else 2) and self._warm_enough(now):
             more, self._pending = self._pending, []
             self.modules += tuple(more)
@@ -257,7 +258,7 @@ class StandbyPool:
 
     def _warm_enough(self, now: float) -> bool:
         """Whether the job has run long enough for its first standbys (:data:`WARM_AFTER`); once it
-        has, always. The start-up runs until the ranks' newest import so far: a lazy import (the
+        has, always. The start-up runs until the ranks' latest import so far: a lazy import (the
         optimizer's ``torch._dynamo`` on the first step) moves it on."""
         if self.modules:
             return True
