@@ -223,7 +223,7 @@ def _background():
         policy = os.sched_getscheduler(0)
         if policy != os.SCHED_OTHER:
             return policy
-        if _may_leave_idle():
+        if may_leave_idle():
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             try:  # make sure: a rank left in SCHED_IDLE would starve
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
@@ -237,7 +237,7 @@ def _background():
         return None
 
 
-def _may_leave_idle():
+def may_leave_idle():
     """The kernel's rule for leaving SCHED_IDLE (``can_nice``): CAP_SYS_NICE, or an RLIMIT_NICE that
     allows this process's nice value (``20 - limit <= nice``)."""
     try:

@@ -15,6 +15,7 @@ readable sockets, its death through the loop's reaper (``watch_pid``).
 """
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -112,6 +113,7 @@ class StandbyPool:
         self._quiet = 0  # reads in a row that found no new name
         self._began: Optional[float] = None  # monotonic start of the first attempt
         self._last_new = 0.0  # when a read last found the ranks importing
+        self._idle: Optional[bool] = None  # standbys import as SCHED_IDLE (see _idle_class)
         self.startup: Optional[float] = None  # seconds until the ranks' latest import (auto, before standbys)
         self.log_dir = log_dir
         self.emit = emit
@@ -263,10 +265,21 @@ class StandbyPool:
         if self.modules:
             return True
         self.startup = round(self._last_new - self._began, 3)
-        if now - self._began < WARM_AFTER * self.startup:
+        if now - self._began < WARM_AFTER * self.startup and not self._idle_class():
             return False
         self.emit("standby_timing", startup_seconds=self.startup, start_after_seconds=round(WARM_AFTER * self.startup, 3))
         return True
+
+    def _idle_class(self) -> bool:
+        """Whether the standbys will import as SCHED_IDLE (the standby's own rule, which holds for the
+        launcher too: they share its credentials and limits): then they take only CPU time the ranks
+        leave, and need not wait for :data:`WARM_AFTER`."""
+        if self._idle is None:
+            spec = importlib.util.spec_from_file_location("launcher_standby", BOOTSTRAP)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # standard library only, no side effect at import
+            self._idle = bool(module.may_leave_idle())
+        return self._idle
 
     def _send_modules(self, standby: Standby, names: Sequence[str]) -> None:
         try:

@@ -191,6 +191,7 @@ def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool
     clock = [100.0]
     monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
+    auto_pool._idle = False  # standbys as SCHED_BATCH: they would compete with the ranks
     auto_pool.after_start([auto_pool.spec], 0)
 
     def read_at(second, name=None):
@@ -209,6 +210,20 @@ def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool
     read_at(12)
     assert auto_pool.modules == ("fakeheavy", "not_installed", "fakeheavy.lazy") and list(auto_pool._standbys) == [0]
     assert auto_pool.events == [("standby_timing", {"startup_seconds": 6.0, "start_after_seconds": 12.0})]
+
+
+def test_auto_standbys_of_the_idle_class_need_not_wait(auto_pool, monkeypatch):
+    """SCHED_IDLE standbys take only CPU time the ranks leave: they start once the imports paused."""
+    clock = [100.0]
+    monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
+    auto_pool.after_start([auto_pool.spec], 0)
+    auto_pool.record.write_text("fakeheavy\n")
+    for second in (3, 4, 5):
+        clock[0] = 100.0 + second
+        _tick(auto_pool)
+    assert auto_pool._idle == (_policy_in_standby()[0] == os.SCHED_IDLE)  # the standby's own rule
+    assert bool(auto_pool._standbys) == auto_pool._idle  # 5 s < 2 x 3 s: only idle-class ones start
 
 
 def _policy_in_standby(prefix=()):
