@@ -267,7 +267,8 @@ class StandbyPool:
         self.startup = round(self._last_new - self._began, 3)
         if now - self._began < WARM_AFTER * self.startup and not self._idle_class():
             return False
-        self.emit("standby_timing", startup_seconds=self.startup, start_after_seconds=round(WARM_AFTER * self.startup, 3))
+        self.emit("standby_timing", startup_seconds=self.startup, started_after_seconds=round(now - self._began, 3),
+                  idle_class=self._idle_class())
         return True
 
     def _idle_class(self) -> bool:

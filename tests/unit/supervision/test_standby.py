@@ -209,7 +209,8 @@ def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool
     assert auto_pool.startup == 6.0 and not auto_pool._standbys and not auto_pool.events
     read_at(12)
     assert auto_pool.modules == ("fakeheavy", "not_installed", "fakeheavy.lazy") and list(auto_pool._standbys) == [0]
-    assert auto_pool.events == [("standby_timing", {"startup_seconds": 6.0, "start_after_seconds": 12.0})]
+    assert auto_pool.events == [("standby_timing", {"startup_seconds": 6.0, "started_after_seconds": 12.0,
+                                                    "idle_class": False})]
 
 
 def test_auto_standbys_of_the_idle_class_need_not_wait(auto_pool, monkeypatch):
