@@ -113,12 +113,10 @@ def python_entry(command: Sequence[str]) -> Optional[PythonEntry]:
     index = 1
     while index < len(command):
         token = command[index]
-        if token in _NOT_A_SCRIPT or token.startswith("-c") or (token.startswith("-") and "i" in token[1:2]):
+        if _without_script(token):
             return None
         if token == "-m" or (token.startswith("-m") and not token.startswith("--")):
-            module = token[2:] or (command[index + 1] if index + 1 < len(command) else "")
-            rest = index + (1 if token[2:] else 2)
-            return PythonEntry(tuple(command[:index]), True, module, tuple(command[rest:])) if module else None
+            return _module_entry(command, index)
         if token == "--":
             index += 1
             break
@@ -128,6 +126,19 @@ def python_entry(command: Sequence[str]) -> Optional[PythonEntry]:
     if index >= len(command):
         return None
     return PythonEntry(tuple(command[:index]), False, command[index], tuple(command[index + 1:]))
+
+
+def _without_script(token: str) -> bool:
+    """Whether an interpreter option means no script runs: ``-c``, stdin, ``-i``, help or version."""
+    return token in _NOT_A_SCRIPT or token.startswith("-c") or (token.startswith("-") and "i" in token[1:2])
+
+
+def _module_entry(command: Sequence[str], index: int) -> Optional[PythonEntry]:
+    """``command[index]`` is ``-m`` or ``-mMODULE``: the entry, or None when no module follows."""
+    token = command[index]
+    module = token[2:] or (command[index + 1] if index + 1 < len(command) else "")
+    rest = index + (1 if token[2:] else 2)
+    return PythonEntry(tuple(command[:index]), True, module, tuple(command[rest:])) if module else None
 
 
 def is_start_variable(name: str, extra: Iterable[str] = ()) -> bool:

@@ -12,8 +12,10 @@ launcher reads the file and has its standbys import the installed packages among
 (``docs/warm-standby.md``).
 
 Python consults ``sys.meta_path`` only for modules not in ``sys.modules``; each name is written once
-per process (O_APPEND, one ``write`` per line: lines of several ranks never mix). A failing write
-switches the recorder off; it never fails an import.
+per process (O_APPEND, one ``write`` per line: lines of several ranks never mix). Every
+:data:`MARK_EVERY` imports of any kind it also writes an empty line, a sign of life: ``import torch``
+is one name in the record for all its seconds, and the launcher waits until the ranks' imports
+paused. A failing write switches the recorder off; it never fails an import.
 """
 
 import os
@@ -21,6 +23,8 @@ import sys
 
 ENV_VAR = "LAUNCHER_IMPORTS_FILE"
 _IMPORT_MACHINERY = ("importlib", "_frozen_importlib")
+#: Imports between two empty lines (``import torch`` imports some 1500 modules).
+MARK_EVERY = 50
 
 
 def _top(name):
@@ -37,13 +41,17 @@ class ImportRecorder:
     def __init__(self, fd):
         self.fd = fd
         self.seen = set()
+        self.count = 0
 
     def find_spec(self, name, path=None, target=None):
         if self.fd >= 0 and name not in self.seen:
             self.seen.add(name)
+            self.count += 1
             try:
                 if self._starts_chain(name):
                     os.write(self.fd, (name + "\n").encode("utf-8", "surrogateescape"))
+                elif self.count % MARK_EVERY == 0:
+                    os.write(self.fd, b"\n")
             except Exception:  # never fail the rank's import: stop recording instead
                 self.fd = -1
         return None

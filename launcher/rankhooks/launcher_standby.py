@@ -39,7 +39,7 @@ _SIGNALS = [s for s in signal.valid_signals() if s not in (signal.SIGKILL, signa
 _FRESH_HANDLERS = {s: signal.getsignal(s) for s in _SIGNALS}
 _FRESH_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 _MAX_MESSAGE = 1 << 22
-_FRESH_POLICY = None  # the scheduling policy the standby was born with (see _batch)
+_FRESH_POLICY = None  # the scheduling policy the standby was born with (see _background)
 #: Character devices every process may hold: not accelerators.
 _BENIGN_DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx",
                    "/dev/console")
@@ -213,17 +213,43 @@ def _prepare(sock):
             return None
 
 
-def _batch():
-    """Wait as SCHED_BATCH (as any process may): a batch task woken up does not preempt the running one,
-    so the launcher hands every rank of a restart over before the first standby takes its CPU, and
-    the standbys' imports yield to the ranks. Returns the policy to restore as the rank."""
+def _background():
+    """Wait and import in the background: as SCHED_IDLE where this process may leave it again (the
+    kernel lets it when it holds CAP_SYS_NICE or RLIMIT_NICE allows nice 0), which takes only CPU
+    time the ranks leave; else as SCHED_BATCH (any process may go back from it), whose woken task does
+    not preempt the running one. Either way the launcher hands every rank of a restart over before the
+    first standby takes its CPU. Returns the policy to restore as the rank, or None (keep as is)."""
     try:
         policy = os.sched_getscheduler(0)
-        if policy == os.SCHED_OTHER:
+        if policy != os.SCHED_OTHER:
+            return policy
+        if may_leave_idle():
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            try:  # make sure: a rank left in SCHED_IDLE would starve
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                raise SystemExit("cannot leave SCHED_IDLE again: this standby must not become a rank")
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        else:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         return policy
     except (AttributeError, OSError):
         return None
+
+
+def may_leave_idle():
+    """The kernel's rule for leaving SCHED_IDLE (``can_nice``): CAP_SYS_NICE, or an RLIMIT_NICE that
+    allows this process's nice value (``20 - limit <= nice``)."""
+    try:
+        with open("/proc/self/status") as fh:
+            caps = next((line.split()[1] for line in fh if line.startswith("CapEff:")), "0")
+        if int(caps, 16) >> 23 & 1:  # CAP_SYS_NICE
+            return True
+        with open("/proc/self/limits") as fh:
+            limit = next((line.split()[3] for line in fh if line.startswith("Max nice priority")), "0")
+        return limit == "unlimited" or 20 - int(limit) <= os.getpriority(os.PRIO_PROCESS, 0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return False
 
 
 def _become(sock, message, fds):
@@ -313,7 +339,7 @@ def _user_traceback(tb, module):
 
 def _main():
     global _FRESH_POLICY
-    _FRESH_POLICY = _batch()
+    _FRESH_POLICY = _background()
     sock = socket.socket(fileno=int(sys.argv[1]))
     os.set_inheritable(sock.fileno(), False)
     try:

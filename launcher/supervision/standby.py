@@ -15,6 +15,7 @@ readable sockets, its death through the loop's reaper (``watch_pid``).
 """
 
 import dataclasses
+import importlib.util
 import json
 import logging
 import os
@@ -47,6 +48,12 @@ REPLACE_DELAY = 3.0
 #: once a read finds none (the ranks' imports paused); the first ones after two such reads, so that
 #: the standbys' imports do not slow down the ranks' own start.
 LEARN_POLL = 1.0
+#: ``--preload auto``: the first standbys start once the job has run this many times its start-up (until
+#: the ranks' latest import; ``launcher_imports`` writes signs of life): a standby's imports cost about
+#: what a rank's start-up did, so a job that ends sooner never pays for standbys it could not use, and one that runs on pays at
+#: most what it already ran (rent or buy). Measured: a job that ends while its standbys import loses a
+#: rank to torch's exit race far more often (docs/fidelity.md, "A rank lost at the very end").
+WARM_AFTER = 2.0
 #: ``--preload auto``: modules refused (threads, devices) before auto gives up for the run.
 MAX_EXCLUDED = 5
 _MAX_ANSWER = 1 << 16
@@ -67,6 +74,18 @@ class Standby:
     rss: int = 0
     loading: int = 1  # import requests not yet answered
     env_read: Tuple[str, ...] = ()
+
+
+def _out_of_idle(pid: int) -> None:
+    """A standby waiting as SCHED_IDLE runs only when no other task wants a CPU: before it is woken to
+    become a rank, make it SCHED_BATCH (it goes on to SCHED_OTHER itself), so that a busy machine cannot
+    hold the hand-over back and the launcher still hands every rank over before a standby preempts it.
+    The standby waits as SCHED_IDLE only where it may leave it, and the launcher has its privileges."""
+    try:
+        if os.sched_getscheduler(pid) == os.SCHED_IDLE:
+            os.sched_setscheduler(pid, os.SCHED_BATCH, os.sched_param(0))
+    except OSError:  # gone, or not allowed: the standby leaves SCHED_IDLE itself once it runs
+        pass
 
 
 class StandbyPool:
@@ -92,6 +111,10 @@ class StandbyPool:
         self._specs: Dict[int, WorkerSpec] = {}
         self._polling = self._short_of_memory = False
         self._quiet = 0  # reads in a row that found no new name
+        self._began: Optional[float] = None  # monotonic start of the first attempt
+        self._last_new = 0.0  # when a read last found the ranks importing
+        self._idle: Optional[bool] = None  # standbys import as SCHED_IDLE (see _idle_class)
+        self.startup: Optional[float] = None  # seconds until the ranks' latest import (auto, before standbys)
         self.log_dir = log_dir
         self.emit = emit
         self.refused: Optional[str] = None  # a standby was refused for a reason every other would share
@@ -157,6 +180,7 @@ class StandbyPool:
 
     def _hand_over(self, standby: Standby, env: Dict[str, str], argv: Sequence[str], out_fd: int) -> Optional[str]:
         entry = python_entry(argv)
+        _out_of_idle(standby.proc.pid)
         message = {"env": env, "argv": list(argv), "script": list(argv[len(entry.interpreter):]), "cwd": os.getcwd()}
         devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -182,17 +206,8 @@ class StandbyPool:
                 other ranks are no longer needed (the rank table changed).
         """
         if every:
-            wanted = {spec.rank for spec in specs}
-            for rank in [rank for rank in self._standbys if rank not in wanted]:
-                self._discard(self._standbys[rank])
-        if self._used or (self._cold and attempt):  # attempt 0 has no standby yet: nothing to say
-            self.emit("standby_start", attempt=attempt, ranks=sorted(self._used),
-                      cold={str(rank): why for rank, why in sorted(self._cold.items())})
-        if self._used:
-            log.info("rank(s) %s started from warm standbys", ", ".join(map(str, sorted(self._used))))
-        if self._cold and attempt:
-            log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
-        self._used, self._cold = [], {}
+            self._keep_only({spec.rank for spec in specs})
+        self._report(attempt)
         if every:
             self._specs = {}
         self._specs.update((spec.rank, spec) for spec in specs)
@@ -200,10 +215,27 @@ class StandbyPool:
             self._loop.call_later(REPLACE_DELAY if attempt else PREPARE_DELAY, lambda: self.prepare(specs))
             return
         if not self._polling:
-            self._polling = True
+            self._polling, self._began = True, time.monotonic()
             self._loop.call_later(LEARN_POLL, self._poll)
         if attempt:
             self._loop.call_later(REPLACE_DELAY, self._prepare_within_memory)
+
+    def _keep_only(self, ranks: set) -> None:
+        """Discard the standbys of ranks no longer on this server (the rank table changed)."""
+        for rank in [rank for rank in self._standbys if rank not in ranks]:
+            self._discard(self._standbys[rank])
+
+    def _report(self, attempt: int) -> None:
+        """Say which ranks of the start came from standbys and why the others started cold."""
+        cold = self._cold and attempt  # attempt 0 has no standby yet: nothing to say
+        if self._used or cold:
+            self.emit("standby_start", attempt=attempt, ranks=sorted(self._used),
+                      cold={str(rank): why for rank, why in sorted(self._cold.items())})
+        if self._used:
+            log.info("rank(s) %s started from warm standbys", ", ".join(map(str, sorted(self._used))))
+        if cold:
+            log.info("cold start of %s", "; ".join(f"rank {r}: {why}" for r, why in sorted(self._cold.items())))
+        self._used, self._cold = [], {}
 
     # -- --preload auto -----------------------------------------------------------------------------
     def _poll(self) -> None:
@@ -211,9 +243,12 @@ class StandbyPool:
         if self.refused is not None:
             return
         new = learned_modules(self.learn.read_new(), (*self.modules, *self._pending), self._excluded)
+        now = time.monotonic()
         self._pending.extend(new)
-        self._quiet = 0 if new else self._quiet + 1
-        if self._pending and self._quiet >= (1 if self.modules else 2):
+        active = bool(new) or self.learn.grew  # names, or signs of life: the ranks are still importing
+        self._quiet = 0 if active else self._quiet + 1
+        self._last_new = now if active else self._last_new
+        if self._pending and self._quiet >= (1 if self.modules else 2) and self._warm_enough(now):
             more, self._pending = self._pending, []
             self.modules += tuple(more)
             for standby in list(self._standbys.values()):
@@ -222,6 +257,30 @@ class StandbyPool:
         elif self._short_of_memory:  # memory may have been freed since
             self._prepare_within_memory()
         self._loop.call_later(LEARN_POLL, self._poll)
+
+    def _warm_enough(self, now: float) -> bool:
+        """Whether the job has run long enough for its first standbys (:data:`WARM_AFTER`); once it
+        has, always. The start-up runs until the ranks' latest import so far: a lazy import (the
+        optimizer's ``torch._dynamo`` on the first step) moves it on."""
+        if self.modules:
+            return True
+        self.startup = round(self._last_new - self._began, 3)
+        if now - self._began < WARM_AFTER * self.startup and not self._idle_class():
+            return False
+        self.emit("standby_timing", startup_seconds=self.startup, started_after_seconds=round(now - self._began, 3),
+                  idle_class=self._idle_class())
+        return True
+
+    def _idle_class(self) -> bool:
+        """Whether the standbys will import as SCHED_IDLE (the standby's own rule, which holds for the
+        launcher too: they share its credentials and limits): then they take only CPU time the ranks
+        leave, and need not wait for :data:`WARM_AFTER`."""
+        if self._idle is None:
+            spec = importlib.util.spec_from_file_location("launcher_standby", BOOTSTRAP)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)  # standard library only, no side effect at import
+            self._idle = bool(module.may_leave_idle())
+        return self._idle
 
     def _send_modules(self, standby: Standby, names: Sequence[str]) -> None:
         try:

@@ -2,7 +2,7 @@
 
 The ranks record the modules they import (``launcher/rankhooks/launcher_imports.py``, installed by the
 hooks' ``sitecustomize``) into one file per launcher session; :class:`ImportsLog` reads what was
-added since the last read. :func:`memory_room` is the memory the standbys may take: the tightest
+added since the last read, and whether anything was (the ranks still importing). :func:`memory_room` is the memory the standbys may take: the tightest
 memory limit among this process's cgroups (v2 ``memory.max``, v1 ``memory.limit_in_bytes``) minus
 what the cgroup uses without its reclaimable page cache, or the machine's ``MemAvailable`` when no
 limit is set, less a margin.
@@ -29,9 +29,11 @@ class ImportsLog:
         self.path = path
         self._offset = 0
         self._partial = b""
+        self.grew = False  # the last read found anything appended: names or the ranks' signs of life
 
     def read_new(self, limit: int = 1 << 20) -> List[str]:
-        """Names appended since the last call, in order (duplicates included); [] when none or unreadable."""
+        """Names appended since the last call, in order (duplicates included); [] when none or unreadable.
+        Empty lines are the ranks' signs of life while they import (they set :attr:`grew` only)."""
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -43,6 +45,7 @@ class ImportsLog:
         finally:
             os.close(fd)
         self._offset += len(data)
+        self.grew = bool(data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         return [line.decode("utf-8", "replace") for line in lines if line]

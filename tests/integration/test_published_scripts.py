@@ -66,12 +66,12 @@ class Outcome:
         return found[0]
 
 
-#: torch's own finalization abort: a gloo worker thread still releasing its last work while Python
-#: shuts down after ``destroy_process_group()`` aborts the process (``terminate called without an
-#: active exception``, exit 134). It is torch's, not the launcher's: on this machine torchrun with its
-#: default static rendezvous lost a rank to it in 1 of 12 runs of pytorch/examples' ddp/example.py,
-#: the launcher with ``--preload none`` in 2 of 12, and with the default warm standbys, whose imports
-#: load the two cores while such a 5-second job ends, in 6 of 10 (docs/fidelity.md).
+#: torch's own finalization abort: a gloo worker thread releasing its last finished work (whose saved
+#: thread-local state holds a Python object) while the main thread is already in ``Py_FinalizeEx``
+#: after ``destroy_process_group()``: taking the GIL then ends the thread, through a destructor that
+#: may not throw, and the process aborts (``terminate called without an active exception``, exit 134).
+#: It is torch's, under either tool: measured on this machine with pytorch/examples' ddp/example.py
+#: (docs/fidelity.md, "A rank lost at the very end").
 TEARDOWN_ABORT = "terminate called without an active exception"
 #: How many times a job that only lost a rank to that abort is run.
 RUNS_ON_ABORT = 3
@@ -101,11 +101,9 @@ def _run_tool_once(tool: str, args: Sequence[str], cwd: Path, env: Dict[str, str
     dumps.mkdir()
     (dumps / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.pathsep.join([str(dumps)] + ([str(REPO)] if tool == "launcher" else []))
-    # The command lines are the published ones; the environment turns warm standbys off: these jobs
-    # last seconds, never restart, and the standbys' imports of torch would only load the two cores
-    # while they end (TEARDOWN_ABORT).
-    quiet = {"LAUNCHER_PRELOAD": "none"} if tool == "launcher" else {}
-    full_env = {**os.environ, **quiet, **(env or {}), "PUBLISHED_ENV_DUMP": str(dumps), "PYTHONPATH": path,
+    # The command lines are the published ones, with the launcher's defaults (warm standbys included:
+    # they start only once a job ran twice its start-up, so these seconds-long jobs get none).
+    full_env = {**os.environ, **(env or {}), "PUBLISHED_ENV_DUMP": str(dumps), "PYTHONPATH": path,
                 "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", "")}
     argv = [sys.executable, "-m", "launcher", "run", *args] if tool == "launcher" else [str(BIN / tool), *args]
     proc = subprocess.run(argv, cwd=str(cwd), env=full_env, capture_output=True, text=True, timeout=TIMEOUT)

@@ -105,6 +105,7 @@ def snapshot():
         "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
         "affinity": sorted(os.sched_getaffinity(0)),
+        "scheduling": [os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)],  # a standby waits as SCHED_IDLE/BATCH
         "token_in_proc_environ": any(e.startswith("LAUNCHER_JOB_TOKEN=") for e in proc_environ),
     }
 

@@ -3,6 +3,8 @@ may take a rank (ready, same command, same start-time variables) and what happen
 
 import os
 import select
+import shutil
+import subprocess
 import sys
 
 import pytest
@@ -126,7 +128,8 @@ def test_ranks_no_longer_here_lose_their_standbys(pool):
 
 # -- --preload auto --------------------------------------------------------------------------------
 @pytest.fixture
-def auto_pool(tmp_path):
+def auto_pool(tmp_path, monkeypatch):
+    monkeypatch.setattr(standby_mod, "WARM_AFTER", 0.0)  # when the first standbys start: its own test
     site = tmp_path / "site-packages"
     (site / "fakeheavy").mkdir(parents=True)
     (site / "fakeheavy" / "__init__.py").write_text("")
@@ -179,3 +182,86 @@ def test_auto_starts_no_standby_that_does_not_fit_in_memory(auto_pool, monkeypat
     assert not auto_pool._standbys
     skipped = [fields for name, fields in auto_pool.events if name == "standby_skipped"]
     assert len(skipped) == 1 and skipped[0]["ranks"] == [0] and skipped[0]["need_bytes"] > 1 << 20
+
+
+def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool, monkeypatch):
+    """A job that ends within twice its start-up (until the ranks' newest import) never gets standbys
+    whose imports would load the CPUs while it ends (docs/fidelity.md); once the job ran that long,
+    they start."""
+    clock = [100.0]
+    monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
+    auto_pool._idle = False  # standbys as SCHED_BATCH: they would compete with the ranks
+    auto_pool.after_start([auto_pool.spec], 0)
+
+    def read_at(second, name=None):
+        clock[0] = 100.0 + second
+        if name:
+            with open(auto_pool.record, "a") as fh:
+                fh.write(name + "\n")
+        _tick(auto_pool)
+
+    for second, name in ((1, "fakeheavy"), (2, None), (3, "not_installed"), (4, None), (5, None)):
+        read_at(second, name)
+    assert auto_pool.startup == 3.0 and not auto_pool._standbys  # two quiet reads, but 5 s < 2 x 3 s
+    for second, name in ((6, "fakeheavy.lazy"), (7, None), (8, None), (11, None)):  # a lazy import: 2 x 6 s
+        read_at(second, name)
+    assert auto_pool.startup == 6.0 and not auto_pool._standbys and not auto_pool.events
+    read_at(12)
+    assert auto_pool.modules == ("fakeheavy", "not_installed", "fakeheavy.lazy") and list(auto_pool._standbys) == [0]
+    assert auto_pool.events == [("standby_timing", {"startup_seconds": 6.0, "started_after_seconds": 12.0,
+                                                    "idle_class": False})]
+
+
+def test_auto_standbys_of_the_idle_class_need_not_wait(auto_pool, monkeypatch):
+    """SCHED_IDLE standbys take only CPU time the ranks leave: they start once the imports paused."""
+    clock = [100.0]
+    monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
+    auto_pool.after_start([auto_pool.spec], 0)
+    auto_pool.record.write_text("fakeheavy\n")
+    for second in (3, 4, 5):
+        clock[0] = 100.0 + second
+        _tick(auto_pool)
+    assert auto_pool._idle == (_policy_in_standby()[0] == os.SCHED_IDLE)  # the standby's own rule
+    assert bool(auto_pool._standbys) == auto_pool._idle  # 5 s < 2 x 3 s: only idle-class ones start
+
+
+def _policy_in_standby(prefix=()):
+    """In a fresh interpreter: the policy a standby waits with, and whether it can go back to SCHED_OTHER."""
+    code = ("import os, launcher_standby as s\nborn = s._background()\nwaiting = os.sched_getscheduler(0)\n"
+            "os.sched_setscheduler(0, born, os.sched_param(0))\nprint(waiting, os.sched_getscheduler(0))")
+    hooks = os.path.dirname(standby_mod.BOOTSTRAP)
+    out = subprocess.run([*prefix, sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": hooks},
+                         capture_output=True, text=True, check=True).stdout
+    return [int(x) for x in out.split()]
+
+
+def test_a_standby_waits_as_sched_idle_only_where_it_can_leave_it():
+    """SCHED_IDLE takes only CPU the ranks leave, but leaving it needs CAP_SYS_NICE (or RLIMIT_NICE):
+    without, SCHED_BATCH, which any process may leave. Either way the rank runs as SCHED_OTHER."""
+    with open("/proc/self/status") as fh:
+        privileged = int(next(line.split()[1] for line in fh if line.startswith("CapEff:")), 16) >> 23 & 1
+    assert _policy_in_standby() == [os.SCHED_IDLE if privileged else os.SCHED_BATCH, os.SCHED_OTHER]
+    if not privileged or not shutil.which("setpriv"):
+        pytest.skip("cannot drop CAP_SYS_NICE here")
+    assert _policy_in_standby(("setpriv", "--bounding-set=-sys_nice")) == [os.SCHED_BATCH, os.SCHED_OTHER]
+
+
+def test_the_launcher_takes_a_standby_out_of_sched_idle_before_waking_it():
+    """A woken SCHED_IDLE task runs only on an idle CPU: the hand-over would wait for a busy machine."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        try:
+            os.sched_setscheduler(sleeper.pid, os.SCHED_IDLE, os.sched_param(0))
+            os.sched_setscheduler(sleeper.pid, os.SCHED_OTHER, os.sched_param(0))
+        except PermissionError:
+            pytest.skip("no CAP_SYS_NICE here: a standby never waits as SCHED_IDLE")
+        standby_mod._out_of_idle(sleeper.pid)
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_OTHER  # only SCHED_IDLE is changed
+        os.sched_setscheduler(sleeper.pid, os.SCHED_IDLE, os.sched_param(0))
+        standby_mod._out_of_idle(sleeper.pid)
+        assert os.sched_getscheduler(sleeper.pid) == os.SCHED_BATCH
+    finally:
+        sleeper.kill()
+        sleeper.wait()

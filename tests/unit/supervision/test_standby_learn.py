@@ -123,3 +123,24 @@ def test_a_module_that_walks_the_environment_does_not_make_every_variable_count(
     read = set()
     assert boot._import(["walker"], False, read) == ["walker"]
     assert read == {"WALKER_OPTION", "HOME"}
+
+
+def test_the_recorder_shows_signs_of_life_while_a_package_imports_its_own_modules(tmp_path, monkeypatch):
+    """``import torch`` is one name for all its seconds: every 50th import the recorder writes an empty
+    line, which the reader skips but counts as the ranks still importing."""
+    (tmp_path / "big").mkdir()
+    (tmp_path / "big" / "__init__.py").write_text("".join(f"from big import m{i}\n" for i in range(120)))
+    for i in range(120):
+        (tmp_path / "big" / f"m{i}.py").write_text("")
+    result = _run(tmp_path, "import big\n")
+    assert result.returncode == 0, result.stderr
+    lines = (tmp_path / "imports.txt").read_text().split("\n")
+    assert "big" in lines and not any(line.startswith("big.") for line in lines)
+    assert lines.count("") >= 120 // 50  # plus the final newline's
+    log = ImportsLog(str(tmp_path / "imports.txt"))
+    names = log.read_new()
+    assert "big" in names and "" not in names and log.grew
+    assert log.read_new() == [] and not log.grew
+    with open(tmp_path / "imports.txt", "a") as fh:
+        fh.write("\n")
+    assert log.read_new() == [] and log.grew
