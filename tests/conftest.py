@@ -1,7 +1,8 @@
 """Shared fixtures. The autouse ``no_leftover_processes`` fails any test that leaves a process behind.
 
 pytest makes itself a child subreaper, so a rank orphaned by a dead launcher is re-parented to
-pytest and shows up among its descendants instead of escaping to init unseen.
+pytest and shows up among its descendants instead of escaping to init unseen. A launcher a test
+started through ``tests.helpers.launch`` and left running is killed first (with its ranks).
 """
 
 import os
@@ -11,6 +12,7 @@ import psutil
 import pytest
 
 from launcher.supervision.guard import become_subreaper
+from tests.helpers import launch
 
 become_subreaper()
 
@@ -44,11 +46,8 @@ def _reap_orphans() -> None:
             continue
 
 
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    """Fail the test if it leaves any process running (and kill what it left)."""
-    before = set(_descendants())
-    yield
+def _fail_if_left(before: set, what: str) -> None:
+    """Wait up to SETTLE_SECONDS for the processes not in ``before`` to end; kill them and fail if not."""
     deadline = time.monotonic() + SETTLE_SECONDS
     while True:
         _reap_orphans()
@@ -66,4 +65,24 @@ def no_leftover_processes():
                 continue
         _reap_orphans()
         if described:
-            pytest.fail("test left processes behind:\n  " + "\n  ".join(described))
+            pytest.fail(f"{what} left processes behind:\n  " + "\n  ".join(described))
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """Fail the test if it leaves any process running (and kill what it left)."""
+    before = set(_descendants())
+    mark = launch.started_count()
+    yield
+    launch.kill_started_since(mark)
+    _fail_if_left(before, "test")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_leftover_processes_of_the_module():
+    """The same for the module's own fixtures (an etcd server, a reference run started in the
+    background): what they started must be gone once the module's fixtures are torn down. The
+    per-test check cannot see these (they were running before each test began)."""
+    before = set(_descendants())
+    yield
+    _fail_if_left(before, "the module's fixtures")
