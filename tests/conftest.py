@@ -1,8 +1,11 @@
 """Shared fixtures. The autouse ``no_leftover_processes`` fails any test that leaves a process behind.
 
 pytest makes itself a child subreaper, so a rank orphaned by a dead launcher is re-parented to
-pytest and shows up among its descendants instead of escaping to init unseen. A launcher a test
-started through ``tests.helpers.launch`` and left running is killed first (with its ranks).
+pytest and shows up among its descendants instead of escaping to init unseen. What a test starts
+also inherits :data:`MARK` in its environment, so a process that left pytest's tree anyway (re-parented
+to the init of a PID namespace, started through another program, a daemon of a test) is found
+by a /proc scan. A launcher a test started through ``tests.helpers.launch`` and left running is
+killed first (with its ranks).
 """
 
 import os
@@ -23,11 +26,29 @@ pytest_plugins = ("tests.chaos.report",)
 #: How long a test's processes get to finish exiting after the test body returns.
 SETTLE_SECONDS = 5.0
 
+#: Inherited by every process this pytest process starts (unless a test gives a whole environment of
+#: its own): ``name=value`` with this process's pid, so two pytest processes never share it.
+MARK_NAME = "PYTEST_LEFTOVER_MARK"
+os.environ[MARK_NAME] = str(os.getpid())
+MARK = f"\0{MARK_NAME}={os.getpid()}\0".encode()
+
+
+def _carries_mark(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return MARK in b"\0" + fh.read() + b"\0"
+    except OSError:  # gone, or not ours to read
+        return False
+
 
 def _descendants() -> dict:
+    """(pid, create time) -> process: pytest's descendants and every process carrying MARK."""
+    me = os.getpid()
     found = {}
-    for proc in psutil.Process().children(recursive=True):
+    for proc in psutil.Process().children(recursive=True) + [pid for pid in psutil.pids() if pid != me and
+                                                             _carries_mark(pid)]:
         try:
+            proc = psutil.Process(proc) if isinstance(proc, int) else proc
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue
             found[(proc.pid, proc.create_time())] = proc

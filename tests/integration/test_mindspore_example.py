@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import pytest
 from tests.helpers.launch import Launcher, cli
@@ -48,7 +48,7 @@ class Launch(Launcher):
     """One ``launcher run`` of the example, started in the background; its files live under ``tmp``
     (killed at the end of the test if still running, by the harness)."""
 
-    def __init__(self, tmp: Path, ckpt: Path, options: List[str], train_args: List[str]):
+    def __init__(self, tmp: Path, ckpt: Path, options: Sequence[str] = (), train_args: Sequence[str] = ()):
         super().__init__(tmp, merge_output=True)
         self.ckpt = ckpt
         self.start(["--framework", "mindspore", "--nproc-per-node", str(NPROC), "--master-port", str(free_port()),
