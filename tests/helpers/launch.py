@@ -16,7 +16,6 @@
 import atexit
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -160,16 +159,6 @@ class Launcher:
 
     def send_signal(self, signum: int) -> None:
         self.proc.send_signal(signum)
-
-    def stop(self, timeout: float = 40, signum: int = signal.SIGTERM) -> Optional[int]:
-        """Ask it to stop as a user would (SIGTERM: the gasp) and wait; SIGKILL it after ``timeout``."""
-        if not self.running():
-            return self.proc.poll() if self.proc is not None else None
-        self.proc.send_signal(signum)
-        try:
-            return self.wait(timeout)
-        except subprocess.TimeoutExpired:
-            return self.kill()
 
     def kill(self) -> Optional[int]:
         """SIGKILL it (if it still runs) and reap it; its return code."""

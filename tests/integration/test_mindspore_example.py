@@ -80,7 +80,7 @@ class Launch(Launcher):
         raise AssertionError(f"not every rank wrote {name}\n{self.explain()}")
 
 
-def launcher_command(command: str, run_dir: Path) -> subprocess.CompletedProcess:
+def control(command: str, run_dir: Path) -> subprocess.CompletedProcess:
     """``launcher exit`` / ``launcher prestop`` against a running launcher."""
     return cli(command, "--run-dir", run_dir, timeout=90)
 
@@ -114,7 +114,7 @@ def test_launcher_exit_writes_train_ckpt_on_every_rank(tmp_path):
     each writes rank_<id>/ms_train.ckpt, and the launcher exits 0 without restarting."""
     launch = Launch(tmp_path, tmp_path / "ckpt", [], ["--epochs", "8", "--step-time", "0.2"])
     launch.wait_for_files("ms-1_5.ckpt")
-    result = launcher_command("exit", launch.run_dir)
+    result = control("exit", launch.run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert launch.wait() == 0, launch.explain()
 
@@ -194,7 +194,7 @@ def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, ref
     launch = Launch(tmp_path / "first", ckpt, ["--group-info-root", str(group_info)],
                       ["--step-time", "0.5"])
     launch.wait_for_files("ms-1_5.ckpt")
-    result = launcher_command("prestop", launch.run_dir)
+    result = control("prestop", launch.run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in range(NPROC):
         assert f"rank {rank}: exited with code 143" in result.stdout, result.stdout
