@@ -11,22 +11,12 @@ import time
 
 import pytest
 
-from tests.chaos.harness import LIVE_JOBS
 from tests.chaos.report import RunRecord, as_property
 
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "chaos: fault-injection runs of the real examples under the launcher "
                                        "(tests/chaos; bounded to a few minutes)")
-
-
-@pytest.fixture(autouse=True)
-def _no_running_launchers():
-    """After each test (before tests/conftest.py's leftover check), SIGKILL any launcher a failed
-    test left running; its ranks die with it."""
-    yield
-    for job in list(LIVE_JOBS):
-        job.kill_all()
 
 
 @pytest.fixture

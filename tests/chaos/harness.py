@@ -18,11 +18,11 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from tests.helpers.launch import Launcher, cli, events_in
 from tests.helpers.procs import free_port, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
@@ -35,10 +35,6 @@ STEP_LINE = re.compile(r"^(?:\[dcp_train rank \d+/\d+\] )?(?:epoch \d+ )?step (\
 RESUMED = re.compile(r"resumed from (\S+) (?:\[[^]]*\] )?at (?:global )?step (\d+)")
 FINAL_HASH = re.compile(r"final (?:params )?sha256 ([0-9a-f]{64})")
 WATCH_INTERVAL = 0.05
-
-#: Every job not yet garbage-collected: the chaos conftest SIGKILLs their launchers after each test,
-#: so a test failing half-way leaves nothing running (the ranks die with their launcher).
-LIVE_JOBS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.02) -> bool:
@@ -55,26 +51,23 @@ def _not_a_socket(directory, names):
     return [n for n in names if stat.S_ISSOCK(os.lstat(os.path.join(directory, n)).st_mode)]
 
 
-def read_events(path: Path) -> List[dict]:
-    from launcher.monitoring.events import read_events as _read
-
-    return _read(str(path))
-
-
 @dataclass
 class Launch:
-    """One ``launcher run`` process of a job."""
+    """One ``launcher run`` process of a job (started through the tests' harness, which kills it at
+    the end of a test that left it running; its ranks die with it)."""
 
     index: int
     nproc: int                                 # its --nproc-per-node (a job may change world size)
-    proc: subprocess.Popen
-    argv: List[str]
-    out_path: Path
+    launcher: Launcher
     started: float
     killed_at: Optional[float] = None  # wall time the test SIGKILLed it
     ended_at: Optional[float] = None   # wall time its exit was reaped
     resumed_seen: Dict[Tuple[int, int], float] = field(default_factory=dict)  # (attempt, rank) -> time
     watcher: Optional[threading.Thread] = None
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.launcher.proc
 
     @property
     def pid(self) -> int:
@@ -133,7 +126,6 @@ class ChaosJob:
         self.ckpt_dir = tmp / "ckpt"
         self.launches: List[Launch] = []
         tmp.mkdir(parents=True, exist_ok=True)
-        LIVE_JOBS.add(self)
 
     def adopt_dirs(self, snapshot: Path) -> None:
         """Start from a copy of another job's run dir and checkpoint dir (``snapshot/run``,
@@ -149,17 +141,12 @@ class ChaosJob:
         ``nproc`` overrides the job's ranks per node for this launch (a resume on another world)."""
         index = len(self.launches)
         nproc = nproc or self.nproc
-        out_path = self.tmp / f"launcher.{index}.out"
-        argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc),
-                "--run-dir", str(self.run_dir), "--log-dir", str(self.log_dir),
-                "--checkpoint-dir", str(self.ckpt_dir), "--console-ranks", "none",
-                "--master-port", str(free_port()), *self.launcher_opts, *extra_opts,
-                "--", sys.executable, self.script, "--ckpt-dir", str(self.ckpt_dir), *self.train_args,
-                *extra_train_args]
-        with open(out_path, "wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                    stdin=subprocess.DEVNULL)
-        launch = Launch(index, nproc, proc, argv, out_path, time.time())
+        launcher = Launcher(self.tmp, cwd=REPO, name=f"launcher.{index}.", merge_output=True)
+        launcher.start(["--nproc-per-node", str(nproc), "--checkpoint-dir", self.ckpt_dir, "--console-ranks", "none",
+                        "--master-port", str(free_port()), *self.launcher_opts, *extra_opts],
+                       command=[sys.executable, self.script, "--ckpt-dir", self.ckpt_dir, *self.train_args,
+                                *extra_train_args])
+        launch = Launch(index, nproc, launcher, launcher.started)
         self.launches.append(launch)
         launch.watcher = threading.Thread(target=self._watch, args=(launch,), daemon=True,
                                           name=f"chaos-watch-{index}")
@@ -210,10 +197,7 @@ class ChaosJob:
                 launch.proc.wait()
 
     def output(self, launch: Launch) -> str:
-        try:
-            return launch.out_path.read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
+        return launch.launcher.output
 
     def sigkill(self, launch: Launch) -> int:
         """SIGKILL the launcher itself; returns its (negative) return code."""
@@ -239,15 +223,11 @@ class ChaosJob:
 
     def prestop(self, timeout: float = 60) -> subprocess.CompletedProcess:
         """``launcher prestop`` on this job's run dir (the container's preStop hook)."""
-        return subprocess.run([sys.executable, "-m", "launcher", "prestop", "--run-dir", str(self.run_dir)],
-                              capture_output=True, text=True, timeout=timeout, cwd=str(REPO))
+        return cli("prestop", "--run-dir", self.run_dir, timeout=timeout, cwd=REPO)
 
     # -- what the launcher recorded ------------------------------------------------------------
     def events(self, launch: Optional[Launch] = None) -> List[dict]:
-        events = read_events(self.run_dir / "events.jsonl")
-        if launch is None:
-            return events
-        return [e for e in events if e.get("launcher_pid") == launch.pid]
+        return events_in(self.run_dir) if launch is None else events_in(self.run_dir, launcher_pid=launch.pid)
 
     def session_dir(self, launch: Launch) -> Optional[Path]:
         starts = [e for e in self.events(launch) if e["event"] == "start"]

@@ -15,17 +15,13 @@ import pytest
 from tests.helpers.configmap import ConfigMapDir
 from tests.helpers.taskd_stub import STUBS, build_libtaskd
 from tests.helpers.procs import free_port, wait_until
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher, wait_all
 
 
 def reset(ranks=None, retry=0, flushing=False, graceful=0):
     return json.dumps({"RankList": [{"RankId": r, "Status": s} for r, s in (ranks or {}).items()],
                        "UpdateTime": int(time.time()), "RetryTime": retry, "FaultFlushing": flushing,
                        "GracefulExit": graceful, "RestartFaultProcess": False})
-
-
-def events_named(launcher, name):
-    return [e for e in launcher.events() if e["event"] == name]
 
 
 @pytest.fixture
@@ -47,8 +43,8 @@ def test_fault_then_recovered_restarts_then_graceful_exit(launcher, configmap):
     start(launcher, configmap)
     attempt_ready(launcher, 0)
     configmap.write("reset.json", reset({1: "unrecovered"}, retry=0))
-    assert wait_until(lambda: events_named(launcher, "cluster_hold"), 10), launcher.stderr
-    assert [e["reason"] for e in events_named(launcher, "stop_group")][0].startswith("reset.json")
+    assert wait_until(lambda: launcher.events("cluster_hold"), 10), launcher.stderr
+    assert [e["reason"] for e in launcher.events("stop_group")][0].startswith("reset.json")
     time.sleep(0.3)
     assert not [l for l in launcher.ready_lines() if l[1] == "1"]  # held: nothing restarted yet
     configmap.write("reset.json", reset({1: "recovered"}, retry=0))
@@ -56,7 +52,7 @@ def test_fault_then_recovered_restarts_then_graceful_exit(launcher, configmap):
     configmap.write("reset.json", reset({1: "recovered"}, retry=0, graceful=1))
     assert launcher.wait(20) == 0
     assert len(launcher.ready_lines(".exit")) == 2  # both ranks honoured the graceful-exit file
-    restarts = events_named(launcher, "restart")
+    restarts = launcher.events("restart")
     assert [(e["scope"], e["reason"]) for e in restarts] == [("cluster", "fault")]
 
 
@@ -72,7 +68,7 @@ def test_retry_time_bump_restarts_the_group(launcher, configmap):
 def test_fault_flushing_holds_the_start(launcher, configmap):
     configmap.write("reset.json", reset(flushing=True))
     start(launcher, configmap)
-    assert wait_until(lambda: events_named(launcher, "cluster_hold"), 10), launcher.stderr
+    assert wait_until(lambda: launcher.events("cluster_hold"), 10), launcher.stderr
     time.sleep(0.3)
     assert launcher.ready_lines() == []
     configmap.write("reset.json", reset(flushing=False))
@@ -87,7 +83,7 @@ def test_malformed_reset_json_is_ignored_with_a_warning(launcher, configmap):
     configmap.write("reset.json", '{"RankList": [{"RankId": "x"')
     configmap.write("reset.json", '{"RankList": 5}')
     assert wait_until(lambda: "reset.json" in launcher.stderr and "WARNING" in launcher.stderr, 10)
-    assert not events_named(launcher, "stop_group")  # the last good state is kept
+    assert not launcher.events("stop_group")  # the last good state is kept
     configmap.write("reset.json", reset(graceful=1))
     assert launcher.wait(20) == 0
 
@@ -112,7 +108,7 @@ def test_rewritten_rank_table_is_reread_before_the_restart(launcher, tmp_path):
     (table_dir / "version").write_text("101")
     trigger.touch()  # the rank fails only after the cluster rewrote the table
     assert launcher.wait(30) == 0, launcher.stderr
-    changed = events_named(launcher, "rank_table_changed")
+    changed = launcher.events("rank_table_changed")
     assert changed and changed[0]["new_ranks"] == [0, 1, 2] and changed[0]["new_revision"] == "101"
     assert sorted(int(l[0]) for l in launcher.ready_lines() if l[1] == "1") == [0, 1, 2]
 
@@ -132,18 +128,10 @@ def test_taskd_manager_runs_once_on_the_rank0_node(tmp_path, monkeypatch):
     nodes = []
     for server in ("10.0.0.1", "10.0.0.2"):
         node = Launcher(tmp_path / server)
-        node.tmp.mkdir()
         node.start(["--rank-table", str(table), "--server-id", server, "--taskd", "on",
                     "--taskd-port", str(port)], ["--run", "3"])
         nodes.append(node)
-    try:
-        for node in nodes:
-            assert node.wait(40) == 0, node.stderr
-    finally:
-        for node in nodes:
-            if node.proc.poll() is None:
-                node.proc.kill()
-                node.proc.wait()
+    assert wait_all(nodes, 40) == [0, 0], [node.stderr for node in nodes]
     configs = sorted(stub_dir.glob("manager-config-*.json"))
     assert configs, "the manager never started"
     config = json.loads(configs[0].read_text())

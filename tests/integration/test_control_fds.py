@@ -9,22 +9,18 @@ request is answered, the restart starts its ranks and the job ends 0 with ``job_
 
 import resource
 import socket
-import subprocess
 import time
 
 from launcher.control.client import request
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher
 
 
 def test_400_idle_control_connections_under_ulimit_256_do_not_stop_a_restart(tmp_path):
     node = Launcher(tmp_path)
     trigger = tmp_path / "fail-now"
-    node.out, node.err = open(tmp_path / "stdout.txt", "wb"), open(tmp_path / "stderr.txt", "wb")
-    node.proc = subprocess.Popen(
-        node.argv(["--nproc-per-node", "2", "--max-restarts", "1"],
-                  ["--fail-rank", "1", "--fail-when", str(trigger), "--run", "4"]),
-        stdout=node.out, stderr=node.err, cwd=str(tmp_path),
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
+    node.start(["--nproc-per-node", "2", "--max-restarts", "1"],
+               ["--fail-rank", "1", "--fail-when", str(trigger), "--run", "4"],
+               preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256)))
     idle = []
     try:
         node.wait_ready(2)
@@ -46,9 +42,6 @@ def test_400_idle_control_connections_under_ulimit_256_do_not_stop_a_restart(tmp
     finally:
         for sock in idle:
             sock.close()
-        if node.proc.poll() is None:
-            node.proc.kill()
-            node.wait()
     assert code == 0, node.stderr
     assert sorted(int(line[1]) for line in node.ready_lines()) == [0, 0, 1, 1]  # the restart started both
     assert node.stderr.count("cannot accept") == 0 and "Traceback" not in node.stderr

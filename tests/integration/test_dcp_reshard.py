@@ -10,13 +10,13 @@ evenly, so only the summation order differs: measured within 2e-7 relative).
 """
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.helpers.dcp import LOSS, RESUMED, check_conversion, check_loaded_equals_offline
+from tests.helpers.launch import Launcher, events_in
 from tests.helpers.procs import free_port
 
 torch = pytest.importorskip("torch")
@@ -28,22 +28,19 @@ pytestmark = pytest.mark.slow
 
 
 def launch(tmp: Path, name: str, nproc: int, ckpt: Path, steps: int, *train_args: str):
-    """One ``launcher run`` of the example; its output, run dir and rank 0's losses."""
-    run_dir = tmp / name / "run"
-    argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc), "--run-dir", str(run_dir),
-            "--log-dir", str(tmp / name / "logs"), "--master-port", str(free_port()),
-            "--checkpoint-dir", str(ckpt), "--", sys.executable, EXAMPLE, "--ckpt-dir", str(ckpt),
-            "--steps", str(steps), *train_args]
-    proc = subprocess.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"{name}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    """One ``launcher run`` of the example; the launcher, its run dir and rank 0's losses."""
+    proc = Launcher(tmp / name, cwd=REPO)
+    code = proc.run(["--nproc-per-node", str(nproc), "--master-port", str(free_port()), "--checkpoint-dir", ckpt],
+                    command=[sys.executable, EXAMPLE, "--ckpt-dir", ckpt, "--steps", str(steps), *train_args],
+                    timeout=300)
+    assert code == 0, f"{name}: exit {code}\n{proc.stdout}\n{proc.stderr}"
     losses = {int(step): float(loss) for step, loss in LOSS.findall(proc.stdout)}
-    return proc, run_dir, losses
+    return proc, proc.run_dir, losses
 
 
 def plan_event(run_dir: Path) -> dict:
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    found = [e for e in events if e.get("event") == "restore_plan"]
-    assert len(found) == 1, events
+    found = events_in(run_dir, "restore_plan")
+    assert len(found) == 1, events_in(run_dir)
     return found[0]
 
 

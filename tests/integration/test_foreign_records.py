@@ -20,7 +20,7 @@ from typing import Callable, List
 
 import pytest
 
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher
 from tests.integration.etcd_server import EtcdServer, etcd_binary
 
 PER_NODE = 2

@@ -9,12 +9,12 @@ import time
 
 import psutil
 
+from tests.helpers.launch import cli, launcher_command
 from tests.helpers.procs import pid_alive, wait_until
 
 
 def prestop(run_dir, *extra, timeout=60):
-    return subprocess.run([sys.executable, "-m", "launcher", "prestop", "--run-dir", str(run_dir), *extra],
-                          capture_output=True, text=True, timeout=timeout)
+    return cli("prestop", "--run-dir", run_dir, *extra, timeout=timeout)
 
 
 def test_kubelet_sequence_prestop_then_sigterm(launcher, tmp_path):
@@ -25,9 +25,9 @@ def test_kubelet_sequence_prestop_then_sigterm(launcher, tmp_path):
                    ["--term-delay", "1.5", "--ckpt-dir", str(ckpt), "--child"])
     launcher.wait_ready(3)
     children = [int(pid) for _, pid in launcher.wait_ready(3, ".child")]
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "prestop", "--run-dir", str(launcher.run_dir)],
+    proc = subprocess.Popen(launcher_command("prestop", "--run-dir", str(launcher.run_dir)),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert wait_until(lambda: any(e["event"] == "gasp" for e in launcher.events()), 10)
+    launcher.wait_event("gasp", timeout=10)
     launcher.proc.send_signal(signal.SIGTERM)  # the kubelet, while the ranks are saving
     out, err = proc.communicate(timeout=30)
     returned = time.time()
@@ -40,12 +40,12 @@ def test_kubelet_sequence_prestop_then_sigterm(launcher, tmp_path):
     terms = launcher.ready_lines(".term")
     assert sorted(int(t[0]) for t in terms) == [0, 1, 2]  # the gasp signal reached each rank once
     assert all(t[4] == "1" for t in terms)  # each rank's child was still running while it saved
-    last_exit = max(e["ts"] for e in launcher.events() if e["event"] == "rank_exited")
+    last_exit = max(e["ts"] for e in launcher.events("rank_exited"))
     # prestop returned promptly (no fixed sleep; the gasp timeout is 25 s). The bound is loose on
     # purpose: CI runs this on 2 busy cores; bench/ measures the real figure (milliseconds).
     assert returned - last_exit < 0.9, returned - last_exit
     assert wait_until(lambda: not any(pid_alive(p) for p in children), 5)
-    gasps = [e for e in launcher.events() if e["event"] == "gasp"]
+    gasps = launcher.events("gasp")
     assert len(gasps) == 1 and gasps[0]["source"] == "prestop"
 
 
@@ -67,7 +67,7 @@ def test_sigterm_without_prestop_performs_the_gasp(launcher, tmp_path):
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait(20) == 143
     assert sorted(p.name for p in ckpt.iterdir()) == ["rank_0.ckpt", "rank_1.ckpt"]
-    gasp = [e for e in launcher.events() if e["event"] == "gasp"]
+    gasp = launcher.events("gasp")
     assert gasp and gasp[0]["source"] == "signal SIGTERM" and gasp[0]["save"] is True
 
 
@@ -86,15 +86,14 @@ def test_gasp_within_min_interval_skips_the_save(launcher, tmp_path):
     launcher.proc.send_signal(signal.SIGTERM)
     assert launcher.wait(20) == 143
     assert len(launcher.ready_lines(".term")) == 2  # no save signal the second time
-    gasps = [e for e in launcher.events() if e["event"] == "gasp"]
+    gasps = launcher.events("gasp")
     assert [g["save"] for g in gasps] == [True, False]
 
 
 def test_launcher_exit_stops_the_job_with_exit_zero(launcher):
     launcher.start(["--nproc-per-node", "3", "--max-restarts", "3"], ["--poll-exit"])
     launcher.wait_ready(3)
-    result = subprocess.run([sys.executable, "-m", "launcher", "exit", "--run-dir", str(launcher.run_dir)],
-                            capture_output=True, text=True, timeout=30)
+    result = cli("exit", "--run-dir", launcher.run_dir, timeout=30)
     assert result.returncode == 0, result.stderr
     assert "job ended (graceful-exit, exit 0)" in result.stdout
     assert launcher.wait(10) == 0

@@ -10,7 +10,7 @@ SIGTERM (its ``.term`` record) and nothing of the job may be left.
 import sys
 import textwrap
 
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher
 
 RANKS = 2
 
@@ -41,7 +41,6 @@ def test_a_launcher_bug_still_gives_the_ranks_the_gasp(tmp_path, monkeypatch):
     hooks.mkdir()
     (hooks / "sitecustomize.py").write_text(textwrap.dedent(INJECT.format(ranks=RANKS)))
     job = Launcher(tmp_path / "job")
-    job.tmp.mkdir()
     monkeypatch.setenv("PYTHONPATH", f"{hooks}:{':'.join(p for p in sys.path if p)}")
     monkeypatch.setenv("INJECT_READY_FILE", str(job.ready))
     code = job.run(["--nproc-per-node", str(RANKS), "--gasp-timeout", "20"], ["--term-delay", "0.2"], timeout=60)
@@ -49,4 +48,4 @@ def test_a_launcher_bug_still_gives_the_ranks_the_gasp(tmp_path, monkeypatch):
     assert "SIGTERM to 2 rank(s), 20 s to save" in job.stderr, job.stderr
     terms = job.ready_lines(".term")
     assert sorted(int(line[0]) for line in terms) == list(range(RANKS)), job.stderr
-    assert [e["source"] for e in job.events() if e["event"] == "gasp"] == ["launcher-error"]
+    assert [e["source"] for e in job.events("gasp")] == ["launcher-error"]

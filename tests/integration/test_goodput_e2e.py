@@ -9,14 +9,14 @@ writes ``python`` / ``print`` / ``die`` / ``hang`` records with its own ``time.t
 import json
 import math
 import os
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO
+from tests.helpers.launch import Launcher, cli
+from tests.helpers.paths import REPO
 
 pytest.importorskip("torch")
 
@@ -32,21 +32,19 @@ def run_job(tmp_path: Path, options, script_args, timeout=240):
     times = tmp_path / "times"
     times.mkdir()
     env = dict(os.environ, TIMES_DIR=str(times), PYTHONPATH=str(REPO))
-    argv = [sys.executable, "-m", "launcher", "run", "--run-dir", str(tmp_path / "run"), "--log-dir",
-            str(tmp_path / "logs"), "--nproc-per-node", "2", *options, "--", sys.executable, SCRIPT,
-            "--snapshot", str(tmp_path / "snapshot.pt"), *script_args]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=str(tmp_path), env=env)
-    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
+    job = Launcher(tmp_path, env=env)
+    job.run(["--nproc-per-node", "2", *options], command=[sys.executable, SCRIPT, "--snapshot",
+                                                          tmp_path / "snapshot.pt", *script_args], timeout=timeout)
+    events = job.events()
     records = defaultdict(list)  # attempt -> the ranks' records
     for path in times.glob("rank_*.jsonl"):
         rank = int(path.stem.split("_")[1])
         for line in path.read_text().splitlines():
             record = json.loads(line)
             records[record["attempt"]].append(dict(record, rank=rank))
-    status = subprocess.run([sys.executable, "-m", "launcher", "status", "--run-dir", str(tmp_path / "run"),
-                             "--json"], capture_output=True, text=True, timeout=60, env=env)
+    status = cli("status", "--run-dir", job.run_dir, "--json", env=env)
     assert status.returncode == 0, status.stderr
-    return done, events, records, json.loads(status.stdout)["goodput"]
+    return job, events, records, json.loads(status.stdout)["goodput"]
 
 
 def first_print(records, attempt):
@@ -71,7 +69,7 @@ def test_a_rank_killed_once_costs_its_restart_not_training(tmp_path):
     torch import, rendezvous, snapshot load) was called training."""
     done, events, records, good = run_job(tmp_path, ["--max-restarts", "1"], ["12", "2", "--die-rank", "1",
                                                                                 "--die-at", "6"])
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     check_first_outputs(events, records)
     start = next(e["ts"] for e in events if e["event"] == "start")
     parts, [failure] = good["parts"], good["failures"]
@@ -106,7 +104,7 @@ def test_a_hung_rank_is_lost_time_from_its_last_output(tmp_path):
     done, events, records, good = run_job(
         tmp_path, ["--max-restarts", "1", "--heartbeat-timeout", str(TIMEOUT), "--heartbeat-initial-timeout", "120"],
         ["8", "2", "--hang-rank", "0", "--hang-at", "3"])
-    assert done.returncode == 0, done.stderr
+    assert done.code == 0, done.stderr
     check_first_outputs(events, records)
     detected = next(e for e in events if e["event"] == "hang_detected")
     silent = max(r["t"] for r in records[0] if r["rank"] == 0 and r["what"] == "print")

@@ -5,13 +5,11 @@ Timeouts here are short (1-2 s) so that the tests run quickly; no assertion is a
 detection latency and dump time are measured in ``bench/hang.py``).
 """
 
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import REPO
+from tests.helpers.paths import REPO
 
 HANG_RANK = str(REPO / "tests" / "workers" / "hang_rank.py")
 GLOO_HANG = str(REPO / "tests" / "workers" / "gloo_hang.py")

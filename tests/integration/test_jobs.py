@@ -5,35 +5,14 @@ path, and prestop against a SIGSTOPped launcher."""
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.integration.conftest import FAKE_RANK, Launcher
+from tests.helpers.launch import Launcher, cli
 
 
-def cli(env, *args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
-class Job(Launcher):
+def Job(tmp: Path, env: dict) -> Launcher:
     """A ``launcher run`` without ``--run-dir`` (a job dir of its own under the base dir)."""
-
-    def __init__(self, tmp: Path, env: dict):
-        super().__init__(tmp)
-        self.env = env
-
-    def argv(self, options, worker_args, worker=FAKE_RANK):
-        return [sys.executable, "-m", "launcher", "run", "--log-dir", str(self.log_dir), *options, "--",
-                sys.executable, worker, "--ready-file", str(self.ready), *worker_args]
-
-    def start(self, options, worker_args, **kwargs):
-        self.out = open(self.tmp / "stdout.txt", "wb")
-        self.err = open(self.tmp / "stderr.txt", "wb")
-        self.proc = subprocess.Popen(self.argv(options, worker_args, **kwargs), stdout=self.out, stderr=self.err,
-                                     cwd=str(self.tmp), env=self.env)
-        return self.proc
+    return Launcher(tmp, run_dir=None, env=env)
 
 
 def base_env(tmp_path):
@@ -63,29 +42,22 @@ def test_two_local_jobs_side_by_side_and_prestop_picks_by_name(tmp_path):
     worker.write_text(STORE_WORKER)
     first, second = (Job(tmp_path / n, env) for n in ("a", "b"))
     for job in (first, second):
-        job.tmp.mkdir()
         job.start(["--nproc-per-node", "2"], [], worker=str(worker))
-    try:
-        ports = {first.wait_ready(2)[0][3], second.wait_ready(2)[0][3]}
-        assert len(ports) == 2 and "29500" not in ports  # before: the second failed (run dir, then port)
-        listed = json.loads(cli(env, "jobs", "--json").stdout)
-        assert sorted(j["pid"] for j in listed if j["status"] == "running") == sorted([first.proc.pid, second.proc.pid])
-        assert all(os.path.dirname(j["run_dir"]) == str(tmp_path / "xdg" / "launcher") for j in listed)
-        ambiguous = cli(env, "prestop")
-        assert ambiguous.returncode == 2
-        assert "2 jobs are running" in ambiguous.stderr and "--job NAME" in ambiguous.stderr
-        names = {j["pid"]: j["name"] for j in listed}
-        for job in (first, second):
-            done = cli(env, "prestop", "--job", names[job.proc.pid])
-            assert done.returncode == 0, done.stderr
-            assert "rank 1: exited by SIGTERM" in done.stdout
-            assert job.wait(20) == 143
-        assert [j["status"] for j in json.loads(cli(env, "jobs", "--json").stdout)] == ["ended", "ended"]
-    finally:
-        for job in (first, second):
-            if job.proc.poll() is None:
-                job.proc.kill()
-                job.wait()
+    ports = {first.wait_ready(2)[0][3], second.wait_ready(2)[0][3]}
+    assert len(ports) == 2 and "29500" not in ports  # before: the second failed (run dir, then port)
+    listed = json.loads(cli("jobs", "--json", env=env).stdout)
+    assert sorted(j["pid"] for j in listed if j["status"] == "running") == sorted([first.proc.pid, second.proc.pid])
+    assert all(os.path.dirname(j["run_dir"]) == str(tmp_path / "xdg" / "launcher") for j in listed)
+    ambiguous = cli("prestop", env=env)
+    assert ambiguous.returncode == 2
+    assert "2 jobs are running" in ambiguous.stderr and "--job NAME" in ambiguous.stderr
+    names = {j["pid"]: j["name"] for j in listed}
+    for job in (first, second):
+        done = cli("prestop", "--job", names[job.proc.pid], env=env)
+        assert done.returncode == 0, done.stderr
+        assert "rank 1: exited by SIGTERM" in done.stdout
+        assert job.wait(20) == 143
+    assert [j["status"] for j in json.loads(cli("jobs", "--json", env=env).stdout)] == ["ended", "ended"]
 
 
 def test_bare_prestop_finds_the_only_job(tmp_path):
@@ -93,16 +65,11 @@ def test_bare_prestop_finds_the_only_job(tmp_path):
     env = base_env(tmp_path)
     job = Job(tmp_path, env)
     job.start(["--nproc-per-node", "2"], ["--term-delay", "0.1"])
-    try:
-        job.wait_ready(2)
-        done = cli(env, "prestop")
-        assert done.returncode == 0, done.stderr
-        assert "rank 0: exited with code 143" in done.stdout and "rank 1: exited with code 143" in done.stdout
-        assert job.wait(20) == 143
-    finally:
-        if job.proc.poll() is None:
-            job.proc.kill()
-            job.wait()
+    job.wait_ready(2)
+    done = cli("prestop", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0: exited with code 143" in done.stdout and "rank 1: exited with code 143" in done.stdout
+    assert job.wait(20) == 143
 
 
 def test_a_run_dir_too_long_for_a_socket_path_works_end_to_end(launcher, tmp_path):
@@ -110,7 +77,7 @@ def test_a_run_dir_too_long_for_a_socket_path_works_end_to_end(launcher, tmp_pat
     assert len(str(launcher.run_dir / "control.sock")) > 108
     launcher.start(["--nproc-per-node", "2"], ["--term-delay", "0.1"])
     launcher.wait_ready(2)  # before: a traceback (AF_UNIX path too long) before any rank started
-    done = cli(os.environ.copy(), "prestop", "--run-dir", str(launcher.run_dir))
+    done = cli("prestop", "--run-dir", str(launcher.run_dir))
     assert done.returncode == 0, done.stderr
     assert "rank 1: exited with code 143" in done.stdout
     assert launcher.wait(20) == 143
@@ -126,13 +93,12 @@ def test_prestop_against_a_stopped_launcher_falls_back_to_the_recorded_ranks(lau
     os.kill(launcher.proc.pid, signal.SIGSTOP)
     try:
         # Before the fix this waited forever: connect succeeds into the backlog, the read never ends.
-        done = cli(os.environ.copy(), "prestop", "--run-dir", str(launcher.run_dir), timeout=30)
+        done = cli("prestop", "--run-dir", str(launcher.run_dir), timeout=30)
         assert done.returncode == 0, done.stderr
         assert "did not answer 'gasp' within 2 s" in done.stderr
         assert "the launcher is gone; SIGTERM to 2 rank(s)" in done.stdout
         assert sorted(int(t[0]) for t in launcher.ready_lines(".term")) == [0, 1]  # the save signal
-        events = [json.loads(line) for line in (launcher.run_dir / "events.jsonl").read_text().splitlines()]
-        fallback = [e for e in events if e["event"] == "gasp" and e["source"] == "prestop-fallback"]
+        fallback = launcher.events("gasp", source="prestop-fallback")
         assert fallback and 0 < fallback[0]["timeout"] < 25  # what was left of the 25 s gasp timeout
     finally:
         os.kill(launcher.proc.pid, signal.SIGKILL)

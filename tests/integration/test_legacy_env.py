@@ -7,13 +7,14 @@ gives the same value or, deliberately, another one and why.
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import yaml
+
+from tests.helpers.launch import cli
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TABLE = yaml.safe_load((DATA / "legacy_env.yaml").read_text())
@@ -28,10 +29,9 @@ def dry_run(framework: str, tmp_path: Path) -> Dict[int, Dict[str, str]]:
            if k not in ("RANK_TABLE_FILE", "MINDX_TASK_ID", "framework", "PYTHONUNBUFFERED", "HCCL_IF_IP")}
     env.update(XDL_IP=TABLE["server_ip"], POD_IP=TABLE["server_ip"],
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])))
-    proc = subprocess.run([sys.executable, "-m", "launcher", "run", "--dry-run", "--json", "--framework", framework,
-                           "--rank-table", TABLE["rank_table"], "--run-id", TABLE["run_id"],
-                           "--run-dir", str(tmp_path / "run"), "--", sys.executable, "train.py"],
-                          cwd=str(DATA), env=env, capture_output=True, text=True, timeout=60)
+    proc = cli("run", "--dry-run", "--json", "--framework", framework, "--rank-table", TABLE["rank_table"],
+               "--run-id", TABLE["run_id"], "--run-dir", tmp_path / "run", "--", sys.executable, "train.py",
+               cwd=DATA, env=env)
     assert proc.returncode == 0, proc.stderr
     return {r["rank"]: r["env"] for r in json.loads(proc.stdout)["ranks"] if r["role"] == "worker"}
 

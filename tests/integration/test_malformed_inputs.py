@@ -10,14 +10,14 @@ runs under a subprocess timeout: a hang fails the test instead of stalling the s
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import launch
 from tests.helpers.configmap import ConfigMapDir
 from tests.helpers.procs import wait_until
-from tests.integration.conftest import REPO
+from tests.helpers.paths import REPO
 
 CORPUS = REPO / "tests" / "data" / "malformed"
 FILES = sorted(p.name for p in CORPUS.iterdir() if p.name != "README.md")
@@ -50,12 +50,8 @@ def make(tmp_path: Path, case: str) -> Path:
 
 
 def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    """Run ``launcher ARGS``; a hang is a failure, never a stalled suite."""
-    try:
-        return subprocess.run([sys.executable, "-m", "launcher", *args], cwd=tmp_path, capture_output=True,
-                              text=True, errors="replace", timeout=HANG, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"launcher {' '.join(args)} hung for {HANG} s")
+    """Run ``launcher ARGS`` in ``tmp_path``; a hang is a failure, never a stalled suite."""
+    return launch.cli(*args, cwd=tmp_path, errors="replace", timeout=HANG)
 
 
 def one_problem_line(result: subprocess.CompletedProcess, needle: str) -> str:

@@ -20,9 +20,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import pytest
+from tests.helpers.launch import Launcher, cli
 from tests.helpers.procs import free_port
 
 # find_spec, not importorskip: importing MindSpore takes seconds and would slow down collection
@@ -43,38 +44,18 @@ RESUMED = re.compile(r"resumed from (\S+) \[launcher plan: kind=(\w+) source_ran
 LAUNCH_TIMEOUT = 150  # one launch, generous: a whole run takes 10-45 s
 
 
-class Launch:
-    """One ``launcher run`` of the example in the background; its files live under ``tmp``."""
+class Launch(Launcher):
+    """One ``launcher run`` of the example, started in the background; its files live under ``tmp``
+    (killed at the end of the test if still running, by the harness)."""
 
-    def __init__(self, tmp: Path, ckpt: Path, options: List[str], train_args: List[str]):
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.tmp, self.ckpt = tmp, ckpt
-        self.run_dir, self.log_dir = tmp / "run", tmp / "logs"
-        argv = [sys.executable, "-m", "launcher", "run", "--framework", "mindspore",
-                "--nproc-per-node", str(NPROC), "--run-dir", str(self.run_dir),
-                "--log-dir", str(self.log_dir), "--master-port", str(free_port()), *options,
-                "--", sys.executable, EXAMPLE, "--ckpt-dir", str(ckpt), *TRAIN_ARGS, *train_args]
-        self.out_path = tmp / "out.txt"
-        with open(self.out_path, "wb") as out:  # a file, never a pipe that could fill up
-            self.proc = subprocess.Popen(argv, cwd=str(tmp), stdout=out, stderr=subprocess.STDOUT)
-        self.started = time.monotonic()
+    def __init__(self, tmp: Path, ckpt: Path, options: Sequence[str] = (), train_args: Sequence[str] = ()):
+        super().__init__(tmp, merge_output=True)
+        self.ckpt = ckpt
+        self.start(["--framework", "mindspore", "--nproc-per-node", str(NPROC), "--master-port", str(free_port()),
+                    *options], command=[sys.executable, EXAMPLE, "--ckpt-dir", ckpt, *TRAIN_ARGS, *train_args])
 
     def wait(self, timeout: float = LAUNCH_TIMEOUT) -> int:
-        return self.proc.wait(timeout)
-
-    def stop(self) -> None:
-        """Test teardown: make sure the launcher (and with it every rank) is gone."""
-        if self.proc.poll() is None:
-            self.proc.terminate()  # the launcher's gasp: ranks stop, the launcher reaps them
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    @property
-    def output(self) -> str:
-        return self.out_path.read_text(errors="replace")
+        return super().wait(timeout)
 
     def explain(self) -> str:
         """Launcher exit code and console output, for assertion messages."""
@@ -88,40 +69,20 @@ class Launch:
     def attempts(self) -> List[int]:
         return sorted(int(p.name.split("_")[1]) for p in (self.log_dir / "latest").glob("attempt_*"))
 
-    def events(self, name: str) -> List[dict]:
-        with open(self.run_dir / "events.jsonl", encoding="utf-8") as fh:
-            return [e for e in map(json.loads, fh) if e.get("event") == name]
-
     def wait_for_files(self, name: str, timeout: float = 90) -> None:
         """Wait until every rank wrote ``rank_<r>/<name>`` (test-side polling: training is on)."""
         deadline = time.monotonic() + timeout
         paths = [self.ckpt / f"rank_{r}" / name for r in range(NPROC)]
-        while time.monotonic() < deadline and self.proc.poll() is None:
+        while time.monotonic() < deadline and self.running():
             if all(p.exists() for p in paths):
                 return
             time.sleep(0.05)
         raise AssertionError(f"not every rank wrote {name}\n{self.explain()}")
 
 
-@pytest.fixture
-def launches():
-    """Start launches with ``start(...)``; all are stopped at teardown, whatever happened."""
-    started: List[Launch] = []
-
-    def start(tmp: Path, ckpt: Path, options=(), train_args=()) -> Launch:
-        launch = Launch(tmp, ckpt, list(options), list(train_args))
-        started.append(launch)
-        return launch
-
-    yield start
-    for launch in started:
-        launch.stop()
-
-
-def launcher_command(command: str, run_dir: Path) -> subprocess.CompletedProcess:
+def control(command: str, run_dir: Path) -> subprocess.CompletedProcess:
     """``launcher exit`` / ``launcher prestop`` against a running launcher."""
-    return subprocess.run([sys.executable, "-m", "launcher", command, "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, timeout=90)
+    return cli(command, "--run-dir", run_dir, timeout=90)
 
 
 def final_hashes(logs: Dict[int, str]) -> Dict[int, Optional[str]]:
@@ -142,18 +103,18 @@ def reference_hash(tmp_path_factory) -> str:
     try:
         assert launch.wait() == 0, launch.explain()
     finally:
-        launch.stop()
+        launch.kill()  # a module fixture's launch: the end of a test does not stop it
     hashes = final_hashes(launch.rank_logs(0))
     assert None not in hashes.values() and len(set(hashes.values())) == 1, hashes  # replicas agree
     return hashes[0]
 
 
-def test_launcher_exit_writes_train_ckpt_on_every_rank(tmp_path, launches):
+def test_launcher_exit_writes_train_ckpt_on_every_rank(tmp_path):
     """``launcher exit`` mid-run: OnRequestExit's agreement stops both ranks after the same step,
     each writes rank_<id>/ms_train.ckpt, and the launcher exits 0 without restarting."""
-    launch = launches(tmp_path, tmp_path / "ckpt", [], ["--epochs", "8", "--step-time", "0.2"])
+    launch = Launch(tmp_path, tmp_path / "ckpt", [], ["--epochs", "8", "--step-time", "0.2"])
     launch.wait_for_files("ms-1_5.ckpt")
-    result = launcher_command("exit", launch.run_dir)
+    result = control("exit", launch.run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     assert launch.wait() == 0, launch.explain()
 
@@ -186,13 +147,13 @@ def latest_plan(launch: Launch) -> dict:
     return json.loads((launch.run_dir / "restore_plan.json").read_text(encoding="utf-8"))
 
 
-def test_crashed_rank_restarts_and_resumes_bit_identical(tmp_path, launches, reference_hash):
+def test_crashed_rank_restarts_and_resumes_bit_identical(tmp_path, reference_hash):
     """Rank 1 raises after step 7: the launcher stops rank 0 (stuck in the all-reduce), plans the
     restore from the checkpoints, restarts both, and the run ends bit-identical to the reference.
     With --group-info-root the ranks write group_info.pb (one replica group {0, 1}), so the failed
     rank 1 resumes from healthy rank 0's periodic checkpoint."""
     ckpt, group_info = tmp_path / "ckpt", tmp_path / "group_info"
-    launch = launches(tmp_path, ckpt,
+    launch = Launch(tmp_path, ckpt,
                       ["--max-restarts", "1", "--stop-timeout", "2", "--checkpoint-dir", str(ckpt),
                        "--group-info-root", str(group_info)],
                       ["--fail-at-step", "7", "--fail-rank", "1", "--fail-mode", "raise"])
@@ -224,16 +185,16 @@ def test_crashed_rank_restarts_and_resumes_bit_identical(tmp_path, launches, ref
     assert plan["groups"] == [[0, 1]] and "group_info.pb" in plan["groups_source"], plan
 
 
-def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, launches, reference_hash):
+def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, reference_hash):
     """``launcher prestop``: SIGTERM to every rank; they agree on a step, exception_save writes one
     breakpoint per rank of that step, exit 143. A second launch with --checkpoint-dir resumes from
     rank 0's breakpoint: the group_info.pb files of the first launch make {0, 1} one replica group,
     so RESTORE_RANKS=0 and RESTORE_RANKS_MAP={"0,1":0}, and it ends bit-identical to the reference."""
     ckpt, group_info = tmp_path / "ckpt", tmp_path / "group_info"
-    launch = launches(tmp_path / "first", ckpt, ["--group-info-root", str(group_info)],
+    launch = Launch(tmp_path / "first", ckpt, ["--group-info-root", str(group_info)],
                       ["--step-time", "0.5"])
     launch.wait_for_files("ms-1_5.ckpt")
-    result = launcher_command("prestop", launch.run_dir)
+    result = control("prestop", launch.run_dir)
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in range(NPROC):
         assert f"rank {rank}: exited with code 143" in result.stdout, result.stdout
@@ -251,7 +212,7 @@ def test_prestop_gasp_writes_breakpoints_then_resume_bit_identical(tmp_path, lau
         assert [p.name for p in rank_dir.glob("*_breakpoint.ckpt")] == [f"ms-{ms_name(step)}_breakpoint.ckpt"]
         assert not (rank_dir / "ms_train.ckpt").exists()  # the gasp writes the breakpoint only
 
-    again = launches(tmp_path / "again", ckpt,
+    again = Launch(tmp_path / "again", ckpt,
                      ["--checkpoint-dir", str(ckpt), "--group-info-root", str(group_info)])
     assert again.wait() == 0, again.explain()
     plan = latest_plan(again)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.launch import Launcher
 from tests.helpers.procs import free_port, wait_until
 
 pytest.importorskip("mindspore")
@@ -32,22 +33,21 @@ TRAIN = ["--epochs", "1", "--steps-per-epoch", "100000", "--log-every", "5", "--
 
 
 def _start(tool: str, tmp: Path) -> subprocess.Popen:
-    logs = tmp / "logs"
+    """``tool`` on the example, its output (both streams) in ``tmp/stdout.txt``, logs in ``tmp/logs``."""
     args = [EXAMPLE, *TRAIN, "--ckpt-dir", str(tmp / "ckpt")]
-    if tool == "launcher":
-        argv = [sys.executable, "-m", "launcher", "run", "--framework", "mindspore", "--nproc-per-node", "2",
-                "--master-port", str(free_port()), "--run-dir", str(tmp / "run"), "--log-dir", str(logs),
-                "--", sys.executable, *args]
-    else:
-        argv = [MSRUN, "--worker_num", "2", "--local_worker_num", "2", "--master_port", str(free_port()),
-                "--log_dir", str(logs), "--join", "True", *args]
     env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    with open(tmp / "out.txt", "wb") as out:
+    if tool == "launcher":
+        job = Launcher(tmp, env=env, merge_output=True)
+        return job.start(["--framework", "mindspore", "--nproc-per-node", "2", "--master-port", str(free_port())],
+                         command=[sys.executable, *args])
+    argv = [MSRUN, "--worker_num", "2", "--local_worker_num", "2", "--master_port", str(free_port()),
+            "--log_dir", str(tmp / "logs"), "--join", "True", *args]
+    with open(tmp / "stdout.txt", "wb") as out:
         return subprocess.Popen(argv, cwd=str(tmp), stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
 def _output(tmp: Path) -> str:
-    text = (tmp / "out.txt").read_text(errors="replace")
+    text = (tmp / "stdout.txt").read_text(errors="replace")
     return text + "".join(Path(p).read_text(errors="replace") for p in glob.glob(str(tmp / "logs" / "*.log")))
 
 

@@ -13,11 +13,12 @@ not convert again on the next start (cache).
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.launch import Launcher
 
 if importlib.util.find_spec("mindspore") is None:
     pytest.skip("mindspore is not installed", allow_module_level=True)
@@ -76,16 +77,14 @@ def write_step(ckpt: Path, world: int) -> None:
 
 
 def launch(tmp: Path, name: str, dst: Path) -> dict:
-    run_dir = tmp / name
-    argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", "4", "--run-dir", str(run_dir),
-            "--log-dir", str(tmp / name / "logs"), "--checkpoint-dir", str(tmp / "ckpt"), "--strategy-file",
-            str(dst), "--", sys.executable, PROBE, "--out", str(tmp / name / "probe")]
-    proc = subprocess.run(argv, cwd=str(REPO), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    proc = Launcher(tmp / name, cwd=REPO)
+    code = proc.run(["--nproc-per-node", "4", "--checkpoint-dir", tmp / "ckpt", "--strategy-file", dst],
+                    command=[sys.executable, PROBE, "--out", tmp / name / "probe"], timeout=300)
+    assert code == 0, f"exit {code}\n{proc.stdout}\n{proc.stderr}"
     assert "resharding 2 -> 4 ranks" in proc.stderr
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    conversions = [e for e in events if e.get("event") == "checkpoint_conversion"]
-    assert len(conversions) == 1, events
+    run_dir = proc.run_dir
+    conversions = proc.events("checkpoint_conversion")
+    assert len(conversions) == 1, proc.events()
     envs = {r: json.loads((tmp / name / "probe" / f"{r}.json").read_text())["env"] for r in range(4)}
     return {"conversion": conversions[0], "envs": envs,
             "plan": json.loads((run_dir / "restore_plan.json").read_text())}

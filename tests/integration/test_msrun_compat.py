@@ -8,11 +8,12 @@ script started without them fails in ``init()``; the launcher then says what to 
 """
 
 import importlib.util
-import sys
 from pathlib import Path
 from typing import List
 
 import pytest
+
+from tests.helpers.launch import launcher_command
 
 from tests.integration.test_side_by_side import (MSRUN, MSRUN_SCHED_EQUAL, MSRUN_WORKER_EQUAL, OUT, free_port,
                                                  launcher_summary, probe_args, run_probe)
@@ -42,7 +43,7 @@ def msrun_options(tmp: Path, port: str) -> List[str]:
 
 
 def launcher_run(tmp: Path, *options: str) -> List[str]:
-    return [sys.executable, "-m", "launcher", "run", "--run-dir", str(tmp / "run"), *options]
+    return launcher_command("run", "--run-dir", str(tmp / "run"), *options)
 
 
 def test_msrun_command_line_gives_the_ranks_what_msrun_gives(tmp_path):

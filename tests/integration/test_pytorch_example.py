@@ -11,12 +11,12 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from tests.helpers.launch import Launcher
 from tests.helpers.procs import free_port
 
 pytest.importorskip("torch")
@@ -33,26 +33,25 @@ RESUMED = re.compile(r"resumed from (\S+) at step (\d+)")
 pytestmark = pytest.mark.slow
 
 
-def launcher_argv(tmp: Path, options, train_args):
-    """``launcher run`` with 4 ranks of the example, run dir and logs under ``tmp``."""
-    return [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(NPROC),
-            "--run-dir", str(tmp / "run"), "--log-dir", str(tmp / "logs"),
-            "--master-port", str(free_port()), *options,
-            "--", sys.executable, EXAMPLE, "--ckpt-dir", str(tmp / "ckpt"), *TRAIN_ARGS,
-            *train_args]
+def start_launcher(tmp: Path, options=(), train_args=(), name: str = "") -> Launcher:
+    """``launcher run`` with 4 ranks of the example, run dir and logs under ``tmp``, started."""
+    job = Launcher(tmp, cwd=REPO, name=name)
+    job.start(["--nproc-per-node", str(NPROC), "--master-port", str(free_port()), *options],
+              command=[sys.executable, EXAMPLE, "--ckpt-dir", tmp / "ckpt", *TRAIN_ARGS, *train_args])
+    return job
 
 
-def run_launcher(tmp: Path, options=(), train_args=()) -> subprocess.CompletedProcess:
-    """Run the launcher to completion; output captured as text."""
-    tmp.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(launcher_argv(tmp, options, train_args), cwd=str(REPO),
-                          capture_output=True, text=True, timeout=120)
+def run_launcher(tmp: Path, options=(), train_args=(), name: str = "") -> Launcher:
+    """Run the launcher to completion."""
+    job = start_launcher(tmp, options, train_args, name)
+    job.wait(120)
+    return job
 
 
-def final_hash(proc: subprocess.CompletedProcess) -> str:
+def final_hash(proc: Launcher) -> str:
     """The ``final sha256`` rank 0 printed (the console shows every rank's output)."""
     found = FINAL_HASH.findall(proc.stdout)
-    assert len(found) == 1, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert len(found) == 1, f"exit {proc.code}\n{proc.stdout}\n{proc.stderr}"
     return found[0]
 
 
@@ -82,7 +81,7 @@ def reference_hash(tmp_path_factory) -> str:
     """The final hash of an uninterrupted run, launched the same way."""
     tmp = tmp_path_factory.mktemp("reference")
     proc = run_launcher(tmp)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.code == 0, proc.stdout + proc.stderr
     digest = final_hash(proc)
     assert file_hash(tmp / "ckpt" / "final.pt") == digest
     return digest
@@ -94,7 +93,7 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
     proc = run_launcher(tmp_path, ["--max-restarts", "2", "--checkpoint-dir", str(tmp_path / "ckpt"),
                                    "--dp", str(NPROC), "--heartbeat-timeout", "120"],
                         ["--fail-at-step", "20", "--fail-rank", "2", "--fail-mode", "kill"])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.code == 0, proc.stdout + proc.stderr
     assert final_hash(proc) == reference_hash
     assert file_hash(tmp_path / "ckpt" / "final.pt") == reference_hash
 
@@ -108,8 +107,8 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
         assert resumed[0][1] == "20" and resumed[0][0].endswith("_breakpoint.pt"), resumed
     # ... and it is the launcher's choice, read from its variables: the plan of attempt 1.
     plan = json.loads((tmp_path / "run" / "restore_plan.json").read_text())
-    events = [json.loads(line) for line in (tmp_path / "run" / "events.jsonl").read_text().splitlines()]
-    planned = [e for e in events if e["event"] == "restore_plan" and e["attempt"] == 1]
+    events = proc.events()
+    planned = proc.events("restore_plan", attempt=1)
     assert planned and planned[0]["step"] == 20 and planned[0]["fault_ranks"] == [2]
     # The ranks beat their steps (launcher_heartbeat): attempt 0 got to step 20 and attempt 1 resumed
     # there, so the goodput knows that the breakpoint left no step to recompute (not "unknown").
@@ -123,33 +122,25 @@ def test_killed_rank_resumes_bit_identical(tmp_path, reference_hash):
     assert saved and {path.name for path in (tmp_path / "ckpt" / ".saves").iterdir()} == saved
 
 
-def wait_for_progress(tmp: Path, pattern: str, proc: subprocess.Popen, timeout: float = 60):
+def wait_for_progress(tmp: Path, pattern: str, proc: Launcher, timeout: float = 60):
     """Wait until every rank's log of attempt 0 contains ``pattern`` (test-side polling)."""
     deadline = time.monotonic() + timeout
     logs = [tmp / "logs" / "latest" / "attempt_0" / f"rank_{r}.log" for r in range(NPROC)]
-    while time.monotonic() < deadline and proc.poll() is None:
+    while time.monotonic() < deadline and proc.running():
         if all(log.exists() and pattern in log.read_text() for log in logs):
             return
         time.sleep(0.05)
-    raise AssertionError(f"ranks never printed {pattern!r} (launcher exit {proc.poll()})")
+    raise AssertionError(f"ranks never printed {pattern!r} (launcher exit {proc.proc.poll()})")
 
 
 def test_sigterm_gasp_then_resume_bit_identical(tmp_path, reference_hash):
     """SIGTERM to the launcher mid-run: every rank saves a breakpoint of the same step; a new
     launch resumes from it and ends bit-identical to the reference."""
     first = tmp_path / "first"
-    first.mkdir()
-    with open(first / "out.txt", "w") as out:
-        proc = subprocess.Popen(launcher_argv(first, [], ["--step-time", "0.05"]), cwd=str(REPO),
-                                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_for_progress(first, "step 10/", proc)
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+    proc = start_launcher(first, [], ["--step-time", "0.05"], name="gasp-")
+    wait_for_progress(first, "step 10/", proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(60)
     breakpoints = {r: sorted((first / "ckpt" / f"rank_{r}").glob("*_breakpoint.pt"))
                    for r in range(NPROC)}
     names = {r: [p.name for p in files] for r, files in breakpoints.items()}
@@ -157,7 +148,7 @@ def test_sigterm_gasp_then_resume_bit_identical(tmp_path, reference_hash):
     assert len({files[0] for files in names.values()}) == 1, f"ranks stopped apart: {names}"
 
     again = run_launcher(first, ["--checkpoint-dir", str(first / "ckpt"), "--dp", str(NPROC)])
-    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.code == 0, again.stdout + again.stderr
     resumed = RESUMED.findall(again.stdout)
     assert len(resumed) == NPROC and {os.path.basename(p) for p, _ in resumed} == {names[0][0]}
     assert final_hash(again) == reference_hash

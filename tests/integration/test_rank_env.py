@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers.launch import cli
 from tests.helpers.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,10 +15,9 @@ LAST_WORDS = str(REPO / "tests" / "workers" / "last_words.py")
 
 
 def launcher(tmp: Path, *options: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir", str(tmp / "run"),
-            "--log-dir", str(tmp / "logs"), *options, "--", sys.executable, LAST_WORDS]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # the user did not ask for it
-    return subprocess.run(argv, cwd=str(tmp), env=env, capture_output=True, text=True, timeout=60)
+    return cli("run", "--nproc-per-node", "1", "--run-dir", tmp / "run", "--log-dir", tmp / "logs", *options, "--",
+               sys.executable, LAST_WORDS, cwd=tmp, env=env)
 
 
 def test_a_sigkilled_ranks_last_line_is_in_its_log(tmp_path):

@@ -4,7 +4,6 @@ buffering, a 5.6x "gap", not the launcher)."""
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Dict, List
@@ -12,6 +11,7 @@ from typing import Dict, List
 import pytest
 
 from bench import logs as bench_logs
+from tests.helpers.launch import cli
 from bench.common import TempDir, job_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -20,9 +20,8 @@ PROBE = [sys.executable, str(REPO / "tests" / "workers" / "stdio_probe.py")]
 
 def files_only_rank(tmp: Path, env: Dict[str, str]) -> dict:
     """The probe's report as rank 0 of ``launcher run --console-ranks none``."""
-    argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir", str(tmp / "run"),
-            "--log-dir", str(tmp / "logs"), "--console-ranks", "none", "--", *PROBE]
-    done = subprocess.run(argv, env=env, cwd=str(tmp), capture_output=True, text=True, timeout=60)
+    done = cli("run", "--nproc-per-node", "1", "--run-dir", tmp / "run", "--log-dir", tmp / "logs",
+               "--console-ranks", "none", "--", *PROBE, env=env, cwd=tmp)
     assert done.returncode == 0, done.stderr
     return json.loads((tmp / "logs" / "latest" / "attempt_0" / "rank_0.log").read_text())
 

@@ -3,10 +3,8 @@ coordinated through ``--sync-dir``): one page, a lane per node, node B named as 
 every node's wait at the restart barrier (issue #31 item 4)."""
 
 import re
-import subprocess
-import sys
 
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher, cli, wait_all
 from tests.integration.test_multinode import free_port, table_options, write_table
 from tests.unit.monitoring.test_timeline import drawn
 
@@ -14,29 +12,19 @@ from tests.unit.monitoring.test_timeline import drawn
 def test_one_report_for_a_two_node_job(tmp_path):
     trigger = tmp_path / "fail-now"
     options = table_options(write_table(tmp_path / "hccl.json"), free_port())
-    nodes = []
-    try:
-        for index, opts in enumerate(options):
-            node = Launcher(tmp_path / f"node{index}")
-            node.tmp.mkdir()
-            node.start(["--run-id", "report-job", *opts, "--max-restarts", "1", "--sync-dir", str(tmp_path / "sync"),
-                        "--sync-timeout", "60"],
-                       ["--fail-rank", "3", "--exit-code", "9", "--fail-when", str(trigger), "--print-lines", "1",
-                        "--run-per-attempt", "120,1"])
-            nodes.append(node)
-        for node in nodes:
-            node.wait_ready(2)
-        trigger.touch()
-        codes = [node.wait(120) for node in nodes]
-    finally:
-        for node in nodes:
-            if node.proc.poll() is None:
-                node.proc.kill()
-                node.proc.wait()
+    nodes = [Launcher(tmp_path / f"node{index}") for index in range(len(options))]
+    for node, opts in zip(nodes, options):
+        node.start(["--run-id", "report-job", *opts, "--max-restarts", "1", "--sync-dir", str(tmp_path / "sync"),
+                    "--sync-timeout", "60"],
+                   ["--fail-rank", "3", "--exit-code", "9", "--fail-when", str(trigger), "--print-lines", "1",
+                    "--run-per-attempt", "120,1"])
+    for node in nodes:
+        node.wait_ready(2)
+    trigger.touch()
+    codes = wait_all(nodes, 120)
     assert codes == [0, 0], [n.stderr[-2000:] for n in nodes]
     out = tmp_path / "job.html"
-    done = subprocess.run([sys.executable, "-m", "launcher", "report", str(nodes[1].run_dir), str(nodes[0].run_dir),
-                           "-o", str(out)], capture_output=True, text=True, timeout=60)
+    done = cli("report", nodes[1].run_dir, nodes[0].run_dir, "-o", out)
     assert done.returncode == 0, done.stderr
     page = out.read_text()
     elements = drawn(page)
@@ -50,5 +38,5 @@ def test_one_report_for_a_two_node_job(tmp_path):
     assert abs(shift) < 0.5, shift
     waited = dict(re.findall(r'data-node="([0-9.]+)" data-generation="0">([0-9.]+)<', page))
     barrier = {n: e["waited"] for n, node in zip(("127.0.0.1", "127.0.0.2"), nodes)
-               for e in node.events() if e["event"] == "sync_barrier" and e["generation"] == 0}
+               for e in node.events("sync_barrier", generation=0)}
     assert waited == {n: f"{w:.2f}" for n, w in barrier.items()}

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.common import rundir as rundir_mod
+from tests.helpers.launch import cli, launcher_command
 from tests.unit.monitoring.test_status import EVENTS, write_run_dir
 
 HANG = 60  # seconds: far beyond any honest answer on a loaded machine
@@ -43,11 +44,7 @@ def plant(path: Path, kind: str) -> None:
 
 def launcher(*args: str, env=None) -> subprocess.CompletedProcess:
     started = time.monotonic()
-    try:
-        done = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True,
-                              errors="replace", timeout=HANG, stdin=subprocess.DEVNULL, env=env)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"launcher {' '.join(args)} hung for {HANG} s")
+    done = cli(*args, errors="replace", timeout=HANG, env=env)
     done.seconds = time.monotonic() - started
     return done
 
@@ -103,7 +100,7 @@ def test_status_reads_a_200_mb_line_in_bounded_memory(tmp_path):
         fh.truncate(200 * 1024 * 1024)  # sparse: zeros that cost no disk
         fh.seek(0, os.SEEK_END)
         fh.write(b'"}\n' + good)
-    peak = max_rss_of([sys.executable, "-m", "launcher", "status", "--run-dir", run_dir])
+    peak = max_rss_of(launcher_command("status", "--run-dir", run_dir))
     assert peak < 100 * 1024 * 1024, f"status peaked at {peak >> 20} MiB"
     doc = json.loads(launcher("status", "--run-dir", run_dir, "--json").stdout)
     assert doc["events_skipped"] == 1 and doc["attempt"] == 1

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
+from tests.helpers.launch import launcher_command
 from tests.helpers.procs import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -170,8 +171,8 @@ def probe_args(mode: str) -> List[str]:
 
 
 def launcher_argv(tmp: Path, options: Sequence[str], command: Sequence[str]) -> List[str]:
-    return [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(NPROC), "--run-dir",
-            str(tmp / "run"), "--log-dir", str(tmp / "logs"), *options, "--", *command]
+    return launcher_command("run", "--nproc-per-node", str(NPROC), "--run-dir", str(tmp / "run"), "--log-dir",
+                            str(tmp / "logs"), *options, "--", *command)
 
 
 def cached_runs(tmp_path_factory, prefix: str, argv_for):
@@ -322,8 +323,8 @@ def test_failure_summary_without_record_reads_the_log(torch_runs):
 
 def test_torchrun_command_line_works_unchanged(tmp_path, torch_runs):
     """A torchrun command line (underscored options, the script without ``python``) runs as is."""
-    run = run_probe([sys.executable, "-m", "launcher", "run", "--run-dir", str(tmp_path / "run"), "--log-dir",
-                     str(tmp_path / "logs"), "--standalone", "--nproc_per_node", str(NPROC), *probe_args("ok")],
+    run = run_probe(launcher_command("run", "--run-dir", str(tmp_path / "run"), "--log-dir", str(tmp_path / "logs"),
+                                     "--standalone", "--nproc_per_node", str(NPROC), *probe_args("ok")),
                     tmp_path / OUT)
     assert run.returncode == 0, run.stderr
     theirs = torch_runs("torchrun", "ok")

@@ -3,17 +3,15 @@
 import json
 import math
 import signal
-import subprocess
-import sys
 import time
 
-from tests.integration.conftest import REPO, Launcher
+from tests.helpers.launch import Launcher, cli
+from tests.helpers.paths import REPO
 from tests.unit.monitoring.test_timeline import drawn as timeline_elements, ends_per_rank
 
 
 def status(run_dir):
-    done = subprocess.run([sys.executable, "-m", "launcher", "status", "--run-dir", str(run_dir), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    done = cli("status", "--run-dir", run_dir, "--json")
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -65,8 +63,7 @@ def test_status_follows_a_failure_and_restart_and_goodput_adds_up(tmp_path):
     assert good["ratio"] is None and good["ratio_bounds"][1] > 0
     assert [f["rank"] for f in good["failures"]] == [2]  # the SIGTERM at the end is stopping, not a failure
     assert "[launcher] " in job.stderr and "goodput " in job.stderr  # the end-of-run line
-    drawn = subprocess.run([sys.executable, "-m", "launcher", "report", str(job.run_dir)], capture_output=True,
-                           text=True, timeout=60)
+    drawn = cli("report", job.run_dir)
     assert drawn.returncode == 0, drawn.stderr
     elements = timeline_elements((job.run_dir / "timeline.html").read_text())
     ends = ends_per_rank(elements)
@@ -95,7 +92,7 @@ def test_metrics_scraped_over_loopback_during_a_run(tmp_path):
         trigger.touch()
         job.wait_ready(4)
         status_when(job.run_dir, lambda d: d["attempt"] == 1 and all(r["state"] == "running" for r in d["ranks"]))
-        [address] = [e["address"] for e in job.events() if e["event"] == "metrics_listening"]
+        [address] = [e["address"] for e in job.events("metrics_listening")]
         assert address.startswith("127.0.0.1:")
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as answer:
             live = samples(answer.read().decode())
@@ -126,9 +123,7 @@ def test_steps_recomputed_after_a_rank_fails_with_heartbeats(tmp_path):
                "--fail-at", "15", "--fail-rank", "1"], worker=STEP_RANK)
     try:
         job.wait_ready(4, timeout=60)
-        deadline = time.monotonic() + 60
-        while not [e for e in job.events() if e["event"] == "step_regained"] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        job.wait_event("step_regained", timeout=60)
         doc = status(job.run_dir)
         assert doc["status"] == "running" and doc["attempt"] == 1
         [failure] = doc["goodput"]["failures"]
@@ -145,8 +140,7 @@ def test_steps_recomputed_after_a_rank_fails_with_heartbeats(tmp_path):
     assert code == 0, job.stderr
     assert "1 failure(s), 5 steps recomputed" in job.stderr  # the end-of-run goodput line
     assert "launcher_steps_recomputed_total 5.0" in textfile.read_text()
-    drawn = subprocess.run([sys.executable, "-m", "launcher", "report", str(job.run_dir)], capture_output=True,
-                           text=True, timeout=60)
+    drawn = cli("report", job.run_dir)
     assert drawn.returncode == 0, drawn.stderr
     elements = timeline_elements((job.run_dir / "timeline.html").read_text())
     assert [e["data-steps-recomputed"] for e in elements if e["data-kind"] == "failure"] == ["5"]

@@ -6,8 +6,6 @@ rank is reaped and restarted, prestop is answered, and the rank log files hold e
 """
 
 import os
-import subprocess
-import sys
 
 from tests.integration.test_gasp import prestop
 
@@ -21,12 +19,8 @@ def expected_prefix(rank: int, attempt: int) -> bytes:
 def test_unread_stdout_pipe_does_not_block_the_launcher(launcher, tmp_path):
     read_end, write_end = os.pipe()  # never read until the launcher is gone
     try:
-        launcher.err = open(tmp_path / "stderr.txt", "wb")
-        launcher.out = open(os.devnull, "wb")
-        launcher.proc = subprocess.Popen(
-            launcher.argv(["--nproc-per-node", "2", "--max-restarts", "1"],
-                          ["--print-lines", str(LINES), "--fail-rank", "1", "--exit-code", "3"]),
-            stdout=write_end, stderr=launcher.err, cwd=str(tmp_path))
+        launcher.start(["--nproc-per-node", "2", "--max-restarts", "1"],
+                       ["--print-lines", str(LINES), "--fail-rank", "1", "--exit-code", "3"], stdout=write_end)
         os.close(write_end)
         write_end = -1
         launcher.wait_ready(4, timeout=60)  # rank 1 failed on attempt 0, was reaped and restarted
@@ -44,7 +38,7 @@ def test_unread_stdout_pipe_does_not_block_the_launcher(launcher, tmp_path):
             want = expected_prefix(rank, attempt)
             assert data[:len(want)] == want, (attempt, rank, len(data), len(want))  # every byte, in order
             assert b"rank %d attempt %d pid" % (rank, attempt) in data[len(want):]
-    dropped = [e for e in launcher.events() if e["event"] == "console_dropped"]
+    dropped = launcher.events("console_dropped")
     assert len(dropped) == 1 and dropped[0]["bytes"] > 0 and dropped[0]["lines"] > 0, dropped
     err = launcher.stderr
     assert "Traceback" not in err, err
@@ -70,12 +64,8 @@ def test_unread_stderr_pipe_does_not_block_the_launcher(launcher, tmp_path):
     ends with the rank's exit code."""
     read_end, write_end = full_pipe()
     try:
-        launcher.out = open(tmp_path / "stdout.txt", "wb")
-        launcher.err = open(os.devnull, "wb")
-        launcher.proc = subprocess.Popen(
-            launcher.argv(["--nproc-per-node", "2", "--max-restarts", "1"],
-                          ["--fail-rank", "1", "--exit-code", "5", "--fail-attempts", "0,1"]),
-            stdout=launcher.out, stderr=write_end, cwd=str(tmp_path))
+        launcher.start(["--nproc-per-node", "2", "--max-restarts", "1"],
+                       ["--fail-rank", "1", "--exit-code", "5", "--fail-attempts", "0,1"], stderr=write_end)
         os.close(write_end)
         write_end = -1
         assert launcher.wait(60) == 5
@@ -83,7 +73,7 @@ def test_unread_stderr_pipe_does_not_block_the_launcher(launcher, tmp_path):
         for fd in (read_end, write_end):
             if fd >= 0:
                 os.close(fd)
-    assert [e["attempt"] for e in launcher.events() if e["event"] == "attempt_start"] == [0, 1]
+    assert [e["attempt"] for e in launcher.events("attempt_start")] == [0, 1]
     assert "[rank 1] rank 1 failing now" in launcher.stdout
 
 

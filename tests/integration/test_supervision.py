@@ -1,11 +1,11 @@
 """``launcher run`` supervising real processes: restarts, budgets, signals, orphans, logs."""
 
-import os
 import signal
 import time
 
 import psutil
 
+from tests.helpers.launch import Launcher
 from tests.helpers.procs import pid_alive, wait_until
 
 
@@ -63,7 +63,7 @@ def test_rank_ignoring_sigterm_is_killed_after_grace_period(launcher):
     assert launcher.wait(20) == 128 + signal.SIGTERM
     assert time.monotonic() - started < 8
     assert not any(pid_alive(p) for p in pids)
-    kills = [e for e in launcher.events() if e["event"] == "kill_group"]
+    kills = launcher.events("kill_group")
     assert kills and sorted(kills[0]["ranks"]) == [0, 1]
     exits = {e["rank"]: e for e in launcher.events() if e["event"] == "rank_exited"}
     assert {e["signal"] for e in exits.values()} == {"SIGKILL"}
@@ -128,11 +128,7 @@ def test_console_prefix_and_rank_filter(launcher):
 def test_second_launcher_on_same_run_dir_is_refused(launcher, tmp_path):
     launcher.start(["--nproc-per-node", "1"], [])
     launcher.wait_ready(1)
-    from tests.integration.conftest import Launcher
-
-    other = Launcher(tmp_path / "other")
-    os.makedirs(other.tmp)
-    other.run_dir = launcher.run_dir
+    other = Launcher(tmp_path / "other", run_dir=launcher.run_dir)
     assert other.run(["--nproc-per-node", "1"], []) == 1
     assert "another launcher" in other.stderr
     launcher.proc.send_signal(signal.SIGTERM)
@@ -145,14 +141,14 @@ def test_a_sigkilled_launcher_is_reported_by_the_next_one(launcher):
     launcher.proc.kill()
     launcher.wait()
     assert launcher.run(["--nproc-per-node", "1"], ["--run", "0"]) == 0
-    unclean = [e for e in launcher.events() if e["event"] == "unclean_previous_run"]
+    unclean = launcher.events("unclean_previous_run")
     assert len(unclean) == 1 and unclean[0]["previous_pid"] == launcher.events()[0]["launcher_pid"]
     assert launcher.run(["--nproc-per-node", "1"], ["--run", "0"]) == 0  # a clean end is not reported
-    assert len([e for e in launcher.events() if e["event"] == "unclean_previous_run"]) == 1
+    assert len(launcher.events("unclean_previous_run")) == 1
 
 
 def _restarts(launcher):
-    return [e for e in launcher.events() if e["event"] == "restart"] if (launcher.run_dir / "events.jsonl").exists() else []
+    return launcher.events("restart") if (launcher.run_dir / "events.jsonl").exists() else []
 
 
 def test_crash_loop_backs_off_instead_of_spinning(launcher):
@@ -165,7 +161,7 @@ def test_crash_loop_backs_off_instead_of_spinning(launcher):
     assert launcher.wait(30) == 128 + signal.SIGTERM
     delays = [r["backoff"] for r in _restarts(launcher)]
     assert len(delays) >= 4 and delays == [0, 0.5, 1, 2, 4, 8, 16][:len(delays)]  # before: all 0
-    assert [e["reason"] for e in launcher.events() if e["event"] == "job_end"] == ["gasp"]
+    assert [e["reason"] for e in launcher.events("job_end")] == ["gasp"]
 
 
 def test_attempt_log_dirs_are_bounded(launcher):
@@ -176,5 +172,5 @@ def test_attempt_log_dirs_are_bounded(launcher):
     session = launcher.log_dir / "latest"
     kept = sorted(int(p.name.split("_")[1]) for p in session.iterdir() if p.name.startswith("attempt_"))
     assert kept == [0] + list(range(6, 26))  # the first and the newest 20
-    pruned = [e for e in launcher.events() if e["event"] == "attempt_logs_pruned"]
+    pruned = launcher.events("attempt_logs_pruned")
     assert sorted(n for e in pruned for n in e["removed"]) == list(range(1, 6))

@@ -18,10 +18,11 @@ from typing import List, Optional
 import pytest
 
 from launcher.cluster import taskd
-from launcher.monitoring.events import EventLog, read_events
+from launcher.monitoring.events import EventLog
 from launcher.cluster.taskd_sidecar import EXIT_INIT_FAILED, Sidecar
+from tests.helpers.launch import events_in
 from tests.helpers.procs import free_port, pid_alive, wait_until
-from tests.integration.conftest import REPO
+from tests.helpers.paths import REPO
 
 STUBS = REPO / "tests" / "stubs"
 CONFIG = taskd.manager_config("job-42", 2, 4)
@@ -68,8 +69,7 @@ class SidecarRun:
         return self.started()
 
     def events(self, name: Optional[str] = None) -> List[dict]:
-        found = read_events(str(self.events_path))
-        return [e for e in found if name is None or e["event"] == name]
+        return events_in(self.tmp, name)
 
     def wait_events(self, name: str, count: int, timeout: float = 10) -> List[dict]:
         assert wait_until(lambda: len(self.events(name)) >= count, timeout), (self.events(), self.log())
@@ -203,7 +203,7 @@ def test_a_manager_ignoring_sigterm_is_killed(tmp_path, monkeypatch):
     assert time.monotonic() - began < 3
     proc.stdout.close()
     events.close()
-    [stopped] = [e for e in read_events(str(tmp_path / "events.jsonl")) if e["event"] == "taskd_manager_stopped"]
+    [stopped] = events_in(tmp_path, "taskd_manager_stopped")
     assert stopped["forced"] is True and stopped["returncode"] == -signal.SIGKILL
 
 

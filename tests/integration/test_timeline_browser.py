@@ -6,14 +6,13 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import tempfile
 import zlib
 
 import pytest
 
 from launcher.monitoring.timeline import COLORS
-from tests.integration.conftest import Launcher
+from tests.helpers.launch import Launcher, cli
 from tests.unit.monitoring.test_timeline import drawn
 
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -82,8 +81,7 @@ def test_the_browser_draws_what_the_svg_says(tmp_path):
     code = job.run(["--nproc-per-node", "4", "--max-restarts", "1"],
                    ["--fail-rank", "2", "--exit-code", "7", "--print-lines", "1", "--run-per-attempt", "2,1"])
     assert code == 0, job.stderr
-    done = subprocess.run([sys.executable, "-m", "launcher", "report", str(job.run_dir)], capture_output=True,
-                          text=True, timeout=60)
+    done = cli("report", job.run_dir)
     assert done.returncode == 0, done.stderr
     page = job.run_dir / "timeline.html"
     screenshot(page, tmp_path / "out.png")

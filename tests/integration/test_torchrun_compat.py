@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.launch import launcher_command
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +42,7 @@ def run(tmp_path: Path, program, *script_args, options=("--standalone", "--nproc
 
 
 def launcher(tmp_path):
-    return [sys.executable, "-m", "launcher", "run", "--run-dir", str(tmp_path / "run")]
+    return launcher_command("run", "--run-dir", str(tmp_path / "run"))
 
 
 def rank_lines(text: str, prefix: re.Pattern):
