@@ -1,5 +1,6 @@
 """Unit tests for ``launcher.monitoring.status`` and ``launcher status``: a run dir written by hand."""
 
+import contextlib
 import fcntl
 import json
 import os
@@ -43,13 +44,21 @@ EVENTS = [
 ]
 
 
+@contextlib.contextmanager
+def live(path: str):
+    """The run dir ``path`` as a running launcher holds it (its lock taken)."""
+    fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        yield path
+    finally:
+        os.close(fd)
+
+
 @pytest.fixture
 def live_job(tmp_path):
-    path = write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS)
-    fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)  # what a running launcher holds
-    yield path
-    os.close(fd)
+    with live(write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS)) as path:
+        yield path
 
 
 def test_status_of_a_live_job_in_its_second_attempt(live_job):
@@ -171,13 +180,8 @@ def test_status_lists_the_warm_standbys_waiting(tmp_path):
     standbys = [{"ts": 1018.0, "event": "standby_ready", "rank": 0, "pid": os.getpid(), "rss_bytes": 1 << 20},
                 {"ts": 1018.0, "event": "standby_ready", "rank": 1, "pid": 2 ** 22 + 99, "rss_bytes": 1 << 20},
                 {"ts": 1019.0, "event": "standby_ready", "rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
-    path = write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS + standbys)
-    fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
+    with live(write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS + standbys)) as path:
         doc = job_status(path, now=1020.0)
-    finally:
-        os.close(fd)
     # rank 0's standby became rank 0 (its pid is the rank's), rank 1's is gone
     assert doc["standbys"] == [{"rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
     assert f"warm standbys (--preload): rank 2 pid {os.getppid()} 220 MiB" in format_status(doc)
@@ -193,13 +197,8 @@ def test_events_without_a_rank(tmp_path):
            {"ts": 1019.0, "event": "standby_ready", "rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20},
            {"ts": 1019.1, "event": "standby_ready", "rank": None, "pid": os.getppid(), "rss_bytes": 1 << 20},
            {"ts": 1019.2, "event": "standby_ready", "pid": os.getppid(), "rss_bytes": 1 << 20}]
-    path = write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS + odd)
-    fd = os.open(os.path.join(path, rundir_mod.LOCK), os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    try:
+    with live(write_run_dir(tmp_path / "job", 3, os.getpid(), EVENTS + odd)) as path:
         doc = job_status(path, now=1020.0)
-    finally:
-        os.close(fd)
     assert doc["stragglers"] == [1]
     assert doc["standbys"] == [{"rank": 2, "pid": os.getppid(), "rss_bytes": 220 << 20}]
     assert "stragglers (slower than their peers): ranks 1" in format_status(doc)
