@@ -64,7 +64,7 @@ def events_in(run_dir: PathLike, name: Optional[str] = None, **match) -> List[di
 
     A line the reader cannot use fails the test: the launcher writes nothing but whole events.
     """
-    from launcher.monitoring.goodput import read_events
+    from launcher.monitoring.eventsfile import read_events
 
     found = read_events(os.path.join(str(run_dir), "events.jsonl"))
     assert found.skipped == 0, f"{found.skipped} unusable line(s) in {run_dir}/events.jsonl"
