@@ -12,7 +12,9 @@ import pytest
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.jobtree import JobTree
 from launcher.supervision import standby as standby_mod
-from launcher.supervision.standby import LEARN_POLL, StandbyPool
+from launcher.supervision import standbyauto
+from launcher.supervision.standby import StandbyPool
+from launcher.supervision.standbyauto import LEARN_POLL
 from launcher.supervision.standbylearn import ImportsLog
 from tests.helpers.procs import TOKEN
 
@@ -129,7 +131,7 @@ def test_ranks_no_longer_here_lose_their_standbys(pool):
 # -- --preload auto --------------------------------------------------------------------------------
 @pytest.fixture
 def auto_pool(tmp_path, monkeypatch):
-    monkeypatch.setattr(standby_mod, "WARM_AFTER", 0.0)  # when the first standbys start: its own test
+    monkeypatch.setattr(standbyauto, "WARM_AFTER", 0.0)  # when the first standbys start: its own test
     site = tmp_path / "site-packages"
     (site / "fakeheavy").mkdir(parents=True)
     (site / "fakeheavy" / "__init__.py").write_text("")
@@ -174,7 +176,7 @@ def test_auto_waits_for_the_ranks_imports_to_pause_then_imports_what_they_did(au
 
 
 def test_auto_starts_no_standby_that_does_not_fit_in_memory(auto_pool, monkeypatch):
-    monkeypatch.setattr(standby_mod, "memory_room", lambda: (1 << 20, "a 1 MiB test limit"))
+    monkeypatch.setattr(standbyauto, "memory_room", lambda: (1 << 20, "a 1 MiB test limit"))
     auto_pool.after_start([auto_pool.spec], 0)
     auto_pool.record.write_text("fakeheavy\n")
     for _ in range(4):
@@ -190,7 +192,7 @@ def test_auto_first_standbys_wait_until_the_job_ran_twice_its_start_up(auto_pool
     they start."""
     clock = [100.0]
     monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
+    monkeypatch.setattr(standbyauto, "WARM_AFTER", 2.0)
     auto_pool._idle = False  # standbys as SCHED_BATCH: they would compete with the ranks
     auto_pool.after_start([auto_pool.spec], 0)
 
@@ -217,7 +219,7 @@ def test_auto_standbys_of_the_idle_class_need_not_wait(auto_pool, monkeypatch):
     """SCHED_IDLE standbys take only CPU time the ranks leave: they start once the imports paused."""
     clock = [100.0]
     monkeypatch.setattr(standby_mod.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(standby_mod, "WARM_AFTER", 2.0)
+    monkeypatch.setattr(standbyauto, "WARM_AFTER", 2.0)
     auto_pool.after_start([auto_pool.spec], 0)
     auto_pool.record.write_text("fakeheavy\n")
     for second in (3, 4, 5):
