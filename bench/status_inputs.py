@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.unit.test_status import EVENTS, write_run_dir  # noqa: E402  (after the path is set)
+from tests.unit.monitoring.test_status import EVENTS, write_run_dir  # noqa: E402  (after the path is set)
 
 RUNS = 15
 
