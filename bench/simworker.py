@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional  # noqa: E402
 from gevent.fileobject import FileObject  # noqa: E402
 from launcher.cluster.syncjoin import SyncCoordination  # noqa: E402
 from launcher.jobspec.options import RunOptions  # noqa: E402
+from launcher.jobspec.runspec import run_spec  # noqa: E402
 from launcher.supervision.policy import Failure, PeerUpdate, RunResult  # noqa: E402
 from launcher.supervision.states import ExitInfo  # noqa: E402
 
@@ -134,13 +135,13 @@ def _table(count: int) -> SimpleNamespace:
 
 
 def _host(index: int, count: int, args: argparse.Namespace, group: Group) -> SimpleNamespace:
-    """What ``SyncCoordination.start`` reads of the launcher: options, topology, events, the group."""
+    """What ``SyncCoordination.start`` reads of the launcher: the run's spec, topology, events, the group."""
     topo = SimpleNamespace(table=_table(count), server_index=index, table_file=None, master_port=29500)
     # the launcher's own options with their defaults (the coordinator's TLS and user too)
     opts = RunOptions(command=("true",), coordinator=args.url, sync_timeout=args.sync_timeout,
                       min_nodes=args.min_nodes, elastic_wait=args.elastic_wait, coordinator_ttl=args.ttl)
     ctx = SimpleNamespace(run_id=args.run_id, topology=topo, base_env={"POD_IP": "127.0.0.1"})
-    return SimpleNamespace(opts=opts, ctx=ctx, group=group, emit=lambda name, **fields: None)
+    return SimpleNamespace(spec=run_spec(opts, {}), ctx=ctx, group=group, emit=lambda name, **fields: None)
 
 
 def node_main(index: int, args: argparse.Namespace, timers: Timers, groups: Dict[int, Group]) -> None:
