@@ -43,6 +43,7 @@ class SpaceCheck:
         self._thread: Optional[threading.Thread] = None
         self._found: Optional[Tuple[int, int, str]] = None
         self._looked = False  # a look ended whose finding was not taken yet
+        self._lock = threading.Lock()  # the finding and its flag change together
 
     def start(self) -> None:
         """Look now, beside the running attempt (no-op while a look is still running)."""
@@ -52,16 +53,17 @@ class SpaceCheck:
         self._thread.start()
 
     def _look(self) -> None:
-        self._found = checkpoint_space(self.directory)
-        self._looked = True
+        found = checkpoint_space(self.directory)
+        with self._lock:
+            self._found, self._looked = found, True
 
     def take(self) -> Optional[Tuple[int, int, str]]:
         """The finding of the last look that ended since the last take; a look now when none was
         ever started (before the first attempt); None while the only look is still running."""
         if self._thread is None:
             return checkpoint_space(self.directory)
-        found, looked = self._found, self._looked
-        self._looked = False
+        with self._lock:  # a look ending between reading the flag and clearing it would be lost
+            found, looked, self._looked = self._found, self._looked, False
         return found if looked else None
 
 
