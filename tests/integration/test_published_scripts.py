@@ -27,6 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import pytest
 
+from tests.helpers.launch import launcher_command
 from tests.helpers.procs import free_port
 from tests.integration.test_side_by_side import MSRUN_WORKER_EQUAL, TORCHRUN_EQUAL
 
@@ -101,11 +102,10 @@ def _run_tool_once(tool: str, args: Sequence[str], cwd: Path, env: Dict[str, str
     dumps.mkdir()
     (dumps / "sitecustomize.py").write_text(SITECUSTOMIZE)
     path = os.pathsep.join([str(dumps)] + ([str(REPO)] if tool == "launcher" else []))
-    # The command lines are the published ones, with the launcher's defaults (warm standbys included:
-    # they start only once a job ran twice its start-up, so these seconds-long jobs get none).
+    # The command lines are the published ones, run with the launcher's defaults (warm standbys included).
     full_env = {**os.environ, **(env or {}), "PUBLISHED_ENV_DUMP": str(dumps), "PYTHONPATH": path,
                 "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", "")}
-    argv = [sys.executable, "-m", "launcher", "run", *args] if tool == "launcher" else [str(BIN / tool), *args]
+    argv = launcher_command("run", *args) if tool == "launcher" else [str(BIN / tool), *args]
     proc = subprocess.run(argv, cwd=str(cwd), env=full_env, capture_output=True, text=True, timeout=TIMEOUT)
     logs = "".join(p.read_text(errors="replace") for p in sorted(cwd.glob("msrun_log/*.log")))
     envs = [json.loads(p.read_text()) for p in sorted(dumps.glob("*.json"))]

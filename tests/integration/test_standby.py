@@ -11,13 +11,12 @@ import os
 import re
 import signal
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from launcher.monitoring.events import read_events
+from tests.helpers.launch import Launcher, cli, events_in
 from tests.helpers.procs import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,31 +24,24 @@ PROBE = str(REPO / "tests" / "workers" / "start_probe.py")
 IMPORTER = str(REPO / "tests" / "workers" / "importer.py")
 
 
-class Job:
-    """One ``launcher run`` of the probe in ``root``; ``preload`` None runs it cold (``--preload
-    none``); ``module``: as ``python -m tests.workers.start_probe``; ``options``: more launcher
-    options; ``worker``: another script than the probe."""
+class Job(Launcher):
+    """One ``launcher run`` of the probe in ``root``, started by the shared harness; ``preload`` None
+    runs it cold (``--preload none``), ``"auto"`` with the default; ``module``: as ``python -m
+    tests.workers.start_probe``; ``options``: more launcher options; ``worker``: another script
+    than the probe."""
 
     def __init__(self, root: Path, preload, port: int, *probe_args: str, env=None, nproc: int = 2,
                  module: bool = False, options=(), worker=PROBE):
+        super().__init__(root, env=env, cwd=REPO)
         self.root = root
         root.mkdir()
         self.out = root / "out"
         self.out.mkdir()
         self.trigger = root / "go"
-        argv = [sys.executable, "-m", "launcher", "run", "--nproc-per-node", str(nproc), "--max-restarts", "1",
-                "--run-dir", str(root / "run"), "--log-dir", str(root / "logs"), "--run-id", "probe-job",
-                "--master-port", str(port), *(["--preload", preload or "none"] if preload != "auto" else []),
-                *options, "--", sys.executable, *(["-m", "tests.workers.start_probe"] if module else [worker]),
-                "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
-        self.stderr = open(root / "stderr.txt", "wb")
-        self.proc = subprocess.Popen(argv, stdout=open(root / "stdout.txt", "wb"), stderr=self.stderr,
-                                     cwd=str(REPO), env=env)
-
-    def events(self, name=None):
-        path = self.root / "run" / "events.jsonl"
-        found = read_events(str(path)) if path.exists() else []
-        return [e for e in found if name is None or e["event"] == name]
+        command = [sys.executable, *(["-m", "tests.workers.start_probe"] if module else [worker]),
+                   "--out", str(self.out), "--fail-when", str(self.trigger), *probe_args]
+        self.start(["--nproc-per-node", nproc, "--max-restarts", "1", "--run-id", "probe-job", "--master-port", port,
+                    *(["--preload", preload or "none"] if preload != "auto" else []), *options], command=command)
 
     def go_when_ready(self, standbys: int) -> None:
         """Trigger the failure once ``standbys`` standbys answered ready (or at once for a cold job)."""
@@ -57,10 +49,7 @@ class Job:
         self.trigger.touch()
 
     def finish(self, timeout: float = 60) -> int:
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.stderr.close()
+        return self.wait(timeout)
 
     def dump(self, attempt: int, rank: int) -> dict:
         return json.loads((self.out / f"{attempt}-{rank}.json").read_text())
@@ -193,15 +182,12 @@ def test_standby_above_the_memory_cap_is_refused(tmp_path):
 @pytest.mark.parametrize("options", [["--preload", "json"], []], ids=["named", "default"])
 def test_preload_ignored_for_a_command_that_is_not_python(tmp_path, options):
     """Named modules: one warning; the default says nothing (there is nothing to learn)."""
-    job_dir = tmp_path / "job"
-    job_dir.mkdir()
-    result = subprocess.run([sys.executable, "-m", "launcher", "run", "--nproc-per-node", "1", "--run-dir",
-                             str(job_dir / "run"), *options, "--", "true"],
-                            capture_output=True, text=True, timeout=60, cwd=str(REPO))
+    run_dir = tmp_path / "run"
+    result = cli("run", "--nproc-per-node", 1, "--run-dir", run_dir, *options, "--", "true", cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("--preload json ignored: the command is not a Python interpreter") == len(options) // 2
     assert "WARNING" not in result.stderr or options
-    assert not [e for e in read_events(str(job_dir / "run" / "events.jsonl")) if e["event"].startswith("standby")]
+    assert not [e for e in events_in(run_dir) if e["event"].startswith("standby")]
 
 
 def test_recover_in_place_respawns_the_failed_rank_from_its_standby(tmp_path):

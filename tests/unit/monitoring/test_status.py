@@ -12,6 +12,7 @@ import pytest
 from launcher.commands.cli import main
 from launcher.common import rundir as rundir_mod
 from launcher.monitoring.status import format_status, job_status
+from tests.helpers.launch import launcher_command
 
 
 def write_run_dir(path, ranks, live_pid, events, ended=None):
@@ -134,7 +135,7 @@ def test_cli_without_any_job(tmp_path, monkeypatch, capsys, clean_env):
 
 @pytest.mark.timeout(60)
 def test_watch_refreshes_in_place(live_job, tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "status", "--run-dir", live_job, "--watch", "0.1"],
+    proc = subprocess.Popen(launcher_command("status", "--run-dir", str(live_job), "--watch", "0.1"),
                             stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         seen = b""
