@@ -329,7 +329,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         results = measure([int(n) for n in args.sizes.split(",")], args.ttl, args.launcher_path)
     finally:
         common.cleanup()
-    os.makedirs(os.path.dirname(args.json), exist_ok=True)
+    os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
     previous = json.load(open(args.json)) if os.path.exists(args.json) else {}
     previous.update({str(k): v for k, v in results.items()})
     with open(args.json, "w", encoding="utf-8") as fh:
