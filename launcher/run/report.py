@@ -10,7 +10,6 @@ import shutil
 from datetime import datetime
 from typing import Callable, List, Optional, Sequence
 
-from launcher.monitoring.errorfile import explain_failure
 from launcher.supervision import debugging
 from launcher.supervision.output import tail_lines
 
@@ -78,6 +77,8 @@ def format_root_cause(result, log_lines: int = 10,
     if earlier:
         lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
                                                        for f in earlier))
+    from launcher.monitoring.errorfile import explain_failure  # after a failure only
+
     found = explain_failure(error_file(cause), cause.log_path)
     evidence: List[str] = []
     if found is not None:

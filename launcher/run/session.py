@@ -16,19 +16,14 @@ from launcher.common import envnames
 from launcher.control import gasp as gasp_mod
 from launcher.supervision import guard as guard_mod
 from launcher.common import rundir as rundir_mod
-from launcher.cluster.resetfollow import ResetJsonFollower
-from launcher.cluster.syncjoin import SyncCoordination
-from launcher.cluster.taskd import TaskdManager
-from launcher.control.server import ControlChannel
 from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
 from launcher.supervision.jobtree import JobTree, read_stat, report_escaped
 from launcher.jobspec import binding as binding_mod
 from launcher.jobspec.runspec import RunSpec
 from launcher.supervision.integration import Integrations
-from launcher.run.hangwatch import HangWatch
+from launcher.run.integrations import run_integrations
 from launcher.supervision.procgroup import LocalProcessGroup
-from launcher.run.outputwatch import OutputWatch
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
                                   standby_pool)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
@@ -66,15 +61,9 @@ class Session:
         self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
         self.space_check = None  # --checkpoint-dir's free-space look, beside each attempt
         # What runs beside the ranks (launcher.supervision.integration): started in this order before
-        # the first attempt, stopped in reverse when the session ends. A new one is one line here.
-        self.sync = SyncCoordination()  # also the elastic membership each attempt runs on
-        metrics = []
-        if spec.output.metrics_port is not None or spec.output.metrics_textfile:
-            from launcher.run.metrics import Metrics  # only when asked for
-
-            metrics.append(Metrics(spec.output.metrics_port, spec.output.metrics_textfile))
-        self.integrations = Integrations([ControlChannel(), ResetJsonFollower(), self.sync, TaskdManager(), HangWatch(),
-                                          OutputWatch(), *metrics])
+        # the first attempt, stopped in reverse when the session ends; listed in launcher.run.integrations.
+        members, self.sync = run_integrations(spec)  # the sync: also the elastic membership of each attempt
+        self.integrations = Integrations(members)
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), spec.restart.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
@@ -329,6 +318,8 @@ class Session:
         return busy_devices([d.device_id for d in self.ctx.topology.server.devices], self.ctx.base_env, here)
 
     def _health(self) -> Optional[str]:
+        if not (self.spec.restart.health_check or self.spec.restore.checkpoint_dir):
+            return None  # nothing to check: no import of the checks on the way to the first rank
         from launcher.run.healthcheck import node_health
 
         return node_health(self.spec.restart.health_check, self.spec.restore.checkpoint_dir,
