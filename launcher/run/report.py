@@ -8,10 +8,13 @@ bounds how many attempt directories a crash loop keeps. ``format_root_cause`` tu
 import os
 import shutil
 from datetime import datetime
-from typing import Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from launcher.supervision import debugging
 from launcher.supervision.output import tail_lines
+
+if TYPE_CHECKING:
+    from launcher.restore.plan import RestorePlan
 
 
 #: ``attempt_<n>`` log directories kept per session besides the first one: a crash loop with a large
@@ -108,3 +111,19 @@ def framework_hint(text: Sequence[str]) -> List[str]:
         return ["the rank called MindSpore's init() without a MindSpore cluster's variables: add "
                 "--framework mindspore (msrun's options, e.g. --worker_num, imply it)"]
     return []
+
+
+def resume_summary(plan: "RestorePlan") -> str:
+    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
+    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
+
+    if plan.kind == KIND_BREAKPOINT:
+        ranks = plan.restore_ranks
+        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(str(r) for r in ranks)}")
+    reshard = f", resharding {plan.conversion.summary()}" if plan.conversion is not None else ""
+    if plan.dcp_dir is not None:
+        return f"resuming from the step-{plan.step} DCP checkpoint {plan.dcp_dir}{reshard}"
+    if plan.kind == KIND_PERIODIC:
+        return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
+    return f"starting from scratch ({plan.reason})"

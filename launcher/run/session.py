@@ -18,7 +18,7 @@ from launcher.supervision import guard as guard_mod
 from launcher.common import rundir as rundir_mod
 from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
-from launcher.supervision.jobtree import JobTree, read_stat, report_escaped
+from launcher.supervision.jobtree import JobTree, create_time, report_escaped
 from launcher.jobspec import binding as binding_mod
 from launcher.jobspec.runspec import RunSpec
 from launcher.supervision.integration import Integrations
@@ -27,7 +27,8 @@ from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
                                   standby_pool)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
+from launcher.run.report import (KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, resume_summary,
+                                 session_name)
 from launcher.supervision.policy import RestartPolicy, RunResult
 from launcher.supervision.hooks import ClusterHooks, JobHooks
 from launcher.supervision.supervisor import Supervisor
@@ -289,7 +290,7 @@ class Session:
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         if self.space_check is not None:
             self.space_check.start()  # the next attempt's free-space look, while this one runs
-        ranks = [{"rank": rank, "pid": pid, "pgid": pid, "create_time": _create_time(pid)}
+        ranks = [{"rank": rank, "pid": pid, "pgid": pid, "create_time": create_time(pid)}
                  for rank, pid in sorted(pids.items())]
         self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
                                                    "ranks": ranks, "updated": time.time()})
@@ -392,34 +393,3 @@ class Session:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
         self.run_dir.close()
-
-
-def resume_summary(plan: "RestorePlan") -> str:
-    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
-    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
-
-    if plan.kind == KIND_BREAKPOINT:
-        ranks = plan.restore_ranks
-        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
-                f"{', '.join(str(r) for r in ranks)}")
-    reshard = f", resharding {plan.conversion.summary()}" if plan.conversion is not None else ""
-    if plan.dcp_dir is not None:
-        return f"resuming from the step-{plan.step} DCP checkpoint {plan.dcp_dir}{reshard}"
-    if plan.kind == KIND_PERIODIC:
-        return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
-    return f"starting from scratch ({plan.reason})"
-
-
-def _create_time(pid: int) -> Optional[float]:
-    """``psutil.Process(pid).create_time()`` from /proc without importing psutil (30 ms): the start in
-    clock ticks after boot (``/proc/<pid>/stat`` field 22) plus the boot time; None once it is gone."""
-    stat = read_stat(pid)
-    if stat is None:
-        return None  # already gone; its exit event follows
-    ticks = stat.start
-    try:
-        with open("/proc/stat", "rb") as fh:
-            boot = next(float(line.split()[1]) for line in fh if line.startswith(b"btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None  # already gone; its exit event follows
-    return ticks / os.sysconf("SC_CLK_TCK") + boot

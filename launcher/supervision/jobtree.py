@@ -82,6 +82,20 @@ def read_stat(pid: int) -> Optional[ProcStat]:
         os.close(fd)
 
 
+def create_time(pid: int) -> Optional[float]:
+    """``psutil.Process(pid).create_time()`` from /proc without importing psutil (30 ms): the start in
+    clock ticks after boot (``/proc/<pid>/stat`` field 22) plus the boot time; None once it is gone."""
+    stat = read_stat(pid)
+    if stat is None:
+        return None
+    try:
+        boot = next(float(line.split()[1]) for line in read_file("/proc/stat").splitlines()
+                    if line.startswith(b"btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return stat.start / os.sysconf("SC_CLK_TCK") + boot
+
+
 def cmdline(pid: int) -> str:
     """The command line of ``pid`` for reports ('' once it is gone)."""
     try:
