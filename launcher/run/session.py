@@ -152,6 +152,8 @@ class Session:
                                device_wait_timeout=restart.device_wait_timeout,
                                node_fault_exit_code=restart.node_fault_exit_code)
         self.integrations.start(self)
+        # The first ranks' cgroup, entered while the supervisor gets ready: their start does not wait for it.
+        self.group.prepare(self.sync.first_generation)
         self._warn_uncoordinated()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
                        self._resume_note, self.integrations.progress, self.integrations.status, self._busy_devices,
