@@ -7,7 +7,7 @@ bounds how many attempt directories a crash loop keeps. ``format_root_cause`` tu
 
 import os
 import shutil
-from datetime import datetime
+import time
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 from launcher.supervision import debugging
@@ -51,7 +51,7 @@ def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_
 
 def session_name() -> str:
     """Directory name of one launcher invocation's logs: time, then pid (sortable, unique)."""
-    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"  # time, not datetime: one import less at start
 
 
 def format_root_cause(result, log_lines: int = 10,
@@ -70,6 +70,8 @@ def format_root_cause(result, log_lines: int = 10,
     cause = result.root_cause
     if cause is None:
         return []
+    from datetime import datetime  # after a failure only
+
     when = datetime.fromtimestamp(cause.info.wall_time).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     lines = [f"job failed after {result.attempts} attempt(s): first failure of the last attempt was "
              f"{cause.label} ({cause.info.describe()}) at {when}"]
