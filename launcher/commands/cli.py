@@ -6,14 +6,12 @@ for jsonschema, yaml or protobuf. Errors become exit codes here and nowhere else
 """
 
 import importlib
-import logging
-import sys
 from typing import Dict, List, Optional
 
 import click
 
 from launcher import __version__
-from launcher.supervision.console import ConsoleHandler, console_stderr
+from launcher.commands.logsetup import setup_logging
 from launcher.common.errors import LauncherError
 
 _COMMANDS: Dict[str, str] = {
@@ -70,29 +68,6 @@ class LazyGroup(click.Group):
 def cli(verbose: int) -> None:
     """Resilient launcher for distributed training (PyTorch, MindSpore, TensorFlow)."""
     setup_logging(verbose)
-
-
-class _LauncherFormatter(logging.Formatter):
-    """Prefixes the launcher's own lines so they stand apart from ``[rank N]`` output."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        prefix = "[launcher]" if record.levelno < logging.WARNING else f"[launcher {record.levelname}]"
-        return f"{prefix} {self.formatTime(record, '%H:%M:%S')} {record.getMessage()}"
-
-
-def setup_logging(verbose: int = 0) -> None:
-    """Send the launcher's own log lines to stderr, prefixed ``[launcher]``.
-
-    Through a non-blocking console when stderr is fd 2: a stderr nobody reads (a stopped pipe) must
-    not stop the supervisor in the middle of a log line.
-    """
-    stderr = console_stderr()
-    handler = logging.StreamHandler(sys.stderr) if stderr is None else ConsoleHandler(stderr)
-    handler.setFormatter(_LauncherFormatter())
-    root = logging.getLogger("launcher")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbose > 1 else logging.INFO)
-    root.propagate = False
 
 
 def main(argv: Optional[List[str]] = None) -> int:

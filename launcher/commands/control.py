@@ -6,7 +6,7 @@ from typing import Optional
 import click
 
 from launcher.common.errors import LauncherError
-from launcher.jobspec.options import SignalType
+from launcher.commands.optiontypes import SignalType
 
 _RUN_DIR = click.option("--run-dir", type=click.Path(file_okay=False), envvar="LAUNCHER_RUN_DIR",
                         show_envvar=True, help="The run dir of the `launcher run` to address.")

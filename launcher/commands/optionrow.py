@@ -6,7 +6,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from launcher.jobspec.options import ParsedType, env_var_for
+from launcher.commands.optiontypes import ParsedType
+from launcher.jobspec.options import env_var_for
 
 OWN, MAPPED, INFO, REFUSED, NOT_YET = "own", "mapped", "info", "refused", "not yet"
 #: A flag: ``--x`` with no value.

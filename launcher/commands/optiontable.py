@@ -12,8 +12,9 @@ torchrun's or msrun's spellings of what the launcher does differently, each with
 
 Adding an option: one row here, a ``RunOptions`` field of the same name and default (checked by
 tests/unit/commands/test_optiontable.py), its place in one of the specs ``launcher.jobspec.runspec.run_spec``
-builds (parsed there, once), and its consumer, which reads the spec. ``schemas/launcher.schema.json`` is generated
-from the rows: ``python -m launcher.commands.optiontable > schemas/launcher.schema.json``.
+builds (parsed there, once), and its consumer, which reads the spec. Two files are generated from the rows:
+``python -m launcher.commands.optiontable > schemas/launcher.schema.json`` and, for ``run``'s fast parser,
+``python -m launcher.commands.indexgen > launcher/commands/optionindex.py`` (tests say when either is stale).
 """
 
 import json
@@ -22,9 +23,9 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from launcher.commands.optionrow import FLAG, INFO, MAPPED, NOT_YET, OWN, REFUSED, Row
-from launcher.commands.torchrun import NnodesType, NprocType
-from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT,
-                                      RankFilterType, RankListType, SignalType, load_config, parse_section_timeouts)
+from launcher.commands.optiontypes import NnodesType, NprocType, RankFilterType, RankListType, SignalType
+from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, load_config,
+                                      parse_section_timeouts)
 
 __all__ = ["FLAG", "INFO", "MAPPED", "NOT_YET", "OWN", "REFUSED", "Row", "ROWS", "SECTIONS", "click_options",
            "foreign_rows", "help_sections", "json_schema", "schema_text"]

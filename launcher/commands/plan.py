@@ -8,7 +8,7 @@ import click
 from click.core import ParameterSource
 
 from launcher.common.errors import UsageError
-from launcher.jobspec.options import RankListType
+from launcher.commands.optiontypes import RankListType
 from launcher.jobspec.runspec import restore_spec
 from launcher.restore import PlanInputs, compute_plan
 from launcher.restore.checkpoints import DEFAULT_SETTLE_SECONDS

@@ -1,12 +1,12 @@
 """``launcher run [OPTIONS] [--] COMMAND [ARGS]...``: parse, then delegate to ``launcher.run.runner``."""
 
 import logging
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import click
 
-from launcher.commands import msrun, optiontable, torchrun
-from launcher.common.errors import UsageError
+from launcher.commands import optiontable, torchrun
+from launcher.commands.runargs import build_run_options
 from launcher.jobspec.options import RunOptions
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,8 @@ run = RunCommand(
 
 
 def run_options(ctx: click.Context) -> RunOptions:
-    """The ``RunOptions`` of a parsed ``run`` command line, torchrun's and msrun's options translated.
+    """The ``RunOptions`` of a parsed ``run`` command line, torchrun's and msrun's options translated
+    (``launcher.commands.runargs``, the fast parser's path too).
 
     Raises:
         UsageError: options the launcher cannot honour (one line each), a missing ``.py`` script.
@@ -157,49 +158,4 @@ def run_options(ctx: click.Context) -> RunOptions:
     # Given by the user: on the command line, in the environment or in the --config file (default_map).
     explicit = [name for name in ctx.params
                 if ctx.get_parameter_source(name) not in (click.core.ParameterSource.DEFAULT, None)]
-    kwargs = dict(ctx.params)
-    if isinstance(kwargs["nnodes"], tuple):  # MIN:MAX: the table has MAX servers; MIN is elastic's floor
-        kwargs["min_nodes"], kwargs["nnodes"] = kwargs["nnodes"]
-    problems, given, msrun_used = foreign_options(kwargs)
-    problems += torchrun.translate(kwargs, explicit, given["torchrun"])
-    problems += msrun.translate(kwargs, explicit, given["msrun"], msrun_used)
-    if len(problems) == 1:
-        raise UsageError(problems[0])
-    if problems:
-        raise UsageError(f"{len(problems)} options cannot be used here", problems)
-    kwargs["command"] = torchrun.python_command(kwargs["command"], kwargs.pop("no_python"), kwargs.pop("module"),
-                                                os.environ)
-    if kwargs.get("framework"):
-        kwargs["framework"] = kwargs["framework"].lower()
-    return RunOptions(**kwargs)
-
-
-def foreign_options(kwargs: Dict[str, Any]) -> Tuple[List[str], Dict[str, Dict[str, Any]], bool]:
-    """Take torchrun's and msrun's spellings out of ``kwargs``: an info line for those accepted as
-    they are, a problem for those refused.
-
-    Returns:
-        The problems, the mapped ones given (tool -> row name -> value), and whether any msrun-only
-        option was given (which implies --framework mindspore).
-    """
-    problems: List[str] = []
-    given: Dict[str, Dict[str, Any]] = {"torchrun": {}, "msrun": {}}
-    msrun_used = False
-    for row in optiontable.ROWS:
-        if row.handling == optiontable.NOT_YET:
-            if kwargs.get(row.name, row.default) != row.default:
-                problems.append(f"{row.flag} {kwargs[row.name]}: {row.note}")
-            continue
-        if not row.foreign:
-            continue
-        value = kwargs.pop(row.name)
-        if value is None or value is False:
-            continue
-        msrun_used = msrun_used or row.tool == "msrun"
-        if row.handling == optiontable.INFO:
-            log.info("%s is %s's: %s", row.flag, row.tool, row.note)
-        elif row.handling == optiontable.REFUSED:
-            problems.append(f"{row.flag} is {row.tool}'s: {row.note}")
-        else:
-            given[row.tool][row.name] = value
-    return problems, given, msrun_used
+    return build_run_options(dict(ctx.params), explicit, os.environ)

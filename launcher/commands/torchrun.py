@@ -12,8 +12,6 @@ import signal
 import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import click
-
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.common.signals import STOP_SIGNALS
@@ -40,52 +38,6 @@ HANDLED_SIGNALS = tuple(signal.Signals(signum).name for signum in STOP_SIGNALS)
 def normalize_token(token: str) -> str:
     """torchrun spells every option both ways: ``--nproc_per_node`` is ``--nproc-per-node``."""
     return token.replace("_", "-")
-
-
-class NprocType(click.ParamType):
-    """``--nproc-per-node``: a count, or torchrun's ``cpu`` / ``auto``, or ``npu`` (Ascend devices)."""
-
-    name = "N"
-
-    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> int:
-        if isinstance(value, int):
-            count = value
-        elif str(value).strip().isdigit():
-            count = int(value)
-        else:
-            word = str(value).strip().lower()
-            if word not in ("auto", "cpu", "npu"):
-                self.fail(f"{value!r}: expected a number of processes, auto, cpu or npu "
-                          "(the launcher does not count GPUs: pass their number)", param, ctx)
-            npus = npu_count()
-            if word == "npu" and not npus:
-                self.fail("npu: no Ascend devices (/dev/davinci<N>) on this machine", param, ctx)
-            count = npus if word == "npu" or (word == "auto" and npus) else cpu_count()
-        if count < 1:
-            self.fail(f"{value!r} is not at least 1", param, ctx)
-        return count
-
-
-class NnodesType(click.ParamType):
-    """``--nnodes``: ``N``, or torchrun's ``MIN:MAX``: an int when both are the same (a fixed
-    membership), else the pair ``(MIN, MAX)`` (elastic membership, with ``--coordinator``)."""
-
-    name = "N|MIN:MAX"
-
-    def convert(self, value: Any, param: Optional[click.Parameter],
-                ctx: Optional[click.Context]) -> Union[int, Tuple[int, int]]:
-        if isinstance(value, (int, tuple)):
-            parts = list(value) if isinstance(value, tuple) else [value]
-        else:
-            try:
-                parts = [int(part) for part in str(value).split(":")]
-            except ValueError:
-                self.fail(f"{value!r} is not a number of nodes", param, ctx)
-        if len(parts) > 2 or min(parts) < 1:
-            self.fail(f"{value!r}: expected N or MIN:MAX, each at least 1", param, ctx)
-        if parts[0] > parts[-1]:
-            self.fail(f"{value!r}: MIN is above MAX", param, ctx)
-        return parts[0] if len(set(parts)) == 1 else (parts[0], parts[1])
 
 
 def cpu_count() -> int:

@@ -9,8 +9,6 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import click
-
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.common.inputfiles import LIMIT_CONFIG, InputFileError, brief
@@ -30,7 +28,7 @@ class RunOptions:
     ``launcher.commands.optiontable`` (same name and default, tests/unit/commands/test_optiontable.py), plus
     what torchrun's and msrun's options map onto (``min_nodes``, ``rank_env``).
 
-    Values the click types below parse are parsed at the command line: ``console_ranks`` is None for
+    Values the option types (``launcher.commands.optiontypes``) parse are parsed at the command line: ``console_ranks`` is None for
     all ranks, else the ranks shown; ``section_timeout`` (name, seconds) pairs; ``fault_ranks`` a tuple.
     The rest is text until ``launcher.jobspec.runspec.run_spec`` parses it, once, into the specs every
     consumer reads: nothing past the runner's edge reads ``RunOptions``.
@@ -158,54 +156,6 @@ def parse_signal(text: Any, option: str = "--gasp-signal") -> int:
         raise UsageError(f"{option} {signum.name}: a rank cannot catch it, so it can never save",
                          ["use a catchable signal such as SIGTERM or SIGUSR1"])
     return int(signum)
-
-
-class SignalType(click.ParamType):
-    """Click type for a save signal: checked at parse time (``--dry-run`` too); the value is its name."""
-
-    name = "signal"
-
-    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> str:
-        option = param.opts[0] if param is not None and param.opts else "signal"
-        return signal.Signals(parse_signal(value, option)).name  # UsageError: one line, exit 2
-
-
-class ParsedType(click.ParamType):
-    """A click type whose value is parsed once, here: ``parse(text)``, a ``UsageError`` for bad text.
-
-    Attributes:
-        empty: The value when the option is not given.
-    """
-
-    empty: Any = None
-
-    def parse(self, text: str) -> Any:
-        raise NotImplementedError
-
-    def convert(self, value: Any, param: Optional[click.Parameter], ctx: Optional[click.Context]) -> Any:
-        if not isinstance(value, str) and isinstance(value, (tuple, type(None))):
-            return value  # already parsed (a mapped torchrun / msrun option)
-        return self.parse(str(value))  # UsageError: one line, exit 2 (--dry-run too)
-
-
-class RankFilterType(ParsedType):
-    """``--console-ranks``: None (all), or the ranks shown (``none``: no rank)."""
-
-    name = "ranks"
-
-    def parse(self, text: str) -> Optional[Tuple[int, ...]]:
-        ranks = parse_rank_filter(text)
-        return None if ranks is None else tuple(ranks)
-
-
-class RankListType(ParsedType):
-    """``--fault-ranks 3,5``: the ranks, sorted."""
-
-    name = "ranks"
-    empty: Tuple[int, ...] = ()
-
-    def parse(self, text: str) -> Tuple[int, ...]:
-        return parse_rank_list(text)
 
 
 def parse_section_timeouts(items: Sequence[str]) -> Dict[str, float]:

@@ -26,11 +26,9 @@ import time
 from collections import deque
 from typing import Deque, Dict, Optional, Set, Tuple
 
-from launcher.monitoring import stacks
 from launcher.jobspec.runspec import HangRules
 from launcher.monitoring.heartbeats import (HEARTBEAT_DIR, RATE_WINDOW, Beat, judge, read_slot, slot_path, step_rate,
                                             stragglers)
-from launcher.run.stackdump import StackDump
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import RankHung
 
@@ -221,6 +219,8 @@ class HangWatch(Integration):
         handlers = {r for r, b in beats.items() if b is not None and b.faulthandler}
         started = self.clock()
         out = os.path.join(self.directory, f"attempt_{attempt}")
+        from launcher.monitoring import stacks  # on a hang only: not on the way to the first rank
+        from launcher.run.stackdump import StackDump
 
         def dumped(texts, sources):
             where = {r: stacks.innermost_frame(text, pids[r]) if text else None for r, text in texts.items()}

@@ -7,12 +7,14 @@ bounds how many attempt directories a crash loop keeps. ``format_root_cause`` tu
 
 import os
 import shutil
-from datetime import datetime
-from typing import Callable, List, Optional, Sequence
+import time
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
-from launcher.monitoring.errorfile import explain_failure
 from launcher.supervision import debugging
 from launcher.supervision.output import tail_lines
+
+if TYPE_CHECKING:
+    from launcher.restore.plan import RestorePlan
 
 
 #: ``attempt_<n>`` log directories kept per session besides the first one: a crash loop with a large
@@ -49,7 +51,7 @@ def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_
 
 def session_name() -> str:
     """Directory name of one launcher invocation's logs: time, then pid (sortable, unique)."""
-    return f"{datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"  # time, not datetime: one import less at start
 
 
 def format_root_cause(result, log_lines: int = 10,
@@ -68,6 +70,8 @@ def format_root_cause(result, log_lines: int = 10,
     cause = result.root_cause
     if cause is None:
         return []
+    from datetime import datetime  # after a failure only
+
     when = datetime.fromtimestamp(cause.info.wall_time).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
     lines = [f"job failed after {result.attempts} attempt(s): first failure of the last attempt was "
              f"{cause.label} ({cause.info.describe()}) at {when}"]
@@ -78,6 +82,8 @@ def format_root_cause(result, log_lines: int = 10,
     if earlier:
         lines.append("earlier failures: " + "; ".join(f"attempt {f.attempt} {f.label} {f.info.describe()}"
                                                        for f in earlier))
+    from launcher.monitoring.errorfile import explain_failure  # after a failure only
+
     found = explain_failure(error_file(cause), cause.log_path)
     evidence: List[str] = []
     if found is not None:
@@ -107,3 +113,19 @@ def framework_hint(text: Sequence[str]) -> List[str]:
         return ["the rank called MindSpore's init() without a MindSpore cluster's variables: add "
                 "--framework mindspore (msrun's options, e.g. --worker_num, imply it)"]
     return []
+
+
+def resume_summary(plan: "RestorePlan") -> str:
+    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
+    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
+
+    if plan.kind == KIND_BREAKPOINT:
+        ranks = plan.restore_ranks
+        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(str(r) for r in ranks)}")
+    reshard = f", resharding {plan.conversion.summary()}" if plan.conversion is not None else ""
+    if plan.dcp_dir is not None:
+        return f"resuming from the step-{plan.step} DCP checkpoint {plan.dcp_dir}{reshard}"
+    if plan.kind == KIND_PERIODIC:
+        return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
+    return f"starting from scratch ({plan.reason})"

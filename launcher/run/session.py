@@ -16,23 +16,19 @@ from launcher.common import envnames
 from launcher.control import gasp as gasp_mod
 from launcher.supervision import guard as guard_mod
 from launcher.common import rundir as rundir_mod
-from launcher.cluster.resetfollow import ResetJsonFollower
-from launcher.cluster.syncjoin import SyncCoordination
-from launcher.cluster.taskd import TaskdManager
-from launcher.control.server import ControlChannel
 from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
-from launcher.supervision.jobtree import JobTree, read_stat, report_escaped
+from launcher.supervision.jobtree import JobTree, create_time, report_escaped
 from launcher.jobspec import binding as binding_mod
 from launcher.jobspec.runspec import RunSpec
 from launcher.supervision.integration import Integrations
-from launcher.run.hangwatch import HangWatch
+from launcher.run.integrations import run_integrations
 from launcher.supervision.procgroup import LocalProcessGroup
-from launcher.run.outputwatch import OutputWatch
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
                                   standby_pool)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.run.report import KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, session_name
+from launcher.run.report import (KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, resume_summary,
+                                 session_name)
 from launcher.supervision.policy import RestartPolicy, RunResult
 from launcher.supervision.hooks import ClusterHooks, JobHooks
 from launcher.supervision.supervisor import Supervisor
@@ -66,15 +62,9 @@ class Session:
         self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
         self.space_check = None  # --checkpoint-dir's free-space look, beside each attempt
         # What runs beside the ranks (launcher.supervision.integration): started in this order before
-        # the first attempt, stopped in reverse when the session ends. A new one is one line here.
-        self.sync = SyncCoordination()  # also the elastic membership each attempt runs on
-        metrics = []
-        if spec.output.metrics_port is not None or spec.output.metrics_textfile:
-            from launcher.run.metrics import Metrics  # only when asked for
-
-            metrics.append(Metrics(spec.output.metrics_port, spec.output.metrics_textfile))
-        self.integrations = Integrations([ControlChannel(), ResetJsonFollower(), self.sync, TaskdManager(), HangWatch(),
-                                          OutputWatch(), *metrics])
+        # the first attempt, stopped in reverse when the session ends; listed in launcher.run.integrations.
+        members, self.sync = run_integrations(spec)  # the sync: also the elastic membership of each attempt
+        self.integrations = Integrations(members)
         self.gasp_gate = gasp_mod.GaspGate(self.run_dir.file(gasp_mod.GASP_STATE), spec.restart.gasp_min_interval)
         self.graceful_exit_file = self.run_dir.file(gasp_mod.GRACEFUL_EXIT_FILE)
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
@@ -162,6 +152,8 @@ class Session:
                                device_wait_timeout=restart.device_wait_timeout,
                                node_fault_exit_code=restart.node_fault_exit_code)
         self.integrations.start(self)
+        # The first ranks' cgroup, entered while the supervisor gets ready: their start does not wait for it.
+        self.group.prepare(self.sync.first_generation)
         self._warn_uncoordinated()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
                        self._resume_note, self.integrations.progress, self.integrations.status, self._busy_devices,
@@ -300,7 +292,7 @@ class Session:
     def _on_spawned(self, attempt: int, pids: Dict[int, int]) -> None:
         if self.space_check is not None:
             self.space_check.start()  # the next attempt's free-space look, while this one runs
-        ranks = [{"rank": rank, "pid": pid, "pgid": pid, "create_time": _create_time(pid)}
+        ranks = [{"rank": rank, "pid": pid, "pgid": pid, "create_time": create_time(pid)}
                  for rank, pid in sorted(pids.items())]
         self.run_dir.write_json(rundir_mod.STATE, {"launcher_pid": os.getpid(), "attempt": attempt,
                                                    "ranks": ranks, "updated": time.time()})
@@ -329,6 +321,8 @@ class Session:
         return busy_devices([d.device_id for d in self.ctx.topology.server.devices], self.ctx.base_env, here)
 
     def _health(self) -> Optional[str]:
+        if not (self.spec.restart.health_check or self.spec.restore.checkpoint_dir):
+            return None  # nothing to check: no import of the checks on the way to the first rank
         from launcher.run.healthcheck import node_health
 
         return node_health(self.spec.restart.health_check, self.spec.restore.checkpoint_dir,
@@ -401,34 +395,3 @@ class Session:
             self.events.close()
             self.run_dir.write_json(rundir_mod.LAUNCHER, {**self.launcher_record, "ended": time.time()})
         self.run_dir.close()
-
-
-def resume_summary(plan: "RestorePlan") -> str:
-    """What the ranks resume from, in a few words: ``resuming from the step-70 breakpoint of rank 0``."""
-    from launcher.restore.plan import KIND_BREAKPOINT, KIND_PERIODIC
-
-    if plan.kind == KIND_BREAKPOINT:
-        ranks = plan.restore_ranks
-        return (f"resuming from the step-{plan.step} breakpoint of rank{'s' if len(ranks) > 1 else ''} "
-                f"{', '.join(str(r) for r in ranks)}")
-    reshard = f", resharding {plan.conversion.summary()}" if plan.conversion is not None else ""
-    if plan.dcp_dir is not None:
-        return f"resuming from the step-{plan.step} DCP checkpoint {plan.dcp_dir}{reshard}"
-    if plan.kind == KIND_PERIODIC:
-        return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
-    return f"starting from scratch ({plan.reason})"
-
-
-def _create_time(pid: int) -> Optional[float]:
-    """``psutil.Process(pid).create_time()`` from /proc without importing psutil (30 ms): the start in
-    clock ticks after boot (``/proc/<pid>/stat`` field 22) plus the boot time; None once it is gone."""
-    stat = read_stat(pid)
-    if stat is None:
-        return None  # already gone; its exit event follows
-    ticks = stat.start
-    try:
-        with open("/proc/stat", "rb") as fh:
-            boot = next(float(line.split()[1]) for line in fh if line.startswith(b"btime"))
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None  # already gone; its exit event follows
-    return ticks / os.sysconf("SC_CLK_TCK") + boot

@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import signal
+import threading
 import time
 from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
@@ -80,6 +81,20 @@ def read_stat(pid: int) -> Optional[ProcStat]:
         return None
     finally:
         os.close(fd)
+
+
+def create_time(pid: int) -> Optional[float]:
+    """``psutil.Process(pid).create_time()`` from /proc without importing psutil (30 ms): the start in
+    clock ticks after boot (``/proc/<pid>/stat`` field 22) plus the boot time; None once it is gone."""
+    stat = read_stat(pid)
+    if stat is None:
+        return None
+    try:
+        boot = next(float(line.split()[1]) for line in read_file("/proc/stat").splitlines()
+                    if line.startswith(b"btime"))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return stat.start / os.sysconf("SC_CLK_TCK") + boot
 
 
 def cmdline(pid: int) -> str:
@@ -151,6 +166,7 @@ class JobTree:
         self.started = own.start if own else 0  # no process of the job is older than its launcher
         self._created = False
         self._spent: List[Cgroup] = []  # cgroups of ended attempts, removed by tidy()
+        self._pending: Optional[Tuple[str, threading.Thread, List[Optional[Cgroup]]]] = None  # prepare()
 
     @classmethod
     def create(cls, adopt_orphans: bool = False, environ: Optional[Mapping[str, str]] = None) -> "JobTree":
@@ -163,17 +179,65 @@ class JobTree:
         """A new leaf ``name`` (unique in the job) for one spawn inside ``cgroup`` (see :meth:`inside`)."""
         return Leaf(f"{self.token}.{name}", cgroup)
 
+    def prepare(self, cgroup_name: str) -> None:
+        """Start moving this process into the job's cgroup ``cgroup_name`` now, in a thread, for the
+        spawns of a later :meth:`inside` of that name.
+
+        The move waits for the kernel (an RCU grace period: 5-20 ms measured, docs/benchmarks.md,
+        launch) without using the CPU: begun before the work that precedes the spawns, it is done by
+        the time the first rank starts. Any child started meanwhile is born inside too: call it only
+        where the children started before the spawns end before them (a health check, ``npu-smi``), and
+        :meth:`unprepare` if the spawns do not come.
+        """
+        if self._pending is None and self.contained:
+            box: List[Optional[Cgroup]] = []
+            thread = threading.Thread(target=lambda: box.append(self._enter(cgroup_name)), name="cgroup-move",
+                                      daemon=True)
+            self._pending = (cgroup_name, thread, box)
+            thread.start()
+
+    def unprepare(self) -> None:
+        """Back out of a cgroup :meth:`prepare` moved this process into (no-op without one)."""
+        cgroup = self._take_pending(None)
+        if cgroup is not None:
+            self._leave(cgroup)
+
+    def _take_pending(self, cgroup_name: Optional[str]) -> Optional[Cgroup]:
+        """Wait for the move :meth:`prepare` began; the cgroup it entered when that is ``cgroup_name``.
+        Else this process is back where it was (None)."""
+        if self._pending is None:
+            return None
+        name, thread, box = self._pending
+        self._pending = None
+        thread.join()
+        cgroup = box[0] if box else None
+        if cgroup is not None and name != cgroup_name:
+            self._leave(cgroup)
+            return None
+        return cgroup
+
     @contextlib.contextmanager
     def inside(self, cgroup_name: str) -> Iterator[Optional[Cgroup]]:
         """While spawning: this process sits in the job's cgroup ``cgroup_name``, so children are born there.
 
         Yields the cgroup, or None without cgroups. Moving this process in and out around a burst of
         spawns cost nothing measurable, less than each child moving itself in before ``exec``
-        (docs/process-tree.md). Never kill that cgroup from inside the block.
+        (docs/process-tree.md); the move in, begun by :meth:`prepare`, is only waited for here. Never
+        kill that cgroup from inside the block.
         """
+        cgroup = self._take_pending(cgroup_name)
+        if cgroup is None:
+            cgroup = self._enter(cgroup_name)
+        try:
+            yield cgroup
+        finally:
+            if cgroup is not None:
+                self._leave(cgroup)
+
+    def _enter(self, cgroup_name: str) -> Optional[Cgroup]:
+        """Move this process into the job's cgroup ``cgroup_name`` (created if needed); None without cgroups."""
         if not self.contained or not (self._created or self._create()):
-            yield None
-            return
+            return None
         cgroup = Cgroup(os.path.join(self.cgroup.path, cgroup_name), self.cgroup.use_kill_file)
         try:
             os.makedirs(cgroup.path, exist_ok=True)
@@ -181,15 +245,14 @@ class JobTree:
         except OSError as exc:
             self._uncontained(f"cannot move into {cgroup.path}: {exc.strerror}")
             cgroup.remove()
-            yield None
-            return
+            return None
+        return cgroup
+
+    def _leave(self, cgroup: Cgroup) -> None:
         try:
-            yield cgroup
-        finally:
-            try:
-                write_file(os.path.join(os.path.dirname(self.cgroup.path), "cgroup.procs"), "0")
-            except OSError as exc:  # then kill_leaves spares it, and the /proc sweep does the work
-                self._uncontained(f"cannot move back out of {cgroup.path}: {exc.strerror}")
+            write_file(os.path.join(os.path.dirname(self.cgroup.path), "cgroup.procs"), "0")
+        except OSError as exc:  # then kill_leaves spares it, and the /proc sweep does the work
+            self._uncontained(f"cannot move back out of {cgroup.path}: {exc.strerror}")
 
     def _create(self) -> bool:
         self._created = self.contained = self.cgroup.create()
@@ -281,6 +344,7 @@ class JobTree:
 
     def close(self, deadline: float = 0.0) -> None:
         """Remove the job's cgroup, retrying until ``deadline`` while its last processes die."""
+        self.unprepare()  # prepared for spawns that never came (the run ended before them)
         while self.cgroup is not None and not self.cgroup.remove() and time.monotonic() < deadline:
             time.sleep(_POLL)
 

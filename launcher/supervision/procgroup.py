@@ -138,10 +138,12 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         try:
             warm = self._standby.ready_ranks() if self._standby is not None else set()
             cold = [spec for spec in specs if spec.rank not in warm or not self._spawn(spec, attempt, base, None, True)]
-            if cold:  # only cold starts need it: moving this process between cgroups costs 10-20 ms each way
+            if cold:  # only cold starts need it: moving this process into a cgroup costs 5-20 ms
                 with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
                     for spec in cold:
                         self._spawn(spec, attempt, base, cgroup, False if spec.rank in warm else None)
+            else:
+                self._tree.unprepare()
             self.call_later(_TIDY_DELAY, self._tree.tidy)  # spent cgroups: off the path to the ranks
             if self._probe_pid is not None:  # reaped by now: its pid may be a rank's one day
                 self.unwatch_pid(self._probe_pid)
@@ -152,6 +154,12 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             self.kill_groups()
             self.ensure_gone(5.0)
             raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+
+    def prepare(self, attempt: int) -> None:
+        """Begin now, in the background, the move into ``attempt``'s cgroup that its cold starts wait for
+        (``JobTree.prepare``): the ranks start sooner. Only where no process the launcher starts before
+        them outlives the wait (integrations started, preflight checks only)."""
+        self._tree.prepare(f"a{attempt}")
 
     def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup],
                warm_only: Optional[bool] = None) -> bool:

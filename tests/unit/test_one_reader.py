@@ -29,7 +29,6 @@ ALLOWED = {
     # /proc/self/mountinfo and /proc/<pid>/stat: the kernel's files.
     "launcher/common/filewatch.py:shared_file_system:open": "kernel",
     "launcher/monitoring/status.py:_proc_state:open": "kernel",
-    "launcher/run/session.py:_create_time:open": "kernel",
     "launcher/run/devicewait.py:_name:open": "kernel",
     # JSON schemas shipped inside the package.
     "launcher/common/resources.py:load_schema:open": "shipped with the launcher",

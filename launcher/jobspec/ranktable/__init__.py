@@ -4,29 +4,38 @@ Parsing (:func:`parse_rank_table`, :func:`load_rank_table`) is fast and dependen
 JSON Schema check (:func:`validate_rank_table`) imports jsonschema only when called, and waiting
 (:func:`wait_for_rank_table`) imports tenacity only when called.
 
+The names below load their module on first use (PEP 562): a run without a rank table imports only
+``model`` and ``generate`` on its way to the first rank, not the parser, the walk and the schema
+check (about 5 ms of the launcher's start-up, docs/benchmarks.md, launch).
+
 May import: ``launcher.common`` only; ``parse`` -> ``validate`` -> ``walk`` -> ``model``, no cycle.
 """
 
-from launcher.jobspec.ranktable.files import load_rank_table, load_rank_table_document, read_rank_table_file
-from launcher.jobspec.ranktable.generate import build_local_table, generate_rank_table
-from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
-from launcher.jobspec.ranktable.parse import SUPPORTED_VERSIONS, RankTableError, RankTableNotReady, parse_rank_table
-from launcher.jobspec.ranktable.validate import validate_rank_table
-from launcher.jobspec.ranktable.wait import wait_for_rank_table
+import importlib
+from typing import Any
 
-__all__ = [
-    "SUPPORTED_VERSIONS",
-    "Device",
-    "RankTable",
-    "RankTableError",
-    "RankTableNotReady",
-    "ServerEntry",
-    "build_local_table",
-    "generate_rank_table",
-    "load_rank_table",
-    "load_rank_table_document",
-    "parse_rank_table",
-    "read_rank_table_file",
-    "validate_rank_table",
-    "wait_for_rank_table",
-]
+#: Exported name -> the module of this package that defines it.
+_EXPORTS = {
+    "load_rank_table": "files", "load_rank_table_document": "files", "read_rank_table_file": "files",
+    "build_local_table": "generate", "generate_rank_table": "generate",
+    "Device": "model", "RankTable": "model", "ServerEntry": "model",
+    "SUPPORTED_VERSIONS": "parse", "RankTableError": "parse", "RankTableNotReady": "parse",
+    "parse_rank_table": "parse",
+    "validate_rank_table": "validate",
+    "wait_for_rank_table": "wait",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -588,7 +588,8 @@ def test_torchrun_value_parsers_accept_or_refuse_cleanly(text):
     one usage line: never another exception."""
     import click
 
-    from launcher.commands.torchrun import NnodesType, NprocType, _endpoint
+    from launcher.commands.optiontypes import NnodesType, NprocType
+    from launcher.commands.torchrun import _endpoint
 
     for kind in (NprocType(), NnodesType()):
         try:

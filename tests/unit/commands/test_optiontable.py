@@ -11,7 +11,8 @@ import pytest
 
 from launcher.commands import optiontable
 from launcher.commands.cli import main
-from launcher.jobspec.options import ParsedType, RunOptions, load_config
+from launcher.commands.optiontypes import ParsedType
+from launcher.jobspec.options import RunOptions, load_config
 from tests.helpers.paths import REPO
 
 #: RunOptions fields that no launcher option sets directly: the command and what torchrun's and

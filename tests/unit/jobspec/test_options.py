@@ -345,7 +345,8 @@ def test_gasp_signal_refused_at_parse_time_even_with_dry_run(capsys, value):
 def test_gasp_signal_names_and_numbers(value, name):
     import signal
 
-    from launcher.jobspec.options import SignalType, parse_signal
+    from launcher.commands.optiontypes import SignalType
+    from launcher.jobspec.options import parse_signal
 
     assert parse_signal(value) == int(signal.Signals[name])
     assert SignalType().convert(value, None, None) == name

@@ -176,3 +176,30 @@ def test_kill_all_the_orphan_guards_part(procs):
     assert inside.wait(10) == -9 and outside.wait(10) == -9
     assert not os.path.exists(job.cgroup.path)
     assert wait_until(lambda: not pid_alive(inside.pid))
+
+
+def _own_cgroup():
+    return jobtree.read_file("/proc/self/cgroup").decode().strip().rpartition(":")[2]
+
+
+def test_a_prepared_move_is_the_one_the_spawns_use_and_is_undone_when_they_do_not_come(procs):
+    job = real_tree()
+    before = _own_cgroup()
+    try:
+        job.prepare("a0")
+        with job.inside("a0") as cgroup:
+            rank = procs()
+        assert jobtree.read_file(f"/proc/{rank.pid}/cgroup").decode().endswith("/a0\n")
+        assert _own_cgroup() == before
+        job.prepare("a1")
+        with job.inside("a2") as cgroup:  # another attempt than prepared: born where asked
+            other = procs()
+        assert cgroup.path.endswith("/a2") and jobtree.read_file(f"/proc/{other.pid}/cgroup").decode().endswith("/a2\n")
+        assert _own_cgroup() == before
+        job.prepare("a3")
+        job.unprepare()
+        assert _own_cgroup() == before
+        job.prepare("a4")  # the run ends before its spawns: close backs out, then removes the cgroup
+    finally:
+        job.kill_all(time.monotonic() + 10)
+    assert _own_cgroup() == before and not os.path.exists(job.cgroup.path)
