@@ -13,8 +13,6 @@ made of standbys, and what it saves is the interpreter start-up of every rank.
 
 from typing import Dict, List, Optional
 
-import os
-
 from bench.common import (PYTHON, Job, Result, Row, Settings, TempDir, alternate, column, first_event,
                           fmt, job_env, launcher_argv, median, ms, read_events, read_lines, script,
                           speedup, torchrun_argv, wait_until, worker_ready)
