@@ -191,6 +191,16 @@ def test_barrier_waits_for_every_node_then_both_restart_with_the_union(tmp_path)
                        "membership_change": False}
 
 
+def test_a_wait_for_many_servers_names_the_first_eight_and_counts_the_others(tmp_path):
+    names = [f"10.0.1.{i}" for i in range(20)]
+    a = Node(tmp_path, 0, timeout=1.0, files=SyncDir.join(str(tmp_path), "job", 0, names))
+    a.sync.settle(0, None, failure(0), [0], a.waiter())
+    [wait] = [kw for name, kw in a.events if name == "sync_wait"]
+    assert wait["servers"] == [f"server {i} (10.0.1.{i})" for i in range(1, 9)] + ["and 11 more"]
+    [timeout] = [kw for name, kw in a.events if name == "sync_timeout"]
+    assert timeout["missing"] == list(range(1, 20))  # the verdict names every one
+
+
 def test_barrier_times_out_naming_the_missing_nodes(tmp_path, caplog):
     a, b, c = (Node(tmp_path, i, count=3, timeout=2.0) for i in range(3))
     c.files.write(0, "stopped.2", {})
