@@ -21,6 +21,7 @@ Records and marks are only ever added, so a reader takes the union of what it re
 what the view says.
 """
 
+import itertools
 import json
 import logging
 import time
@@ -62,6 +63,9 @@ def bits(servers: Iterable[int]) -> str:
 MAX_SERVERS = 1 << 20
 
 
+_BIT_BYTES = bytes.maketrans(b"01", b"\0\1")
+
+
 def unbits(text: object) -> FrozenSet[int]:
     """The set of a hex bitmap (empty for anything else, a bitmap of more than MAX_SERVERS too)."""
     text = str(text)
@@ -71,7 +75,11 @@ def unbits(text: object) -> FrozenSet[int]:
         value = int(text, 16)
     except ValueError:
         return frozenset()
-    return frozenset(i for i, bit in enumerate(reversed(bin(value)[2:])) if bit == "1") if value > 0 else frozenset()
+    if value <= 0:
+        return frozenset()
+    # bit i as byte i (1 or 0), picked in C: half the time of a loop over the digits (a follower
+    # reads the 1,000-bit sets of a generation on every view)
+    return frozenset(itertools.compress(itertools.count(), bin(value)[:1:-1].encode().translate(_BIT_BYTES)))
 
 
 def view_range(prefix: str) -> Tuple[str, str]:

@@ -63,7 +63,7 @@ class Coordinator(NoSync):
                  master: Optional[MasterMove] = None):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
         self.elastic, self.master = elastic, master
-        self.members: Tuple[int, ...] = tuple(range(files.count))
+        self.members = tuple(range(files.count))
         self.endpoint: Optional[Tuple[str, int]] = None
         self._call_later, self._cancel, self._post = call_later, cancel, post
         self._timer: Optional[int] = None
@@ -71,6 +71,16 @@ class Coordinator(NoSync):
         self._written: Set[Tuple[int, str]] = set()
         self._read_error: Optional[str] = None
         self._polled: Optional[Generation] = None  # the state the last look found nothing in
+
+    @property
+    def members(self) -> Tuple[int, ...]:
+        """The servers of the current generation (with their set: a barrier of 1,000 servers asks it
+        on every look, and building it each time was most of a node's work there)."""
+        return self._members
+
+    @members.setter
+    def members(self, servers: Tuple[int, ...]) -> None:
+        self._members, self._member_set = tuple(servers), frozenset(servers)
 
     # -- while a generation runs --------------------------------------------------------------------
     def attempt_started(self, generation: int) -> None:
@@ -127,11 +137,11 @@ class Coordinator(NoSync):
         ``failed.<i>.json`` with rank -1, is not a failure). A member's own note is not one: it says
         that its earlier launcher was lost, which is a failure."""
         return {i for i, record in state.failed.items()
-                if record.get("note") == JOIN_NOTE["note"] and i not in self.members}
+                if record.get("note") == JOIN_NOTE["note"] and i not in self._member_set}
 
     def _lost(self, state: Generation) -> List[int]:
         """The generation's members that are lost."""
-        return sorted(state.lost & set(self.members))
+        return sorted(state.lost & self._member_set)
 
     def _names(self, servers) -> str:
         return ", ".join(self.files.name(i) for i in sorted(servers))
@@ -174,7 +184,8 @@ class Coordinator(NoSync):
         """``stopped.<i>``, then wait until every node stopped: restart with the union of failures."""
         self._mark(generation, STOPPED)
         state, waited = self._await(generation, wait, STOPPED, lambda s: s.abort is not None
-                                    or bool(s.done & set(self.members)) or not self._waiting(s))
+                                    or bool(s.done & self._member_set)
+                                    or self._member_set <= s.stopped | s.done | s.lost)  # nobody waited for
         if state is None:
             return Agreement()
         code = failure.info.exit_code if failure is not None else state.exit_code()
@@ -196,8 +207,8 @@ class Coordinator(NoSync):
             log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation,
                       state.abort["reason"])
             return Agreement(exit_code=code, reason="failed")
-        if state.done & set(self.members):
-            names = self._names(state.done & set(self.members))
+        if state.done & self._member_set:
+            names = self._names(state.done & self._member_set)
             log.error("%s finished generation %d and starts nothing more: the job cannot restart", names, generation)
             self._abort(generation, code, f"{names} already finished")
             return Agreement(exit_code=code, reason="failed")
@@ -211,7 +222,7 @@ class Coordinator(NoSync):
         servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
         # Only launchers joined, nobody failed or was lost: torchrun does not count such a restart either.
         membership = (bool(state.failed) and set(state.failed) <= self._joins(state)
-                      and set(self.members) <= set(servers))
+                      and self._member_set <= set(servers))
         if servers != self.members:
             ended = self._regroup(generation, servers, code, wait)
             if ended is not None:
@@ -226,7 +237,8 @@ class Coordinator(NoSync):
 
     def _waiting(self, state: Generation) -> List[int]:
         """Servers still expected to report ``state``'s generation (not lost)."""
-        return [i for i in state.missing(self.members) if i not in state.lost]
+        gone = state.stopped | state.done | state.lost
+        return [i for i in self.members if i not in gone]
 
     def _end_for_lost(self, generation: int, state: Generation, code: int, note: str = "") -> Agreement:
         """A server is lost: the job cannot go on with the nodes it has."""
@@ -310,7 +322,7 @@ class Coordinator(NoSync):
     def _finish_together(self, generation: int, wait: Wait) -> Agreement:
         """``done.<i>``, then wait for every node's outcome: success only if all are done."""
         self._mark(generation, DONE)
-        members = set(self.members)
+        members = self._member_set
         state, waited = self._await(generation, wait, DONE,
                                     lambda s: s.abort is not None or s.failed or s.stopped or self._lost(s)
                                     or members <= s.done)
