@@ -245,10 +245,10 @@ def _failure(etcd: Etcd, jobs: Workers, count: int) -> dict:
 
 
 #: Seconds of the failure phase that ``SIMNODES_PROFILE=PATH`` samples (py-spy, one worker).
-PROFILE_SECONDS = float(os.environ.get("SIMNODES_PROFILE_SECONDS", 3))
+PROFILE_SECONDS = int(os.environ.get("SIMNODES_PROFILE_SECONDS", 3))  # whole seconds (py-spy -d)
 
 
-def _profile(jobs: Workers, seconds: float) -> subprocess.Popen:
+def _profile(jobs: Workers, seconds: int) -> subprocess.Popen:
     """py-spy on the first worker process (not the failing node's) for the failure phase: where the
     nodes' time goes between the failure and the barrier (``SIMNODES_PROFILE``: the output file)."""
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
