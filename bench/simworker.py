@@ -115,6 +115,10 @@ class Group:
     def cancel(self, ident: int) -> None:
         self._timers.cancel(ident)
 
+    def call_soon_threadsafe(self, callback: Callable[[], object]) -> None:
+        """As the event loop's: run ``callback`` under the node's lock at once (a store's watch hands it)."""
+        self._timers.add(0.0, self.lock, callback)
+
     def post(self, event: object) -> None:
         self.events.put(event)
 

@@ -47,6 +47,8 @@ class Coordinator(NoSync):
         emit: ``emit(event_name, **fields)`` for events.jsonl.
         call_later, cancel, post: The event loop's timers and event queue (``LocalProcessGroup``).
         interval: Seconds between two looks at the store.
+        poll_interval: Seconds between two looks while a generation runs (default ``interval``): a
+            store that tells of its changes (:meth:`changed`) needs them only as a fallback.
         clock: Monotonic clock (tests pass a fake one).
         elastic: Elastic membership, or None: a lost server ends the job.
         master: Where the master goes when it moves with rank 0 (elastic), or None.
@@ -60,8 +62,9 @@ class Coordinator(NoSync):
     def __init__(self, files: Store, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
                  cancel: Callable[[int], None], post: Callable[[object], None], interval: float = POLL_INTERVAL,
                  clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None,
-                 master: Optional[MasterMove] = None):
+                 master: Optional[MasterMove] = None, poll_interval: Optional[float] = None):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
+        self.poll_interval = interval if poll_interval is None else poll_interval
         self.elastic, self.master = elastic, master
         self.members = tuple(range(files.count))
         self.endpoint: Optional[Tuple[str, int]] = None
@@ -96,6 +99,13 @@ class Coordinator(NoSync):
             self._cancel(self._timer)
             self._timer = None
 
+    def changed(self) -> None:
+        """The store's records changed (called on the event loop): while a generation runs, look now
+        instead of at the next poll."""
+        if self._timer is not None:
+            self._cancel(self._timer)
+            self._poll()
+
     def _poll(self) -> None:
         self._timer = None
         state = self._read(self._generation)
@@ -103,7 +113,7 @@ class Coordinator(NoSync):
         update = None if state is self._polled else self._peer_update(state)
         self._polled = state
         if update is None:
-            self._timer = self._call_later(self.interval, self._poll)
+            self._timer = self._call_later(self.poll_interval, self._poll)
             return
         self.emit("sync_peer_failure", generation=update.generation, rank=update.failure.rank,
                   label=update.failure.label, exit_code=update.failure.info.exit_code, reason=update.reason)

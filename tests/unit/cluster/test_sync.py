@@ -115,6 +115,35 @@ def test_watcher_polls_from_the_event_loop_until_another_node_fails(tmp_path):
                                   "exit_code": 137, "reason": update.reason}) in a.events
 
 
+def test_a_store_that_tells_of_changes_is_looked_at_once_and_polled_only_as_a_fallback(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    a.sync = Coordinator(a.files, 10.0, lambda name, **kw: a.events.append((name, kw)), a.loop.call_later,
+                         a.loop.cancel, a.loop.posted.append, interval=0.05, poll_interval=0.5)
+    a.sync.changed()  # no generation runs: nothing to look at
+    assert not a.loop.timers and not a.loop.posted
+    a.sync.attempt_started(0)
+    a.loop.run_due()
+    assert a.loop.delays == [0.0, 0.5] and not a.loop.posted  # the fallback poll: 0.5 s, not 0.05
+    b.sync.rank_failed(0, [3], failure(3))
+    a.sync.changed()  # the store's cue: at once, the pending poll cancelled
+    [update] = a.loop.posted
+    assert update.failure.rank == 3 and not a.loop.timers
+
+
+def test_an_etcd_stores_changes_reach_the_loop_once_per_look():
+    from launcher.cluster.syncjoin import _Waker
+
+    handed, looks = [], []
+    waker = _Waker(handed.append, lambda: looks.append(1))
+    waker()
+    waker()  # the leader's watch: one change per node, before the loop runs
+    assert len(handed) == 1 and not looks
+    handed.pop()()
+    assert looks == [1]
+    waker()  # a change after the look: handed again
+    assert len(handed) == 1
+
+
 def test_watcher_reports_an_abort_and_looks_only_at_its_generation(tmp_path):
     a, b = Node(tmp_path, 0), Node(tmp_path, 1)
     b.sync.rank_failed(0, [3], failure(3))  # generation 0 is over for a
