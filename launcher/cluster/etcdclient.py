@@ -348,8 +348,10 @@ def _dropped(conn: http.client.HTTPConnection) -> bool:
     an idle HTTP/1.1 connection has nothing else to read), as urllib3's ``is_connection_dropped``."""
     if conn.sock is None:
         return True
-    try:
-        return bool(select.select([conn.sock], [], [], 0)[0])
+    try:  # poll, not select: a launcher with many ranks' pipes has descriptors past select's 1024
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLIN)
+        return bool(poller.poll(0))
     except (OSError, ValueError):
         return True
 
