@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # imported where used: a run without --sync-dir or --coordina
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two looks at etcd's snapshot: it is in memory, kept current by a watch.
+#: Seconds between two looks at etcd's snapshot at a barrier and at the start (it is in memory, kept
+#: current by a watch); while ranks run the watch cues the event loop instead (``_Waker``).
 ETCD_POLL_INTERVAL = 0.05
 
 
