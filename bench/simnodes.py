@@ -19,7 +19,9 @@ and per phase, from etcd's ``/metrics`` and ``/proc``: requests by method, watch
 events, bytes in and out, etcd's CPU time (``bench.simetcd``), plus the idle load (keep-alives).
 
 ``python -m bench.simnodes [--sizes 10,100,300,1000] [--ttl 5] [--json PATH] [--svg PATH]``;
-``python -m bench simnodes`` runs the sizes 10 and 100 (``--quick``: 10).
+``python -m bench simnodes`` runs the sizes 10 and 100 (``--quick``: 10). With ``SIMNODES_PROFILE=PATH``,
+py-spy samples the first worker process for the first ``PROFILE_SECONDS`` of the failure phase
+(raw, collapsed stacks: where a node's time goes between a peer's failure and the barrier).
 """
 
 import argparse
@@ -226,10 +228,13 @@ def _save(seen: List[dict], name: str) -> None:
 
 def _failure(etcd: Etcd, jobs: Workers, count: int) -> dict:
     before, victim = etcd.sample(), count // 2
+    profile = _profile(jobs, PROFILE_SECONDS) if os.environ.get("SIMNODES_PROFILE") else None
     jobs.send(f"fail {victim}")
     told = jobs.wait_for(lambda s: _count("told", gen=0)(s) >= count - 1 and _count("agreed", gen=0)(s) >= count
                          and _count("generation", gen=1)(s) >= count)
     failed = _last(jobs.seen, "failed", 0, gen=0)
+    if profile is not None:
+        profile.wait()
     if not told or failed is None:
         return {"failure_told_s": None, "failure_agreed_s": None}
     return {"failure_told_s": _last(jobs.seen, "told", failed, gen=0) - failed,
@@ -237,6 +242,21 @@ def _failure(etcd: Etcd, jobs: Workers, count: int) -> dict:
             "failure_told_median_s": _median(jobs.seen, "told", failed, gen=0),
             "failure_agreed_median_s": _median(jobs.seen, "agreed", failed, gen=0),
             "generation": etcd.sample().minus(before)}
+
+
+#: Seconds of the failure phase that ``SIMNODES_PROFILE=PATH`` samples (py-spy, one worker).
+PROFILE_SECONDS = int(os.environ.get("SIMNODES_PROFILE_SECONDS", 3))  # whole seconds (py-spy -d)
+
+
+def _profile(jobs: Workers, seconds: int) -> subprocess.Popen:
+    """py-spy on the first worker process (not the failing node's) for the failure phase: where the
+    nodes' time goes between the failure and the barrier (``SIMNODES_PROFILE``: the output file)."""
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    proc = subprocess.Popen([spy, "record", "--nonblocking", "-r", "250", "-d", str(seconds), "-f", "raw",
+                             "-o", os.environ["SIMNODES_PROFILE"], "-p", str(jobs.procs[0].pid)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)  # py-spy attached before the failure
+    return proc
 
 
 def _loss(etcd: Etcd, jobs: Workers, count: int, ttl: int) -> dict:

@@ -65,9 +65,11 @@ class Timers:
 
     def add(self, delay: float, lock: threading.Lock, callback: Callable[[], object]) -> int:
         ident = next(self._ids)
+        entry = (time.monotonic() + delay, ident, lock, callback)
         with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + delay, ident, lock, callback))
-            self._cond.notify()
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:  # due before the one the thread waits for (a node's poll mostly is not)
+                self._cond.notify()
         return ident
 
     def cancel(self, ident: int) -> None:
@@ -112,6 +114,10 @@ class Group:
 
     def cancel(self, ident: int) -> None:
         self._timers.cancel(ident)
+
+    def call_soon_threadsafe(self, callback: Callable[[], object]) -> None:
+        """As the event loop's: run ``callback`` under the node's lock at once (a store's watch hands it)."""
+        self._timers.add(0.0, self.lock, callback)
 
     def post(self, event: object) -> None:
         self.events.put(event)

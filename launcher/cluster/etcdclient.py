@@ -21,6 +21,7 @@ accept (a certificate either side rejects, a wrong password, a missing permissio
 import base64
 import http.client
 import json
+import select
 import socket
 import ssl
 import threading
@@ -33,7 +34,11 @@ from launcher.common.inputfiles import loads_json
 #: The largest answer or watch message read from etcd: a range of every record of a 10,000-node job fits.
 LIMIT_ANSWER = 64 * 1024 * 1024
 
-__all__ = ["EtcdClient", "EtcdError", "EtcdRejected", "Security"]
+__all__ = ["EtcdClient", "EtcdError", "EtcdRejected", "Security", "Unanswered"]
+
+
+class Unanswered(EtcdError, OSError):
+    """A request went out whole and no answer came: etcd may have applied it."""
 
 
 class Changes(NamedTuple):
@@ -93,23 +98,37 @@ class EtcdClient:
             idle = self._local.idle = {}
         return idle
 
-    def _post(self, host: str, port: int, path: str, body: dict,
-              token: Optional[str]) -> Tuple[int, dict, http.client.HTTPConnection]:
+    def _post(self, host: str, port: int, path: str, body: dict, token: Optional[str],
+              replay: bool = True) -> Tuple[int, dict, http.client.HTTPConnection]:
         """One request; returns the status, the answer (``{"message": text}`` when not JSON) and the
         connection (the caller closes it: a watch reads on; any other call's connection is kept for
         the thread's next call to the same endpoint, closing it then is a no-op).
 
-        A connection kept from an earlier call saves etcd a TCP (and TLS) handshake per call; when
-        etcd closed it meanwhile (the request fails before any answer), the request goes once more on
-        a new one."""
+        A connection kept from an earlier call saves etcd a TCP (and TLS) handshake per call. One that
+        etcd closed while it was idle is seen before use (its end is readable: urllib3's check) and
+        replaced. Once used, a request goes again on a new connection only when etcd cannot have
+        applied it (it did not get out whole), or when it may have but ``replay`` says that applying
+        it twice is harmless (the kept connection closed without a byte of answer: etcd closed it as
+        the request went, or after applying it).
+
+        Raises:
+            Unanswered: the request went out and no answer came (etcd may have applied it).
+        """
         idle = self._idle()
         kept = self._take(idle, (host, port)) if path != "/v3/watch" else None
+        if kept is not None and _dropped(kept):
+            kept.close()
+            kept = None
         try:
             response, conn = self._send(kept or self._connect(host, port), path, body, token)
-        except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
+        except Unanswered as exc:
+            if kept is None or not replay or not isinstance(exc.__cause__, ConnectionError):
+                raise
+            response, conn = self._send(self._connect(host, port), path, body, token)
+        except (OSError, http.client.HTTPException):
             if kept is None:
                 raise
-            response, conn = self._send(self._connect(host, port), path, body, token)  # etcd closed the kept one
+            response, conn = self._send(self._connect(host, port), path, body, token)  # it did not get out
         if path == "/v3/watch" and response.status == 200:
             return response.status, {"response": response}, conn
         try:
@@ -131,10 +150,19 @@ class EtcdClient:
     @staticmethod
     def _send(conn: http.client.HTTPConnection, path: str, body: dict,
               token: Optional[str]) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        """Send the request, then read the answer's head (Unanswered when that fails: the request
+        went out whole, ``sendall`` returned)."""
         headers = {"Content-Type": "application/json", **({"Authorization": token} if token else {})}
         try:
             conn.request("POST", path, json.dumps(body), headers)
+        except BaseException:
+            conn.close()
+            raise
+        try:
             return conn.getresponse(), conn
+        except (OSError, http.client.HTTPException) as exc:
+            conn.close()
+            raise Unanswered(str(exc)) from exc
         except BaseException:
             conn.close()
             raise
@@ -161,15 +189,17 @@ class EtcdClient:
                 conn.close()
             self._kept = weakref.WeakSet()
 
-    def _authorized(self, host: str, port: int, path: str, body: dict) -> Tuple[int, dict, http.client.HTTPConnection]:
-        """:meth:`_post` with this client's token, authenticating first and again when etcd forgot it."""
+    def _authorized(self, host: str, port: int, path: str, body: dict,
+                    replay: bool = True) -> Tuple[int, dict, http.client.HTTPConnection]:
+        """:meth:`_post` with this client's token, authenticating first and again when etcd forgot it
+        (etcd refused the call: it applied nothing)."""
         if not self.security.user:
-            return self._post(host, port, path, body, None)
+            return self._post(host, port, path, body, None, replay)
         token = self._token if self._token is not None else self._authenticate(host, port, None)
-        status, data, conn = self._post(host, port, path, body, token)
+        status, data, conn = self._post(host, port, path, body, token, replay)
         if status == 401 and "invalid auth token" in str(data.get("message", "")):
             conn.close()
-            status, data, conn = self._post(host, port, path, body, self._authenticate(host, port, token))
+            status, data, conn = self._post(host, port, path, body, self._authenticate(host, port, token), replay)
         return status, data, conn
 
     def _authenticate(self, host: str, port: int, stale: Optional[str]) -> str:
@@ -187,17 +217,22 @@ class EtcdClient:
             self._token = data["token"]
             return self._token
 
-    def _call(self, path: str, body: dict) -> dict:
+    def _call(self, path: str, body: dict, replay: bool = True) -> dict:
+        """The answer of the first endpoint that gives one. ``replay``: whether applying the call twice
+        is harmless; if not, a call that went out unanswered is not sent again (here or to another
+        member) and raises :class:`Unanswered`: the caller finds out what etcd holds."""
         errors, rejected = [], []
         for index, (host, port) in enumerate(list(self.endpoints)):
             try:
-                status, data, conn = self._authorized(host, port, path, body)
+                status, data, conn = self._authorized(host, port, path, body, replay)
                 conn.close()
             except EtcdRejected as exc:
                 rejected.append(str(exc))
                 continue
             except (OSError, http.client.HTTPException) as exc:
-                problem = rejection(f"{host}:{port}", None, exc, self.security)
+                problem = rejection(f"{host}:{port}", None, _cause(exc), self.security)
+                if isinstance(exc, Unanswered) and not replay and not isinstance(problem, EtcdRejected):
+                    raise Unanswered(f"{problem}: no answer, etcd may have applied {path}") from None
                 (rejected if isinstance(problem, EtcdRejected) else errors).append(str(problem))
                 continue
             if status != 200:
@@ -236,24 +271,43 @@ class EtcdClient:
     def create(self, key: str, value: bytes, lease: int = 0, also: Sequence[Tuple[str, bytes, int]] = ()) -> bool:
         """Put ``key`` only if it does not exist, in one transaction with the puts in ``also``.
 
+        Safe to send again after no answer (a kept connection closed, a timeout, another member): a
+        key that exists with this very value and lease is this call's, applied by an earlier sending
+        (the transaction reads it when the comparison fails); without that, an exclusive create
+        applied twice answered False and the caller believed another node had created the key.
+
         Returns:
-            False when ``key`` existed (nothing written).
+            False when ``key`` existed, written by another call (nothing written).
         """
         compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
         success = [{"request_put": _put(key, value, lease)}] + [{"request_put": _put(*put)} for put in also]
-        return bool(self._call("/v3/kv/txn", {"compare": compare, "success": success}).get("succeeded"))
+        failure = [{"request_range": {"key": _b64(key)}}]  # who holds it: this call, applied once already?
+        data = self._call("/v3/kv/txn", {"compare": compare, "success": success, "failure": failure})
+        return bool(data.get("succeeded")) or _holds(data, value, lease)
 
     def grant(self, ttl: int) -> int:
-        """A new lease of ``ttl`` seconds; returns its id."""
-        return int(self._call("/v3/lease/grant", {"TTL": ttl})["ID"])
+        """A new lease of ``ttl`` seconds; returns its id.
+
+        Not sent again after it went out unanswered (Unanswered): each sending is a lease. The
+        caller's retry grants another; the one etcd may have granted carries no key and expires after
+        ``ttl`` seconds (it cannot be revoked: its id was in the lost answer).
+        """
+        return int(self._call("/v3/lease/grant", {"TTL": ttl}, replay=False)["ID"])
 
     def keepalive(self, lease: int) -> int:
         """Renew ``lease``; returns its new TTL, 0 when the lease is gone."""
         return int(self._call("/v3/lease/keepalive", {"ID": lease}).get("result", {}).get("TTL", 0))
 
     def revoke(self, lease: int) -> None:
-        """End ``lease`` now: its keys are deleted."""
-        self._call("/v3/lease/revoke", {"ID": lease})
+        """End ``lease`` now: its keys are deleted (a lease etcd does not know is ended already: a
+        revocation sent again after etcd applied it unanswered is told so)."""
+        try:
+            self._call("/v3/lease/revoke", {"ID": lease})
+        except EtcdRejected:
+            raise
+        except EtcdError as exc:
+            if "requested lease not found" not in str(exc):
+                raise
 
     def watch(self, prefix: str, start_revision: int, idle: float,
               range_end: Optional[str] = None) -> Iterator[Changes]:
@@ -273,7 +327,7 @@ class EtcdClient:
             status, data, conn = self._authorized(host, port, "/v3/watch", body)
         except (OSError, http.client.HTTPException) as exc:
             self.endpoints.append(self.endpoints.pop(0))  # try the next member next time
-            raise rejection(f"{host}:{port}", None, exc, self.security) from None
+            raise rejection(f"{host}:{port}", None, _cause(exc), self.security) from None
         try:
             if status != 200:
                 raise rejection(f"{host}:{port}/v3/watch", status, str(data.get("message", "")), self.security)
@@ -282,6 +336,24 @@ class EtcdClient:
             yield from _watch_changes(data["response"])
         finally:
             conn.close()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """What the connection raised (Unanswered wraps it)."""
+    return exc.__cause__ if isinstance(exc, Unanswered) and exc.__cause__ is not None else exc
+
+
+def _dropped(conn: http.client.HTTPConnection) -> bool:
+    """Whether etcd closed an idle kept connection: its socket is readable (the end of the stream;
+    an idle HTTP/1.1 connection has nothing else to read), as urllib3's ``is_connection_dropped``."""
+    if conn.sock is None:
+        return True
+    try:  # poll, not select: a launcher with many ranks' pipes has descriptors past select's 1024
+        poller = select.poll()
+        poller.register(conn.sock, select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError):
+        return True
 
 
 class _Kept:
@@ -317,6 +389,15 @@ def _watch_changes(response: http.client.HTTPResponse) -> Iterator[Changes]:
         except (ValueError, TypeError, AttributeError):
             return  # not etcd's answer: the caller reads the range again
         yield Changes(revision, events)
+
+
+def _holds(answer: dict, value: bytes, lease: int) -> bool:
+    """Whether a failed create's transaction found its key holding ``value`` on ``lease``."""
+    try:
+        kvs = answer["responses"][0]["response_range"].get("kvs") or [{}]
+        return base64.b64decode(kvs[0].get("value", "")) == value and int(kvs[0].get("lease", 0)) == lease
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
+        return False
 
 
 def _put(key: str, value: bytes, lease: int = 0) -> dict:

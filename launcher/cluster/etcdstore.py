@@ -109,6 +109,9 @@ class EtcdStore(Joining, etcdview.Leading):
         self._keys: Dict[str, bytes] = {}
         self._not_joined: Tuple[int, List[int]] = (-1, [])
         self.token: Optional[str] = None  # in join.<i>: this launcher's join, not a previous start's
+        #: Called (from the store's threads) when what read() looks at changed: the event loop's
+        #: cue to look at once (launcher.cluster.syncjoin); None: nobody is told, readers poll.
+        self.on_change: Optional[Callable[[], None]] = None
 
     def name(self, index: int) -> str:
         """``server 1 (10.0.0.2)``."""
@@ -317,6 +320,11 @@ class EtcdStore(Joining, etcdview.Leading):
         self._version = next(self._versions)
         if self.leading:
             self._view_cue()
+        self._tell()
+
+    def _tell(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _reset(self, why: str, keys: Dict[str, bytes]) -> None:
         """etcd lost its data: put back this server's records and what it knew of the others'."""
@@ -337,6 +345,7 @@ class EtcdStore(Joining, etcdview.Leading):
         self.expelled = f"{self.name(self.index)}: its lease expired while etcd kept the job's records"
         self.leading = False
         self._version = next(self._versions)
+        self._tell()
         log.error("etcd: this server's lease expired (not renewed for %d s) while etcd kept the job's records: "
                   "the other nodes count it as lost and may go on without it; stopping the local ranks, not "
                   "rejoining (start the launcher again to rejoin an elastic job)", self.ttl)

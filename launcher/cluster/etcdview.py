@@ -21,6 +21,7 @@ Records and marks are only ever added, so a reader takes the union of what it re
 what the view says.
 """
 
+import itertools
 import json
 import logging
 import time
@@ -39,6 +40,11 @@ LIMIT_VIEW = 64 * 1024 * 1024
 VIEW, LEADER = "view", "view.leader"
 #: Seconds between two publications of the view that only show progress (nothing to act on).
 VIEW_INTERVAL = 0.5
+#: Seconds per server between two publications whose only news is a barrier's progress (more
+#: ``stopped`` or ``done`` marks, which nobody acts on before the barrier is complete): each goes to
+#: every follower, so at 1,000 servers one every 2 s (not 4-5 fan-outs of the view per restart, which
+#: competed with the failure's own view for etcd's and the nodes' CPU); never less than VIEW_INTERVAL.
+MARKS_INTERVAL_PER_SERVER = 0.002
 #: Generations whose stopped/done sets the view carries (the running one and the one before).
 MARKED_GENERATIONS = 2
 _RECORDS = ("failed.", "abort", "next.json", "start.json", "master.json")
@@ -57,6 +63,9 @@ def bits(servers: Iterable[int]) -> str:
 MAX_SERVERS = 1 << 20
 
 
+_BIT_BYTES = bytes.maketrans(b"01", b"\0\1")
+
+
 def unbits(text: object) -> FrozenSet[int]:
     """The set of a hex bitmap (empty for anything else, a bitmap of more than MAX_SERVERS too)."""
     text = str(text)
@@ -66,7 +75,11 @@ def unbits(text: object) -> FrozenSet[int]:
         value = int(text, 16)
     except ValueError:
         return frozenset()
-    return frozenset(i for i, bit in enumerate(reversed(bin(value)[2:])) if bit == "1") if value > 0 else frozenset()
+    if value <= 0:
+        return frozenset()
+    # bit i as byte i (1 or 0), picked in C: half the time of a loop over the digits (a follower
+    # reads the 1,000-bit sets of a generation on every view)
+    return frozenset(itertools.compress(itertools.count(), bin(value)[:1:-1].encode().translate(_BIT_BYTES)))
 
 
 def view_range(prefix: str) -> Tuple[str, str]:
@@ -131,6 +144,14 @@ def urgent(view: Mapping, published: Optional[Mapping]) -> bool:
             or complete(view) != complete(published))
 
 
+def progress_interval(view: Mapping, published: Mapping, count: int) -> float:
+    """Seconds between two publications of progress only: ``VIEW_INTERVAL`` while servers join (an
+    elastic start counts them), longer when only a barrier's marks moved on (``MARKS_INTERVAL_PER_SERVER``)."""
+    if view.get("joined") != published.get("joined"):
+        return VIEW_INTERVAL
+    return max(VIEW_INTERVAL, count * MARKS_INTERVAL_PER_SERVER)
+
+
 def encode(view: Mapping) -> bytes:
     return json.dumps(view, separators=(",", ":")).encode()
 
@@ -188,15 +209,16 @@ class Leading:
 
     def _publish_view(self) -> None:
         """Publish the view if it changed: at once when a node would act on the change, else at most
-        every ``VIEW_INTERVAL`` seconds."""
+        every :func:`progress_interval` seconds."""
         self._view_due = None
         if not self.leading or self.expelled:
             return
         view = compose(self.prefix, self.count, self._snapshot, parse)  # parse(raw, key)
         if view == self._published:
             return
-        wait = self._published_at + VIEW_INTERVAL - time.monotonic()
-        if wait > 0 and not urgent(view, self._published):
+        wait = 0.0 if urgent(view, self._published) else \
+            self._published_at + progress_interval(view, self._published, self.count) - time.monotonic()
+        if wait > 0:
             self._view_due = time.monotonic() + wait
             return
         self.client.put(self.prefix + VIEW, encode(view))

@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds between two looks at the shared directory (peer failures, the barrier).
 POLL_INTERVAL = 0.5
+#: Servers a wait names (events, log) before it says how many more.
+NAMED = 8
 
 Emit = Callable[..., object]
 
@@ -45,6 +47,8 @@ class Coordinator(NoSync):
         emit: ``emit(event_name, **fields)`` for events.jsonl.
         call_later, cancel, post: The event loop's timers and event queue (``LocalProcessGroup``).
         interval: Seconds between two looks at the store.
+        poll_interval: Seconds between two looks while a generation runs (default ``interval``): a
+            store that tells of its changes (:meth:`changed`) needs them only as a fallback.
         clock: Monotonic clock (tests pass a fake one).
         elastic: Elastic membership, or None: a lost server ends the job.
         master: Where the master goes when it moves with rank 0 (elastic), or None.
@@ -58,10 +62,11 @@ class Coordinator(NoSync):
     def __init__(self, files: Store, timeout: float, emit: Emit, call_later: Callable[[float, Callable], int],
                  cancel: Callable[[int], None], post: Callable[[object], None], interval: float = POLL_INTERVAL,
                  clock: Callable[[], float] = time.monotonic, elastic: Optional[Elastic] = None,
-                 master: Optional[MasterMove] = None):
+                 master: Optional[MasterMove] = None, poll_interval: Optional[float] = None):
         self.files, self.timeout, self.emit, self.interval, self.clock = files, timeout, emit, interval, clock
+        self.poll_interval = interval if poll_interval is None else poll_interval
         self.elastic, self.master = elastic, master
-        self.members: Tuple[int, ...] = tuple(range(files.count))
+        self.members = tuple(range(files.count))
         self.endpoint: Optional[Tuple[str, int]] = None
         self._call_later, self._cancel, self._post = call_later, cancel, post
         self._timer: Optional[int] = None
@@ -69,6 +74,16 @@ class Coordinator(NoSync):
         self._written: Set[Tuple[int, str]] = set()
         self._read_error: Optional[str] = None
         self._polled: Optional[Generation] = None  # the state the last look found nothing in
+
+    @property
+    def members(self) -> Tuple[int, ...]:
+        """The servers of the current generation (with their set: a barrier of 1,000 servers asks it
+        on every look, and building it each time was most of a node's work there)."""
+        return self._members
+
+    @members.setter
+    def members(self, servers: Tuple[int, ...]) -> None:
+        self._members, self._member_set = tuple(servers), frozenset(servers)
 
     # -- while a generation runs --------------------------------------------------------------------
     def attempt_started(self, generation: int) -> None:
@@ -84,6 +99,13 @@ class Coordinator(NoSync):
             self._cancel(self._timer)
             self._timer = None
 
+    def changed(self) -> None:
+        """The store's records changed (called on the event loop): while a generation runs, look now
+        instead of at the next poll."""
+        if self._timer is not None:
+            self._cancel(self._timer)
+            self._poll()
+
     def _poll(self) -> None:
         self._timer = None
         state = self._read(self._generation)
@@ -91,7 +113,7 @@ class Coordinator(NoSync):
         update = None if state is self._polled else self._peer_update(state)
         self._polled = state
         if update is None:
-            self._timer = self._call_later(self.interval, self._poll)
+            self._timer = self._call_later(self.poll_interval, self._poll)
             return
         self.emit("sync_peer_failure", generation=update.generation, rank=update.failure.rank,
                   label=update.failure.label, exit_code=update.failure.info.exit_code, reason=update.reason)
@@ -125,11 +147,11 @@ class Coordinator(NoSync):
         ``failed.<i>.json`` with rank -1, is not a failure). A member's own note is not one: it says
         that its earlier launcher was lost, which is a failure."""
         return {i for i, record in state.failed.items()
-                if record.get("note") == JOIN_NOTE["note"] and i not in self.members}
+                if record.get("note") == JOIN_NOTE["note"] and i not in self._member_set}
 
     def _lost(self, state: Generation) -> List[int]:
         """The generation's members that are lost."""
-        return sorted(state.lost & set(self.members))
+        return sorted(state.lost & self._member_set)
 
     def _names(self, servers) -> str:
         return ", ".join(self.files.name(i) for i in sorted(servers))
@@ -172,7 +194,8 @@ class Coordinator(NoSync):
         """``stopped.<i>``, then wait until every node stopped: restart with the union of failures."""
         self._mark(generation, STOPPED)
         state, waited = self._await(generation, wait, STOPPED, lambda s: s.abort is not None
-                                    or bool(s.done & set(self.members)) or not self._waiting(s))
+                                    or bool(s.done & self._member_set)
+                                    or self._member_set <= s.stopped | s.done | s.lost)  # nobody waited for
         if state is None:
             return Agreement()
         code = failure.info.exit_code if failure is not None else state.exit_code()
@@ -194,8 +217,8 @@ class Coordinator(NoSync):
             log.error("%s ended the job in generation %d: %s", state.abort.get("name"), generation,
                       state.abort["reason"])
             return Agreement(exit_code=code, reason="failed")
-        if state.done & set(self.members):
-            names = self._names(state.done & set(self.members))
+        if state.done & self._member_set:
+            names = self._names(state.done & self._member_set)
             log.error("%s finished generation %d and starts nothing more: the job cannot restart", names, generation)
             self._abort(generation, code, f"{names} already finished")
             return Agreement(exit_code=code, reason="failed")
@@ -209,7 +232,7 @@ class Coordinator(NoSync):
         servers = tuple(sorted(i for i in state.stopped if i not in state.lost))
         # Only launchers joined, nobody failed or was lost: torchrun does not count such a restart either.
         membership = (bool(state.failed) and set(state.failed) <= self._joins(state)
-                      and set(self.members) <= set(servers))
+                      and self._member_set <= set(servers))
         if servers != self.members:
             ended = self._regroup(generation, servers, code, wait)
             if ended is not None:
@@ -224,7 +247,8 @@ class Coordinator(NoSync):
 
     def _waiting(self, state: Generation) -> List[int]:
         """Servers still expected to report ``state``'s generation (not lost)."""
-        return [i for i in state.missing(self.members) if i not in state.lost]
+        gone = state.stopped | state.done | state.lost
+        return [i for i in self.members if i not in gone]
 
     def _end_for_lost(self, generation: int, state: Generation, code: int, note: str = "") -> Agreement:
         """A server is lost: the job cannot go on with the nodes it has."""
@@ -308,7 +332,7 @@ class Coordinator(NoSync):
     def _finish_together(self, generation: int, wait: Wait) -> Agreement:
         """``done.<i>``, then wait for every node's outcome: success only if all are done."""
         self._mark(generation, DONE)
-        members = set(self.members)
+        members = self._member_set
         state, waited = self._await(generation, wait, DONE,
                                     lambda s: s.abort is not None or s.failed or s.stopped or self._lost(s)
                                     or members <= s.done)
@@ -335,7 +359,7 @@ class Coordinator(NoSync):
         state = self._read(generation)
         done = ready(state)
         if not done:
-            waiting = [self.files.name(i) for i in state.missing(self.members)] or [what]
+            waiting = self._named(state.missing(self.members)) or [what]
             self.emit("sync_wait", generation=generation, waiting_for=what, servers=waiting, timeout=timeout)
             log.info("generation %d: waiting for %s (up to %.0f s)", generation, ", ".join(waiting), timeout)
         while not done:
@@ -348,6 +372,13 @@ class Coordinator(NoSync):
             if fresh is not state:  # a store that kept its snapshot hands back the same object: nothing new
                 state, done = fresh, ready(fresh)
         return state, self.clock() - start
+
+    def _named(self, servers: Sequence[int]) -> List[str]:
+        """The first ``NAMED`` of ``servers`` by name, then how many more: a barrier of 1,000 nodes
+        waits for 999 at first, and each node naming them all (in its log and events.jsonl, 20 kB a
+        line) cost more than telling the failure did."""
+        more = [f"and {len(servers) - NAMED} more"] if len(servers) > NAMED else []
+        return [self.files.name(i) for i in servers[:NAMED]] + more
 
     def _timed_out(self, generation: int, missing: List[int], what: str) -> Agreement:
         names = ", ".join(self.files.name(i) for i in missing)

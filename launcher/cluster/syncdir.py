@@ -87,7 +87,8 @@ class Generation:
         """Servers (a count, or the indices of the generation's members) that have neither stopped
         nor finished this generation."""
         members = range(servers) if isinstance(servers, int) else servers
-        return [i for i in members if i not in self.stopped and i not in self.done]
+        gone = self.stopped | self.done
+        return [i for i in members if i not in gone]
 
     def failures(self, exclude: Optional[int] = None) -> List[Failure]:
         """Each node's first failure, earliest first (by the failing node's clock)."""

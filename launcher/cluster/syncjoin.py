@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # imported where used: a run without --sync-dir or --coordina
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two looks at etcd's snapshot: it is in memory, kept current by a watch.
+#: Seconds between two looks at etcd's snapshot at a barrier and at the start (it is in memory, kept
+#: current by a watch); while ranks run the watch cues the event loop instead (``_Waker``).
 ETCD_POLL_INTERVAL = 0.05
 
 
@@ -63,9 +64,13 @@ class SyncCoordination(Integration):
         log.info("restarts coordinated through %s (%s of %d)", files.path, files.name(topo.server_index), len(names))
         group = host.group
         elastic = Elastic(cluster.min_nodes, cluster.elastic_wait) if cluster.min_nodes is not None else None
+        handover = getattr(group, "call_soon_threadsafe", None) if cluster.coordinator else None
         self.coordinator = Coordinator(files, cluster.sync_timeout, host.emit, group.call_later, group.cancel,
                                        group.post, interval=ETCD_POLL_INTERVAL if cluster.coordinator else POLL_INTERVAL,
-                                       elastic=elastic, master=self._master_move(topo) if elastic else None)
+                                       elastic=elastic, master=self._master_move(topo) if elastic else None,
+                                       poll_interval=POLL_INTERVAL if handover else None)
+        if handover is not None:  # etcd's watch tells of each change: no look every 50 ms while ranks run
+            files.on_change = _Waker(handover, self.coordinator.changed)
         running = getattr(files, "running", None)
         if running is not None:
             self._join_running(host, running)
@@ -193,6 +198,23 @@ class SyncCoordination(Integration):
             self.coordinator.leave(self._generation, RunResult(1, "launcher-error", 0), quiet=True)
         if self.files is not None:
             self.files.shutdown()
+
+
+class _Waker:
+    """``on_change`` of an etcd store: hands ``changed`` to the event loop once for any number of
+    changes before the loop runs it (the leader's watch brings one per node at a barrier)."""
+
+    def __init__(self, handover: Callable[[Callable[[], None]], None], changed: Callable[[], None]):
+        self._handover, self._changed, self._pending = handover, changed, False
+
+    def __call__(self) -> None:  # the store's watch thread
+        if not self._pending:
+            self._pending = True
+            self._handover(self._run)
+
+    def _run(self) -> None:  # the event loop
+        self._pending = False
+        self._changed()
 
 
 def _idle(group: Any, seconds: float) -> bool:

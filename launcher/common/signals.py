@@ -16,6 +16,7 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 _pending: Deque[int] = collections.deque()
 _wakeup_read_fd: Optional[int] = None
+_wakeup_write_fd: Optional[int] = None
 
 
 def _record(signum: int, _frame: object) -> None:
@@ -30,7 +31,7 @@ def install() -> int:
     Returns:
         The read end of the wakeup pipe, readable whenever a handled signal arrived.
     """
-    global _wakeup_read_fd
+    global _wakeup_read_fd, _wakeup_write_fd
     if _wakeup_read_fd is not None:
         return _wakeup_read_fd
     read_fd, write_fd = os.pipe()
@@ -40,8 +41,18 @@ def install() -> int:
     signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     for signum in STOP_SIGNALS + (signal.SIGCHLD,):
         signal.signal(signum, _record)
-    _wakeup_read_fd = read_fd
+    _wakeup_read_fd, _wakeup_write_fd = read_fd, write_fd
     return read_fd
+
+
+def wake() -> None:
+    """Make the wakeup pipe readable from any thread (the event loop then runs what threads handed
+    it); a full pipe is readable already."""
+    if _wakeup_write_fd is not None:
+        try:
+            os.write(_wakeup_write_fd, b"\0")
+        except OSError:  # full (BlockingIOError), or closed by uninstall() meanwhile
+            pass
 
 
 def wakeup_fd() -> int:
@@ -85,7 +96,7 @@ def interruptible_sleep(seconds: float) -> None:
 
 def uninstall() -> None:
     """Restore default handlers and drop the wakeup pipe (for embedding and tests)."""
-    global _wakeup_read_fd
+    global _wakeup_read_fd, _wakeup_write_fd
     if _wakeup_read_fd is None:
         return
     for signum in STOP_SIGNALS + (signal.SIGCHLD,):
@@ -94,5 +105,5 @@ def uninstall() -> None:
     for fd in (_wakeup_read_fd, write_fd):
         if fd >= 0:
             os.close(fd)
-    _wakeup_read_fd = None
+    _wakeup_read_fd = _wakeup_write_fd = None
     _pending.clear()

@@ -32,6 +32,7 @@ class EventLoop:
         self._timer_seq = itertools.count()
         self._cancelled: set = set()
         self._watched: Dict[int, Callable[[ExitInfo], None]] = {}
+        self._soon: Deque[Callable[[], None]] = collections.deque()  # handed over by other threads
 
     def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
         """The next event, or None when ``timeout`` seconds pass without one."""
@@ -60,6 +61,12 @@ class EventLoop:
         if any(entry[1] == handle for entry in self._timers):
             self._cancelled.add(handle)
 
+    def call_soon_threadsafe(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` from the event loop as soon as it wakes, which this makes it do: the one
+        method another thread may call (the coordinator's etcd watch tells of a change this way)."""
+        self._soon.append(callback)
+        signals.wake()
+
     def _run_timers(self) -> None:
         now = time.monotonic()
         while self._timers and self._timers[0][0] <= now:
@@ -71,6 +78,8 @@ class EventLoop:
 
     def _on_wakeup(self) -> None:
         signals.drain_wakeup()
+        while self._soon:
+            self._soon.popleft()()
         self._reap()
         signum = signals.pop_pending()
         while signum is not None:

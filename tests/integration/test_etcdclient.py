@@ -53,8 +53,11 @@ def test_a_follower_learns_a_failure_and_a_loss_through_the_leaders_view(client)
     lost = EtcdStore.join(EtcdClient(client.endpoints), "job", 2, names, ttl=2)
     try:
         assert leader.leading and not follower.leading and not lost.leading
+        told = threading.Event()
+        follower.on_change = told.set  # what wakes the follower's event loop (launcher.cluster.syncjoin)
         lost.write(0, "failed.2.json", {"ranks": [4], "rank": 4, "returncode": 1, "exit_code": 1, "exited_at": 1.0})
         _until(lambda: follower.read(0).failed_ranks() == (4,))
+        assert told.is_set()
         lost._stop.set()  # its launcher dies: no renewal, no revoke
         _until(lambda: follower.read(0).lost == {2}, 10)
         assert not any("/gen_0/" in key for key in follower._snapshot)  # it came through the view

@@ -59,6 +59,15 @@ def test_what_goes_out_at_once():
     assert etcdview.urgent({**base, "gens": {"0": {"records": {"abort": {}}, "stopped": "1"}}}, base)
 
 
+def test_a_barriers_progress_goes_out_less_often_the_more_followers_it_goes_to():
+    base = {"joined": "7", "lost": "0", "count": 3, "gens": {"0": {"records": {}, "stopped": "1", "done": "0"}}}
+    marks = {**base, "gens": {"0": {"records": {}, "stopped": "3", "done": "0"}}}
+    assert etcdview.progress_interval(marks, base, 10) == etcdview.VIEW_INTERVAL
+    assert etcdview.progress_interval(marks, base, 1000) == 2.0  # one fan-out every 2 s to 999 followers
+    # servers joining: an elastic start counts them, at the short interval whatever the size
+    assert etcdview.progress_interval({**marks, "joined": "f"}, base, 1000) == etcdview.VIEW_INTERVAL
+
+
 def test_the_first_server_leads_and_a_follower_reads_the_generation_from_the_view(etcd):  # noqa: F811
     a, b, c = join(etcd, 0), join(etcd, 1), join(etcd, 2)
     assert a.leading and not b.leading and etcd.leases[P + "view.leader"] == a.lease

@@ -115,6 +115,35 @@ def test_watcher_polls_from_the_event_loop_until_another_node_fails(tmp_path):
                                   "exit_code": 137, "reason": update.reason}) in a.events
 
 
+def test_a_store_that_tells_of_changes_is_looked_at_once_and_polled_only_as_a_fallback(tmp_path):
+    a, b = Node(tmp_path, 0), Node(tmp_path, 1)
+    a.sync = Coordinator(a.files, 10.0, lambda name, **kw: a.events.append((name, kw)), a.loop.call_later,
+                         a.loop.cancel, a.loop.posted.append, interval=0.05, poll_interval=0.5)
+    a.sync.changed()  # no generation runs: nothing to look at
+    assert not a.loop.timers and not a.loop.posted
+    a.sync.attempt_started(0)
+    a.loop.run_due()
+    assert a.loop.delays == [0.0, 0.5] and not a.loop.posted  # the fallback poll: 0.5 s, not 0.05
+    b.sync.rank_failed(0, [3], failure(3))
+    a.sync.changed()  # the store's cue: at once, the pending poll cancelled
+    [update] = a.loop.posted
+    assert update.failure.rank == 3 and not a.loop.timers
+
+
+def test_an_etcd_stores_changes_reach_the_loop_once_per_look():
+    from launcher.cluster.syncjoin import _Waker
+
+    handed, looks = [], []
+    waker = _Waker(handed.append, lambda: looks.append(1))
+    waker()
+    waker()  # the leader's watch: one change per node, before the loop runs
+    assert len(handed) == 1 and not looks
+    handed.pop()()
+    assert looks == [1]
+    waker()  # a change after the look: handed again
+    assert len(handed) == 1
+
+
 def test_watcher_reports_an_abort_and_looks_only_at_its_generation(tmp_path):
     a, b = Node(tmp_path, 0), Node(tmp_path, 1)
     b.sync.rank_failed(0, [3], failure(3))  # generation 0 is over for a
@@ -189,6 +218,16 @@ def test_barrier_waits_for_every_node_then_both_restart_with_the_union(tmp_path)
     [barrier] = [kw for name, kw in a.events if name == "sync_barrier"]
     assert barrier == {"generation": 0, "waited": 1.0, "failed_ranks": [0, 3], "failed_servers": [0, 1],
                        "membership_change": False}
+
+
+def test_a_wait_for_many_servers_names_the_first_eight_and_counts_the_others(tmp_path):
+    names = [f"10.0.1.{i}" for i in range(20)]
+    a = Node(tmp_path, 0, timeout=1.0, files=SyncDir.join(str(tmp_path), "job", 0, names))
+    a.sync.settle(0, None, failure(0), [0], a.waiter())
+    [wait] = [kw for name, kw in a.events if name == "sync_wait"]
+    assert wait["servers"] == [f"server {i} (10.0.1.{i})" for i in range(1, 9)] + ["and 11 more"]
+    [timeout] = [kw for name, kw in a.events if name == "sync_timeout"]
+    assert timeout["missing"] == list(range(1, 20))  # the verdict names every one
 
 
 def test_barrier_times_out_naming_the_missing_nodes(tmp_path, caplog):

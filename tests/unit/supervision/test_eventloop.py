@@ -81,3 +81,16 @@ def test_an_unwatched_pid_has_no_callback(loop):
         loop.wait_event(0.05)
     assert seen == [] and loop.exited == [(proc.pid, 0)]
     proc.returncode = 0
+
+
+def test_another_thread_hands_the_loop_a_callback_and_wakes_it(loop):
+    import threading
+
+    ran = []
+    loop.call_later(5.0, lambda: ran.append("timer"))  # the loop would sleep until then
+    handed = lambda: ran.append((threading.current_thread(), time.monotonic()))  # noqa: E731
+    threading.Timer(0.1, loop.call_soon_threadsafe, args=(handed,)).start()
+    start = time.monotonic()
+    loop.wait_event(2.0)
+    [(thread, when)] = ran
+    assert thread is threading.main_thread() and when - start < 1.0  # on the loop's thread, at once
