@@ -348,6 +348,12 @@ def _details(doc: dict, table, build, diag: Dict[str, float], times: Dict[str, L
                      "poll below, then the loop's delay). The round was "
                      f"absorbed {fmt(ms(median(times['bg_local_absorbed'])))} / "
                      f"{fmt(ms(median(times['bg_slow_fs_absorbed'])))} ms after its last save.")
+    if "bg_local_plan_at_once_cpu" in times:
+        lines.append("- CPU time of the planning thread in those rounds (medians): called the moment the round "
+                     f"ends {fmt(ms(median(times['bg_local_plan_at_once_cpu'])))} ms on the local disk, "
+                     f"{fmt(ms(median(times['bg_slow_fs_plan_at_once_cpu'])))} ms on the simulated shared file "
+                     f"system; once the round was absorbed {fmt(ms(median(times['bg_local_plan_after_cpu'])))} / "
+                     f"{fmt(ms(median(times['bg_slow_fs_plan_after_cpu'])))} ms.")
     if "live_load" in times:
         lines.append("- Live runs (`bench/scalelive.py`): other processes took a median "
                      f"{median(times['live_load']):.0%} of the CPUs while they ran.")
