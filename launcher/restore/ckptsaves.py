@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Optional, Set, Tuple
 
 from launcher.restore.checkpoints import Candidate, Checkpoint
 from launcher.restore.ckptentry import RankEntry
-from launcher.restore.ckptnames import classify_name
+from launcher.restore.ckptnames import DIGEST_SUFFIX, SIDE_FILE_SUFFIXES, classify_name
 from launcher.restore.ckptwatch import GONE, WRITTEN
 
 
@@ -70,8 +70,9 @@ class ReportedSaves:  # pylint: disable=too-few-public-methods
         after writing, or renamed in) and its report, of the size the index now holds for it, came
         later in the same event queue (so nothing touched the file after its writer reported it);
         or when its last event removed it, its report is withdrawn and the last listing said nothing
-        about it. The directory then holds what a listing would find: what was there, less the
-        removed names, plus the reported files. Only where inotify sees every change.
+        about it; or a side file written (:meth:`_side_file_accounted`). The directory then holds
+        what a listing would find: what was there, less the removed names, plus the reported files.
+        Only where inotify sees every change.
         """
         touched, self._touched = self._touched, {}
         exact = self._reports is not None and self._fd is not None and self._all_watched and self._shared is False
@@ -99,6 +100,9 @@ class ReportedSaves:  # pylint: disable=too-few-public-methods
             if state == GONE:
                 if name in entry.reported or self._noted(rank, entry, name):
                     return False
+            elif name.endswith(SIDE_FILE_SUFFIXES):
+                if state != WRITTEN or not self._side_file_accounted(entry, name):
+                    return False
             elif state == WRITTEN:
                 size = entry.reported.get(name)
                 if not size or not self._reports.reported_after(rank, name, number):
@@ -110,6 +114,17 @@ class ReportedSaves:  # pylint: disable=too-few-public-methods
             else:
                 return False  # still being written, or its attributes changed: a listing tells
         return True
+
+    @staticmethod
+    def _side_file_accounted(entry: RankEntry, name: str) -> bool:
+        """A side file written (a digest sidecar, MindSpore's ``.meta``): the listing would add no
+        candidate and say nothing about it, but the candidate of a checkpoint whose listing found no
+        sidecar is not checked against one (``verify_digest``): a sidecar appearing beside such a
+        file needs the listing."""
+        if not name.endswith(DIGEST_SUFFIX):
+            return True
+        path = os.path.join(entry.path, name[:-len(DIGEST_SUFFIX)])
+        return not any(c.sidecar is False and c.checkpoint.path == path for c in entry.candidates)
 
     @staticmethod
     def _noted(rank: int, entry: RankEntry, name: str) -> bool:

@@ -1,11 +1,14 @@
 """A save round the ranks reported, absorbed from inotify events without listing rank directories,
 and the changes the reports cannot account for, which still have their directory listed."""
 
+import hashlib
 import os
 
 import pytest
 
+from launcher.restore import PlanInputs, compute_plan
 from launcher.restore.checkpoints import scan_checkpoints
+from launcher.restore.ckptnames import DIGEST_SUFFIX
 from launcher.restore.ckptindex import CheckpointIndex
 from tests.unit.restore.test_ckptindex import _listings  # noqa: F401  # pylint: disable=unused-import
 from tests.unit.restore.test_ckptindex import _index_thread_only, _reported_tree, _saves
@@ -107,3 +110,46 @@ def test_a_file_deleted_without_withdrawing_its_report_has_its_directory_listed(
     assert listings == [1]
     _same_as_full_scan(index)
 
+
+
+def _atomic_write(path, data):
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(data)
+    os.replace(path + ".tmp", path)
+
+
+def _plans_agree(index):
+    # A replica group per rank: every rank's own file is picked and checked against its sidecar.
+    inputs = PlanInputs(world_size=RANKS, dp=1, tp=RANKS, checkpoint_dir=index.root, settle_seconds=0)
+    plan = compute_plan(inputs, index=index)
+    assert plan == compute_plan(inputs)
+    return plan
+
+
+def test_a_save_with_its_digest_sidecar_first_needs_no_listing(index, listings):
+    """The PyTorch example's save: the sidecar (temporary file, rename), the checkpoint (the same),
+    then the report."""
+    listings.clear()
+    for rank in range(RANKS):
+        path = os.path.join(index.root, f"rank_{rank}", "ckpt-1_200.pt")
+        data = b"y" * 8
+        _atomic_write(path + DIGEST_SUFFIX, f"{hashlib.sha256(data).hexdigest()}  ckpt-1_200.pt\n".encode())
+        _atomic_write(path, data)
+        _saves().report_saved(path)
+    index.update()
+    _same_as_full_scan(index)
+    assert not listings
+    assert _plans_agree(index).step == 200
+
+
+def test_a_sidecar_beside_a_file_listed_without_one_has_the_directory_listed(index, listings):
+    """The listing found no sidecar, so the planner would not check that file against one: a
+    sidecar that appears later (here one that does not match) must be listed and then checked."""
+    listings.clear()
+    with open(os.path.join(index.root, "rank_2", "ckpt-1_150_breakpoint.pt" + DIGEST_SUFFIX), "w",
+              encoding="ascii") as fh:
+        fh.write(f"{'0' * 64}  ckpt-1_150_breakpoint.pt\n")
+    index.update()
+    assert listings == [2]
+    _same_as_full_scan(index)
+    assert any("digest" in warning for warning in _plans_agree(index).warnings)
