@@ -71,10 +71,9 @@ def _absorbed(index) -> Callable[[], bool]:
 
 
 def _rounds(root: str, inputs, index, first_step: int, prefix: str) -> Dict[str, List[float]]:
-    from launcher.restore import compute_plan
-
-    out: Dict[str, List[float]] = {f"{prefix}_loop_lag": [], f"{prefix}_absorbed": [], f"{prefix}_plan_after": [],
-                                   f"{prefix}_plan_at_once": []}
+    out: Dict[str, List[float]] = {f"{prefix}_{key}": [] for key in ("loop_lag", "absorbed", "plan_after",
+                                                                     "plan_at_once", "plan_after_cpu",
+                                                                     "plan_at_once_cpu")}
     for run in range(ROUNDS):
         proc = _round(root, first_step + 2 * run)
         lag = _loop_until(lambda: proc.poll() is not None)
@@ -82,16 +81,24 @@ def _rounds(root: str, inputs, index, first_step: int, prefix: str) -> Dict[str,
         lag = max(lag, _loop_until(_absorbed(index)))
         out[f"{prefix}_absorbed"].append(time.perf_counter() - ended)
         out[f"{prefix}_loop_lag"].append(lag)
-        start = time.perf_counter()
-        compute_plan(inputs, index=index)
-        out[f"{prefix}_plan_after"].append(time.perf_counter() - start)
+        _timed_plan(inputs, index, out, f"{prefix}_plan_after")
         proc = _round(root, first_step + 2 * run + 1)
         proc.wait()
-        start = time.perf_counter()
-        compute_plan(inputs, index=index)
-        out[f"{prefix}_plan_at_once"].append(time.perf_counter() - start)
+        _timed_plan(inputs, index, out, f"{prefix}_plan_at_once")
         _loop_until(_absorbed(index))  # the next round starts from an absorbed index
     return out
+
+
+def _timed_plan(inputs, index, out: Dict[str, List[float]], key: str) -> None:
+    """One plan: its wall time under ``key``, the planning thread's CPU time under ``key_cpu`` (wall
+    time on this shared machine is mostly other processes'; the CPU time includes none of the wait
+    for the index thread's step)."""
+    from launcher.restore import compute_plan
+
+    start, cpu = time.perf_counter(), time.thread_time()
+    compute_plan(inputs, index=index)
+    out[f"{key}_cpu"].append(time.thread_time() - cpu)
+    out[key].append(time.perf_counter() - start)
 
 
 def _baseline(root: str, first_step: int) -> List[float]:
@@ -127,5 +134,8 @@ def background_rounds(root: str, inputs) -> Dict[str, List[float]]:
              f"{median(out['bg_local_loop_lag']) * 1e3:.1f} / {median(out['bg_slow_fs_loop_lag']) * 1e3:.1f} ms "
              f"(local / shared FS; {median(out['bg_baseline_loop_lag']) * 1e3:.1f} ms without an index), rounds "
              f"absorbed {median(out['bg_local_absorbed']):.2f} / {median(out['bg_slow_fs_absorbed']):.2f} s after "
-             f"their end, {WORLD} ranks")
+             f"their end, {WORLD} ranks; the plan's CPU at once / after "
+             f"{median(out['bg_local_plan_at_once_cpu']) * 1e3:.0f} / {median(out['bg_local_plan_after_cpu']) * 1e3:.0f} "
+             f"ms (local), {median(out['bg_slow_fs_plan_at_once_cpu']) * 1e3:.0f} / "
+             f"{median(out['bg_slow_fs_plan_after_cpu']) * 1e3:.0f} ms (shared FS)")
     return out

@@ -39,6 +39,7 @@ IN_UNMOUNT = 0x00002000
 IN_Q_OVERFLOW = 0x00004000
 IN_IGNORED = 0x00008000
 IN_ONLYDIR = 0x01000000
+IN_ISDIR = 0x40000000  # set in an event about a subdirectory
 
 #: What is watched on the directory: every way an entry's content or identity can change.
 WATCH_MASK = (IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_MODIFY | IN_DELETE | IN_MOVED_FROM

@@ -25,7 +25,9 @@ found, per rank directory, and on :meth:`CheckpointIndex.scan` reads again only 
   reads whatever is still unabsorbed itself (same result as the full scan either way).
 * **Rank-reported saves** (:mod:`launcher.restore.ckptreports`): a rank that reports its saves in
   ``<root>/.saves/`` is not stat-ed at each scan, its new files need no listing and no settle sleep;
-  ``.saves/`` is followed by inotify on a local file system, else by one ``stat`` per look.
+  ``.saves/`` is followed by inotify on a local file system, else by one ``stat`` per look. There a
+  rank directory's inotify events need no listing either when the rank's reports account for every
+  name they touched (:meth:`launcher.restore.ckptsaves.ReportedSaves._explain`).
 * **Settle.** A checkpoint is settled when it was reported complete, or when an earlier scan already
   saw it with the same size and mtime after its own settle. Only the others are stat-ed again after
   one sleep, as in the full scan; a scan in which nothing new appeared does not sleep.
@@ -86,7 +88,10 @@ class CheckpointIndex(IndexWatches, ReportedSaves):
         self._root_stamp: DirStamp = None
         self._root_notes = Notes()
         self._ranks: Dict[int, RankEntry] = {}
-        self._dirty: Set[int] = set()  # ranks with inotify events since their last listing
+        self._dirty: Set[int] = set()  # ranks whose directory must be listed again
+        # Per rank, the names inotify saw change since the last look: name -> (event number, state).
+        self._touched: Dict[int, Dict[str, Tuple[int, str]]] = {}
+        self._events = 0  # inotify events read so far (their order across the directories)
         self._complete: Set[str] = set()  # paths closed after writing or renamed in, untouched since
         self._settled: Dict[str, Tuple[int, int]] = {}  # path -> (size, mtime_ns) seen settled
         self._unsettled: Set[int] = set()  # ranks with a file still being written at the last scan
@@ -149,6 +154,7 @@ class CheckpointIndex(IndexWatches, ReportedSaves):
             self._root_stamp, self._ranks, self._unresolved, self._view = None, {}, set(), None
             return unreadable_root(self.root, world_size, exc)
         self._absorb_reports()
+        self._explain()
         stale = self._stale(world_size)
         parallel = self._relist(stale)
         notes = Notes()
@@ -213,6 +219,7 @@ class CheckpointIndex(IndexWatches, ReportedSaves):
         except OSError:
             return  # the scan reports it
         reported = self._absorb_reports()
+        reported.update(self._explain())
         ranks = sorted(self._dirty.intersection(self._ranks))
         self._dirty.difference_update(ranks)
         self._relist(ranks)

@@ -63,6 +63,8 @@ class Reports:
         self._by_rank: Dict[int, Dict[str, Set[int]]] = {}
         self._files: Dict[int, Dict[str, Optional[int]]] = {}  # what files() returns, kept as events come
         self._changed: Set[int] = set()
+        # Per rank, ``file name -> the index's event number`` of reports that came as inotify events.
+        self._created_at: Dict[int, Dict[str, int]] = {}
         self._followed = False  # inotify watches the directory and every event reaches event()
         self._relist = True  # the names may be out of date whatever the directory's stamp says
 
@@ -74,6 +76,7 @@ class Reports:
     def lost(self) -> None:
         """Events were lost (queue overflow): list again at the next :meth:`refresh`."""
         self._relist = True
+        self._created_at.clear()
 
     def refresh(self, trusted: Callable[[DirStamp], DirStamp], eager: bool = True) -> None:
         """List the reports directory again unless events or its unchanged stamp prove nothing new.
@@ -101,8 +104,9 @@ class Reports:
         for name in self._names - names:
             self.event(name, False)
 
-    def event(self, name: str, present: bool) -> None:
-        """Report ``name`` created (``present``) or removed."""
+    def event(self, name: str, present: bool, number: int = -1) -> None:
+        """Report ``name`` created (``present``) or removed; ``number``: the inotify event's number
+        in the index's queue (-1: found by a listing, its time unknown)."""
         if (name in self._names) == present:
             return
         (self._names.add if present else self._names.discard)(name)
@@ -110,6 +114,13 @@ class Reports:
         if parsed is None:
             return
         rank, size, file_name = parsed
+        created = self._created_at.setdefault(rank, {})
+        if present and number >= 0:
+            created[file_name] = number
+        else:
+            created.pop(file_name, None)
+            if not created:
+                del self._created_at[rank]
         files = self._by_rank.setdefault(rank, {})
         sizes = files.setdefault(file_name, set())
         (sizes.add if present else sizes.discard)(size)
@@ -133,6 +144,11 @@ class Reports:
     def reporting(self) -> KeysView[int]:
         """The ranks that report their saves (at least one report), as a live view."""
         return self._by_rank.keys()
+
+    def reported_after(self, rank: int, file_name: str, number: int) -> bool:
+        """Whether ``rank``'s report of ``file_name`` came as an inotify event later than the index's
+        event ``number`` (a file's last event: the report then says what its writer left)."""
+        return self._created_at.get(rank, {}).get(file_name, -1) > number
 
     def files(self, rank: int) -> Dict[str, Optional[int]]:
         """``file name -> size`` reported by ``rank`` (None: reported with different sizes)."""

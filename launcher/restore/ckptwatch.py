@@ -18,14 +18,16 @@ import threading
 import time
 from typing import Any, Callable, List, Optional, Set
 
-from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_MOVED_FROM, IN_MOVED_TO,
-                                       IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events)
+from launcher.common.filewatch import (IN_CLOSE_WRITE, IN_CREATE, IN_DELETE, IN_IGNORED, IN_ISDIR, IN_MOVED_FROM,
+                                       IN_MOVED_TO, IN_Q_OVERFLOW, LOST_MASK, WATCH_MASK, parse_events)
 from launcher.common.gcpause import freeze_survivors
 
 logger = logging.getLogger(__name__)
 
-#: Seconds from a burst of inotify events to the listing of the directories they changed.
-UPDATE_DELAY = 0.2
+#: Seconds from a burst of inotify events to the update that absorbs it. Short: a reporting rank's
+#: save costs the update no listing (``ckptsaves``), and whatever a round leaves unabsorbed when a
+#: failure ends it is the plan's to read.
+UPDATE_DELAY = 0.05
 #: Seconds between the indexer's looks at the reports directory where inotify does not see every
 #: save (a shared file system, or no inotify): one ``stat`` each when nothing changed. Short, so that
 #: a round is absorbed while the ranks are being stopped; it runs in the indexer's thread.
@@ -35,6 +37,8 @@ REFREEZE_QUIET = 1.0
 #: Seconds between tries of a collect-and-freeze pass that a plan in progress put off.
 REFREEZE_RETRY = 0.5
 _ROOT, _REPORTS = -1, -2  # watch descriptor owners besides the ranks
+#: A touched name's state after its last event (:meth:`IndexWatches._rank_event`).
+WRITTEN, WRITING, GONE = "written", "writing", "gone"
 _READ_SIZE = 64 * 1024
 
 
@@ -103,7 +107,7 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
 
     def pending(self) -> bool:
         """Whether drained events left directories to list or reports to apply (an update is due)."""
-        return bool(self._dirty) or (self._reports is not None and self._reports.pending())
+        return bool(self._dirty) or bool(self._touched) or (self._reports is not None and self._reports.pending())
 
     def _event(self, wd: int, mask: int, name: str) -> None:
         if mask & IN_Q_OVERFLOW:  # events lost: trust nothing that came from them
@@ -112,9 +116,10 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
         rank = self._wds.get(wd)
         if rank is None:
             return
+        self._events += 1  # one queue for every watch: this orders a file's events and its report's
         if rank == _REPORTS and not mask & LOST_MASK:
             if name and mask & (IN_CREATE | IN_MOVED_TO | IN_DELETE | IN_MOVED_FROM):
-                self._reports.event(name, bool(mask & (IN_CREATE | IN_MOVED_TO)))
+                self._reports.event(name, bool(mask & (IN_CREATE | IN_MOVED_TO)), self._events)
         elif rank < 0 or mask & LOST_MASK:
             self._watch_lost(wd, rank, mask)
         else:
@@ -123,6 +128,7 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
     def _overflowed(self) -> None:
         """The event queue overflowed: every directory is listed again, no file counts as complete."""
         self._dirty.update(self._ranks)
+        self._touched.clear()
         self._complete.clear()
         self._root_stamp = None
         if self._reports is not None:
@@ -137,17 +143,21 @@ class IndexWatches:  # pylint: disable=too-few-public-methods
             del self._wds[wd]
 
     def _rank_event(self, rank: int, mask: int, name: str) -> None:
-        """A change in ``rank``'s directory: list it again; a file closed after writing or renamed in
-        is complete until it is touched again."""
-        self._dirty.add(rank)
+        """A change in ``rank``'s directory: the name is noted as touched (the rank's reports may
+        account for it: :meth:`launcher.restore.ckptsaves.ReportedSaves._explain`), else the directory
+        is listed again; a file closed after writing or renamed in is complete until it is touched again."""
         entry = self._ranks.get(rank)
-        if not name or entry is None:
+        if not name or entry is None or mask & IN_ISDIR:
+            self._dirty.add(rank)
             return
         path = os.path.join(entry.path, name)
         if mask & (IN_CLOSE_WRITE | IN_MOVED_TO):
             self._complete.add(path)
+            state = WRITTEN
         else:
             self._complete.discard(path)
+            state = GONE if mask & (IN_DELETE | IN_MOVED_FROM) else WRITING
+        self._touched.setdefault(rank, {})[name] = (self._events, state)
 
 
 class Indexer:
