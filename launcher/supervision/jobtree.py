@@ -337,6 +337,7 @@ class JobTree:
 
     def kill_all(self, deadline: float) -> None:
         """The launcher is gone (orphan guard): kill the job's cgroup and every token carrier, clean up."""
+        self.unprepare()  # never kill the cgroup this process is moving into
         if self.cgroup is not None and os.path.isdir(self.cgroup.path):
             self.cgroup.kill()
         self.sweep(deadline, lambda: None)  # in the guard, no child of ours is a job's orphan
