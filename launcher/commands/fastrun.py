@@ -19,12 +19,12 @@ import sys
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.commands.optionindex import ROWS
+from launcher.common.envnames import LAUNCHER_CONFIG
 
 _DIGITS = re.compile(r"[0-9]+")
 _DECIMAL = re.compile(r"[0-9]+(\.[0-9]+)?")
 #: The index's rows by each spelling, normalized as the click command normalizes (``_`` is ``-``).
 _BY_SPELLING = {decl.replace("_", "-"): row for row in ROWS for decl in row["decls"]}
-_CONFIG_ENV = "LAUNCHER_CONFIG"
 
 
 class _Defer(Exception):
@@ -35,7 +35,7 @@ def parse(args: Sequence[str], environ: Mapping[str, str]) -> Optional[Tuple[Dic
     """``run``'s option values (every row's name -> value, and ``command``) and the names given (as click
     names them: ``command`` too), as click's ``run`` command would make them; None when the click command
     must parse ``args``."""
-    if _CONFIG_ENV in environ or any(row["env"] in environ for row in ROWS if row["env"]):
+    if LAUNCHER_CONFIG in environ or any(row["env"] in environ for row in ROWS if row["env"]):
         return None  # click reads those (and their precedence): not here
     try:
         values, given, index = _options(args)

@@ -7,9 +7,9 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from launcher.commands.optiontypes import ParsedType
+from launcher.commands.runargs import INFO, MAPPED, NOT_YET, OWN, REFUSED  # noqa: F401  (defined where run's parsers read them without click)
 from launcher.jobspec.options import env_var_for
 
-OWN, MAPPED, INFO, REFUSED, NOT_YET = "own", "mapped", "info", "refused", "not yet"
 #: A flag: ``--x`` with no value.
 FLAG = bool
 

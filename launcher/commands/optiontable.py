@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from launcher.commands.optionrow import FLAG, INFO, MAPPED, NOT_YET, OWN, REFUSED, Row
+from launcher.common import envnames
 from launcher.commands.optiontypes import NnodesType, NprocType, RankFilterType, RankListType, SignalType
 from launcher.jobspec.options import (DEFAULT_FAULT_NPUS, DEFAULT_RESET_JSON, FRAMEWORKS, TASKD_DEFAULT_PORT, load_config,
                                       parse_section_timeouts)
@@ -103,7 +104,7 @@ _INT0 = click.IntRange(min=0)
 ROWS: Tuple[Row, ...] = (
     _own("config", click.Path(dir_okay=False), None, OTHER, "YAML file holding any run option (keys as option "
          "names).", env=False, config=False,
-         kwargs=dict(is_eager=True, expose_value=False, callback=_load_config, envvar="LAUNCHER_CONFIG",
+         kwargs=dict(is_eager=True, expose_value=False, callback=_load_config, envvar=envnames.LAUNCHER_CONFIG,
                     show_envvar=True)),
     _own("rank_table", click.Path(dir_okay=False), None, RANKS,
          "Rank table file (hccl.json) listing the job's servers and devices. Default: $RANK_TABLE_FILE, "

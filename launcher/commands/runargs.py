@@ -15,7 +15,7 @@ from launcher.jobspec.options import RunOptions
 
 log = logging.getLogger("launcher.commands.run")  # the lines say the same from either parser
 
-# The option table's handling of a foreign spelling (launcher.commands.optionrow).
+#: The option table's handling of a foreign spelling (the ``handling`` of ``launcher.commands.optionrow.Row``).
 OWN, MAPPED, INFO, REFUSED, NOT_YET = "own", "mapped", "info", "refused", "not yet"
 
 

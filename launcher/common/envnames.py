@@ -49,6 +49,7 @@ LAUNCHER_PY_SPY = "LAUNCHER_PY_SPY"  # read: the py-spy for hang dumps; empty: u
 LAUNCHER_IMPORTS_FILE = "LAUNCHER_IMPORTS_FILE"  # --preload auto: where the ranks record their imports
 LAUNCHER_HEARTBEAT_FILE = "LAUNCHER_HEARTBEAT_FILE"  # --heartbeat-timeout: the rank's heartbeat slot (mmap'd)
 LAUNCHER_DEV_DIR = "LAUNCHER_DEV_DIR"  # read: where the davinci<N> device files are (default /dev)
+LAUNCHER_CONFIG = "LAUNCHER_CONFIG"  # read: the --config file (launcher run)
 LAUNCHER_DEVICES = "LAUNCHER_DEVICES"  # set for --health-check: this node's device ids, comma-separated
 
 # --- msrun / MindSpore dynamic cluster --------------------------------------------------------
