@@ -116,19 +116,7 @@ class EtcdClient:
         """
         idle = self._idle()
         kept = self._take(idle, (host, port)) if path != "/v3/watch" else None
-        if kept is not None and _dropped(kept):
-            kept.close()
-            kept = None
-        try:
-            response, conn = self._send(kept or self._connect(host, port), path, body, token)
-        except Unanswered as exc:
-            if kept is None or not replay or not isinstance(exc.__cause__, ConnectionError):
-                raise
-            response, conn = self._send(self._connect(host, port), path, body, token)
-        except (OSError, http.client.HTTPException):
-            if kept is None:
-                raise
-            response, conn = self._send(self._connect(host, port), path, body, token)  # it did not get out
+        response, conn = self._exchange(host, port, path, body, token, replay, kept)
         if path == "/v3/watch" and response.status == 200:
             return response.status, {"response": response}, conn
         try:
@@ -139,13 +127,24 @@ class EtcdClient:
         if path != "/v3/watch" and not response.will_close and response.isclosed():  # read to its end
             self._keep(idle, (host, port), conn)
             conn = _Kept()
+        return response.status, _answer(raw, f"{host}:{port}{path}"), conn
+
+    def _exchange(self, host: str, port: int, path: str, body: dict, token: Optional[str], replay: bool,
+                  kept: Optional[http.client.HTTPConnection]) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        """Send on ``kept`` (unless etcd closed it) or a new connection, and again on a new one where
+        :meth:`_post` says it may; the answer's head and its connection."""
+        if kept is not None and _dropped(kept):
+            kept.close()
+            kept = None
         try:
-            if len(raw) > LIMIT_ANSWER:
-                raise ValueError("too long")
-            data = loads_json(raw or b"{}", f"{host}:{port}{path}", "etcd answer from")  # bounded, like any input
-        except ValueError:  # InputFileError too: not JSON, too deep, numbers out of range
-            data = {"message": raw[:200].decode("utf-8", "replace").strip()}
-        return response.status, data if isinstance(data, dict) else {}, conn
+            return self._send(kept or self._connect(host, port), path, body, token)
+        except Unanswered as exc:
+            if kept is None or not replay or not isinstance(exc.__cause__, ConnectionError):
+                raise
+        except (OSError, http.client.HTTPException):
+            if kept is None:
+                raise  # a new connection that failed: nothing to fall back on
+        return self._send(self._connect(host, port), path, body, token)  # etcd closed the kept one
 
     @staticmethod
     def _send(conn: http.client.HTTPConnection, path: str, body: dict,
@@ -398,6 +397,18 @@ def _holds(answer: dict, value: bytes, lease: int) -> bool:
         return base64.b64decode(kvs[0].get("value", "")) == value and int(kvs[0].get("lease", 0)) == lease
     except (KeyError, IndexError, TypeError, AttributeError, ValueError):
         return False
+
+
+def _answer(raw: bytes, where: str) -> dict:
+    """An answer's body as a dict, through the bounded reader like any input; ``{"message": text}``
+    when it is not JSON (too long, too deep, numbers out of range), ``{}`` when not an object."""
+    try:
+        if len(raw) > LIMIT_ANSWER:
+            raise ValueError("too long")
+        data = loads_json(raw or b"{}", where, "etcd answer from")
+    except ValueError:  # InputFileError too
+        data = {"message": raw[:200].decode("utf-8", "replace").strip()}
+    return data if isinstance(data, dict) else {}
 
 
 def _put(key: str, value: bytes, lease: int = 0) -> dict:
