@@ -20,7 +20,6 @@ import importlib.util
 import json
 import logging
 import os
-import platform
 import signal
 import socket
 import subprocess
@@ -46,8 +45,16 @@ LIB_RELPATH = os.path.join("python", "cython_api", "libs", "libtaskd.so")
 CONFIG_KEYS = ("job_id", "node_nums", "proc_per_node")
 
 
+def _machine(unknown: str) -> str:
+    """This machine's architecture, for the messages of a missing TaskD; ``platform`` is imported here
+    only (about 1.5 ms of every launch's start-up otherwise, for a line hardly any run prints)."""
+    import platform
+
+    return platform.machine() or unknown
+
+
 def _install_hint() -> List[str]:
-    arch = platform.machine() or "<arch>"
+    arch = _machine("<arch>")
     return [f"install the TaskD wheel from the MindCluster release into {sys.executable}'s environment: "
             f"pip install taskd-<version>-py3-none-linux_{arch}.whl",
             "(the PyPI project named 'taskd' is unrelated: do not 'pip install taskd')",
@@ -127,7 +134,7 @@ def libtaskd_path() -> str:
     if not os.path.isfile(path):
         raise UsageError(f"TaskD is installed at {pkg_dir} but {path} does not exist",
                          ["reinstall the TaskD wheel that matches this machine's architecture "
-                          f"({platform.machine() or 'unknown'})", "or run with --taskd off"])
+                          f"({_machine('unknown')})", "or run with --taskd off"])
     return path
 
 

@@ -77,7 +77,9 @@ def test_on_with_the_package(stub_on_path):
 
 
 def test_on_without_the_package_says_how_to_install(no_taskd, monkeypatch):
-    monkeypatch.setattr(taskd.platform, "machine", lambda: "aarch64")
+    import platform
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     with pytest.raises(UsageError) as info:
         taskd.taskd_enabled("on", {})
     text = "\n".join(info.value.lines())
