@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
@@ -107,13 +107,24 @@ def free_port(host: str) -> Optional[int]:
     immediate reuse unlikely. An explicit ``--master-port`` avoids the race altogether.
     """
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        family, kind, proto, _, address = socket.getaddrinfo(_idna_ascii(host), 0, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as sock:
             sock.bind(address)
             return sock.getsockname()[1]
     except OSError as exc:  # not an address of this host: the framework default
         log.debug("no free port on %s: %s", host, exc)
         return None
+
+
+def _idna_ascii(host: str) -> Union[str, bytes]:
+    """``host`` as ``getaddrinfo`` has the idna codec encode it, done here for what the codec passes
+    through unchanged (ASCII, every label 1-63 characters but the last, which may be empty): the
+    address of almost every run, which then does not import the codec (with ``stringprep`` and
+    ``unicodedata``, about 1 ms of the launch). Anything else is left to the codec, errors included."""
+    labels = host.split(".")
+    if host.isascii() and all(0 < len(label) < 64 for label in labels[:-1]) and len(labels[-1]) < 64:
+        return host.encode("ascii")
+    return host
 
 
 def _local_shape(cluster: ClusterSpec, framework: str, environ: Mapping[str, str]):

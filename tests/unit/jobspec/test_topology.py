@@ -1,7 +1,7 @@
 """Unit tests for ``launcher.jobspec.topology``: where the ranks come from and which server is this one."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from launcher.jobspec import topology
 from launcher.common.errors import UsageError
@@ -398,6 +398,25 @@ def test_free_port_on_a_foreign_address_falls_back_to_the_default():
     assert free_port("192.0.2.1") is None  # TEST-NET-1: never an address of this host
     assert resolve(opts(nproc_per_node=1, master_addr="192.0.2.1"), "pytorch", {}).master_port == 29500
 
+
+
+_HOST_TEXT = st.text(st.sampled_from("ab9.-:é"), max_size=80) | st.builds(
+    ".".join, st.lists(st.text("ab", min_size=0, max_size=70), max_size=4))
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(_HOST_TEXT)
+def test_free_ports_host_reaches_getaddrinfo_as_the_idna_codec_makes_it(host):
+    """The bytes ``free_port`` hands ``getaddrinfo`` itself are the codec's; what the codec would
+    refuse (an empty or long label) or change (not ASCII) still goes to the codec."""
+    given_host = topology._idna_ascii(host)
+    if isinstance(given_host, bytes):
+        assert given_host == host.encode("idna")
+    else:
+        assert given_host == host
+        if host.isascii():
+            with pytest.raises(UnicodeError):
+                host.encode("idna")
 
 # -- regroup: elastic membership ---------------------------------------------------------------------
 @given(nnodes=st.integers(1, 6), nproc=st.integers(1, 4), data=st.data())
