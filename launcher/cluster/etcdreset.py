@@ -21,8 +21,9 @@ what it knew, so the union of the nodes' views comes back, whoever is first.
 """
 
 import re
-from dataclasses import dataclass
 from typing import Dict, Optional, Protocol, Sequence, Tuple
+
+from launcher.common.records import record
 
 RESET = "reset"
 _RESET = re.compile(r"reset\.(\d+)")
@@ -43,7 +44,7 @@ class Client(Protocol):
         """A new lease."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Seen:
     """What this launcher last knew of etcd.
 

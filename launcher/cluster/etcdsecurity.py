@@ -12,6 +12,8 @@ import dataclasses
 import ssl
 from typing import Optional, Union
 
+from launcher.common.records import record
+
 
 class EtcdError(Exception):
     """No endpoint answered, or one answered with an error."""
@@ -21,7 +23,7 @@ class EtcdRejected(EtcdError):
     """etcd and this client cannot work together as configured: retrying does not help."""
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Security:
     """TLS and authentication for one etcd cluster.
 

@@ -9,12 +9,12 @@
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import Any, Callable, FrozenSet, Iterable, Optional
 
 from launcher.cluster.resetjson import EMPTY, ResetState, Snapshot, loads_reset, read_snapshot
 from launcher.common.filewatch import PathWatcher
 from launcher.common.inputfiles import InputFileError
+from launcher.common.records import record
 from launcher.jobspec.options import DEFAULT_RESET_JSON
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.procgroup import ClusterUpdate
@@ -102,7 +102,7 @@ class ResetFollower:
 
 
 # -- decisions ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResetChange:
     """What a transition of ``reset.json`` asks of this node's supervisor.
 

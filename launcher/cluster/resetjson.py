@@ -12,10 +12,11 @@ rule and the status vocabulary with this module.
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Iterable, List, Optional, Set, Tuple, Union
 
 from launcher.common.inputfiles import LIMIT_LINE, LIMIT_REPORT, InputFileError, brief, loads_json, read_bytes
+from launcher.common.records import record
 from launcher.jobspec.options import DEFAULT_RESET_JSON as DEFAULT_RESET_JSON_PATH
 
 #: Statuses that make a rank faulty (not a restore source, stopped when local) / healthy.
@@ -54,7 +55,7 @@ _SNAPSHOT_ATTEMPTS = 3
 Snapshot = Tuple[Optional[bytes], Optional[bytes]]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ResetState:
     """One good ``reset.json`` (plus ``restartType``).
 

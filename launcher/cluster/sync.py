@@ -10,13 +10,13 @@ whose launcher dies is *lost*). :mod:`launcher.cluster.syncjoin` joins one for `
 import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Set, Tuple
 
 from launcher.cluster.syncdir import ABORT, DONE, JOIN_NOTE, MASTER, NEXT, STOPPED, Generation, failure_of
 from launcher.cluster.syncmaster import MasterMove
 from launcher.cluster.syncstore import Store
 from launcher.common.errors import LauncherError
+from launcher.common.records import record
 from launcher.supervision.policy import Agreement, Failure, NoSync, PeerUpdate, RunResult, Wait
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ NAMED = 8
 Emit = Callable[..., object]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Elastic:
     """Elastic membership (``--nnodes MIN:MAX``): after a server is lost, wait ``wait`` seconds for a
     replacement, then go on without it if at least ``min_nodes`` servers remain."""

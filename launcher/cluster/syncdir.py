@@ -28,12 +28,13 @@ import os
 import re
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Sequence, Set, Tuple, Union
 
 from launcher.common.errors import LauncherError
 from launcher.common.inputfiles import InputFileError, loads_record, read_record
 from launcher.common.inputrecords import INT, INTS, NUMBER, OR_NONE, TEXT, typed
+from launcher.common.records import record
 from launcher.common.warnonce import WarnOnce
 from launcher.supervision.policy import Failure
 from launcher.supervision.states import ExitInfo
@@ -48,7 +49,7 @@ JOIN_NOTE = {"rank": -1, "ranks": [], "note": "joining", "returncode": 1}
 _INCARNATION = re.compile(r"inc_(\d+)")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Generation:
     """What the files of one generation say.
 

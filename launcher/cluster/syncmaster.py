@@ -12,15 +12,15 @@ store (``RendezvousStoreInfo.build`` in torch 2.13).
 """
 
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 from launcher.cluster.syncdir import MASTER
+from launcher.common.records import record
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class MasterMove:
     """Where the master goes when it moves, and how its new host picks the port.
 

@@ -1,13 +1,14 @@
 """One row of the option table (``launcher.commands.optiontable``): an option of ``launcher run``,
 and what it becomes as a click option, an environment variable and a config-file key."""
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Dict, Optional, Tuple
 
 import click
 
 from launcher.commands.optiontypes import ParsedType
 from launcher.commands.runargs import INFO, MAPPED, NOT_YET, OWN, REFUSED  # noqa: F401  (defined where run's parsers read them without click)
+from launcher.common.records import record
 from launcher.jobspec.options import env_var_for
 
 #: A flag: ``--x`` with no value.
@@ -16,7 +17,7 @@ FLAG = bool
 _STRING = {"type": "string", "minLength": 1}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Row:
     """One option of ``launcher run``.
 

@@ -11,10 +11,10 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from launcher.common.inputfiles import read_record
+from launcher.common.records import record
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def _remove(path: str) -> None:
         pass
 
 
-@dataclass
+@record
 class RecordedRank:
     """A rank recorded in the run dir's state file."""
 

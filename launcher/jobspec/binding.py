@@ -17,11 +17,11 @@ at least one CPU; when there are fewer CPUs than ranks there is nothing sensible
 
 import os
 import re
-from dataclasses import dataclass
 from typing import Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common.errors import UsageError
 from launcher.common.inputfiles import InputFileError, read_line
+from launcher.common.records import record
 
 AUTO, NONE = "auto", "none"
 #: ``--bind-cores LIST``: the local ranks' CPU sets separated by ``;``, each a Linux cpulist.
@@ -108,7 +108,7 @@ def _share_nodes(rank_nodes: Sequence[int], node_cpus: Mapping[int, FrozenSet[in
     return tuple(sets)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Plan:
     """What ``auto`` chose: one CPU set per local rank, and how (``device``, ``numa`` or ``even``)."""
 

@@ -6,13 +6,14 @@ context's ``default_map`` by an eager option, which is what ``load_config_into_c
 """
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
 from launcher.common.inputfiles import LIMIT_CONFIG, InputFileError, brief
 from launcher.common.inputyaml import read_yaml
+from launcher.common.records import record
 
 FRAMEWORKS = ("pytorch", "mindspore", "tensorflow")
 DEFAULT_MASTER_PORT = {"pytorch": 29500, "mindspore": 8118, "tensorflow": 29500}
@@ -22,7 +23,7 @@ DEFAULT_FAULT_NPUS = "/user/restore/fault/config/fault-npus"
 DEFAULT_RESET_JSON = "/user/restore/reset/config/reset.json"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunOptions:
     """The resolved options of one ``launcher run``: one field per launcher option of
     ``launcher.commands.optiontable`` (same name and default, tests/unit/commands/test_optiontable.py), plus

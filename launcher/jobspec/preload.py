@@ -14,6 +14,7 @@ import sys
 from typing import Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common.errors import UsageError
+from launcher.common.records import record
 
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
@@ -88,7 +89,7 @@ def parse_modules(text: Optional[str]) -> Tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class PythonEntry:
     """A rank command that a standby can run: ``PYTHON [OPTIONS] script.py ARGS`` or ``-m module ARGS``.
 

@@ -10,11 +10,12 @@ import json
 import os
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common import envnames as ev
 from launcher.common.errors import UsageError
+from launcher.common.records import record
 from launcher.common.signals import STOP_SIGNALS
 from launcher.jobspec.ranktable.model import Device
 from launcher.jobspec.topology import Topology
@@ -29,7 +30,7 @@ MSRUN_TOPO_TIMEOUT = "600"
 SIGNALS_TO_HANDLE = ",".join(signal.Signals(signum).name for signum in STOP_SIGNALS)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class EnvContext:
     """Job-wide facts every rank's environment is derived from.
 
@@ -65,7 +66,7 @@ class EnvContext:
     role: str = "default"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WorkerSpec:
     """One process to start: a rank (or the MindSpore scheduler) of one attempt.
 

@@ -7,11 +7,11 @@ README's "Recovery strategies" table for what each value does.
 """
 
 import re
-from dataclasses import dataclass
 from typing import FrozenSet, Mapping, Optional
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
+from launcher.common.records import record
 
 RETRY = "retry"
 RECOVER = "recover"
@@ -27,7 +27,7 @@ STRATEGIES = (RETRY, RECOVER, RECOVER_IN_PLACE, DUMP, EXIT, ELASTIC)
 _TFT_SWITCHES = {"TTP": DUMP, "UCE": RETRY, "ARF": RECOVER_IN_PLACE}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RecoveryStrategy:
     """The strategies in force and where they came from."""
 

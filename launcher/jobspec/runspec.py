@@ -20,16 +20,17 @@ consumer parses an option again.
 """
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import MappingProxyType
 from typing import Any, Mapping, Optional, Tuple
 
+from launcher.common.records import record
 from launcher.jobspec.options import (TASKD_DEFAULT_PORT, RunOptions, coordinator_tls, parse_coordinator,
                                       parse_signal)
 from launcher.jobspec.recovery import RETRY, RecoveryStrategy, resolve_strategy
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RestartSpec:
     """How the ranks are restarted and stopped (``Supervision and restarts``, ``Failures before the ranks run``).
 
@@ -71,7 +72,7 @@ class RestartSpec:
         return signal.Signals(self.gasp_signal).name
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HangRules:
     """When a rank counts as hung (seconds; 0 or None: that check is off).
 
@@ -98,7 +99,7 @@ class HangRules:
         return bool(self.steady or self.initial or self.sections or self.no_progress or self.straggler)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RestoreSpec:
     """The restore options, read by the restore planner (``launcher.restore.PlanInputs`` adds the run's
     world size and failed ranks to them) for ``launcher run`` and ``launcher plan`` alike.
@@ -135,7 +136,7 @@ class RestoreSpec:
     strategy_file: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PreloadSpec:
     """``--preload``: warm standby ranks.
 
@@ -163,7 +164,7 @@ class PreloadSpec:
         return self.auto or bool(self.modules)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class CoordinatorSpec:
     """``--coordinator``: the etcd the launchers restart together through.
 
@@ -190,7 +191,7 @@ class CoordinatorSpec:
     password_file: Optional[str] = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ClusterSpec:
     """Where this node stands in the job and how it meets the other nodes.
 
@@ -234,7 +235,7 @@ class ClusterSpec:
         return bool(self.sync_dir or self.coordinator)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class OutputSpec:
     """What the launcher shows and writes (``Logs and state``, ``--dry-run``)."""
 
@@ -246,7 +247,7 @@ class OutputSpec:
     json_output: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DebugSpec:
     """``--debug-rank`` and ``--pdb``."""
 
@@ -259,7 +260,7 @@ class DebugSpec:
         return self.rank is not None or self.pdb
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunSpec:
     """One ``launcher run``, parsed (see the module docstring for the groups).
 

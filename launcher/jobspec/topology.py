@@ -11,11 +11,11 @@ import errno
 import logging
 import os
 import socket
-from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from launcher.common import envnames
 from launcher.common.errors import UsageError
+from launcher.common.records import record
 from launcher.jobspec.options import DEFAULT_MASTER_PORT, DEFAULT_RANK_TABLE
 from launcher.jobspec.ranktable.model import RankTable, ServerEntry
 from launcher.jobspec.runspec import ClusterSpec
@@ -23,7 +23,7 @@ from launcher.jobspec.runspec import ClusterSpec
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Topology:
     """The job's rank table and this server's place in it.
 

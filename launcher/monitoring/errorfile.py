@@ -10,10 +10,10 @@ best explanation. Every read is bounded: a rank can leave a huge file or log beh
 
 import logging
 import os
-from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from launcher.common.inputfiles import loads_json, read_bytes
+from launcher.common.records import record
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +27,7 @@ LOG_WINDOW_BYTES = 1 << 16
 MAX_TRACEBACK_LINES = 40
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RankError:
     """A rank's exception as it recorded or printed it.
 

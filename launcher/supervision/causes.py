@@ -17,12 +17,13 @@ Address already in use)``), HCCL's ``EJ0001 ... Failed to initialize the HCCP pr
 Maybe the last training process is running.`` (its own advice: wait 10 s and try again), and
 Python's exception lines.
 
-May import: nothing from ``launcher`` (pure: text in, cause out).
+May import: nothing from ``launcher`` but ``launcher.common.records`` (pure: text in, cause out).
 """
 
 import re
-from dataclasses import dataclass
 from typing import Optional, Tuple
+
+from launcher.common.records import record
 
 TRANSIENT = "transient"
 DETERMINISTIC = "deterministic"
@@ -31,7 +32,7 @@ DETERMINISTIC = "deterministic"
 MAX_TRANSIENT_RETRIES = 3
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Cause:
     """One known cause of a start-up failure.
 
@@ -70,7 +71,7 @@ CAUSES: Tuple[Cause, ...] = (
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Diagnosis:
     """A failure's known cause, and the line that showed it (the same line = the same failure)."""
 

@@ -7,9 +7,9 @@ implements both (``launcher.run.session``); unit tests build them from a few cal
 :class:`JobHooks` and :class:`ClusterHooks`.
 """
 
-from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Protocol, Sequence
 
+from launcher.common.records import record
 from launcher.jobspec.rankenv import WorkerSpec
 
 
@@ -64,7 +64,7 @@ def _unknown(*args: object) -> None:
     return None
 
 
-@dataclass
+@record
 class JobHooks:
     """A :class:`Job` from callables (the defaults know nothing and record nothing)."""
 
@@ -79,7 +79,7 @@ class JobHooks:
     health: Callable[[], Optional[str]] = _unknown
 
 
-@dataclass
+@record
 class ClusterHooks:
     """A :class:`Cluster` from callables; the default never holds and has no ranks to tell."""
 

@@ -1,13 +1,13 @@
 """The events the supervisor's loop handles: plain data, importable without the process machinery
 (``launcher prestop``'s client side and the control socket use them without loading procgroup)."""
 
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, Tuple, Union
 
+from launcher.common.records import record
 from launcher.supervision.states import ExitInfo
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RankExited:
     """A rank's main process ended."""
 
@@ -15,14 +15,14 @@ class RankExited:
     info: ExitInfo
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SignalReceived:
     """The launcher received a stop signal (SIGTERM, SIGINT, SIGHUP)."""
 
     signum: int
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ControlRequest:
     """A request from ``launcher prestop`` / ``launcher exit`` over the control socket.
 
@@ -37,14 +37,14 @@ class ControlRequest:
     reply: Callable[..., None]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ClusterUpdate:
     """The cluster asked something of this node (a ``launcher.cluster.resetfollow.ResetChange``)."""
 
     change: Any
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RankHung:
     """The hang detector (``launcher.run.hangwatch``) judged a rank hung: fail it like a crash.
 

@@ -7,9 +7,9 @@ type; a stop (signal sent, SIGKILL deadline running) is the STOPPING phase, its 
 
 import enum
 import time
-from dataclasses import dataclass
 from typing import List, Optional, Set
 
+from launcher.common.records import record
 from launcher.supervision.policy import Attempt
 from launcher.supervision.states import Worker, WorkerState
 
@@ -22,7 +22,7 @@ class Phase(enum.Enum):
     IDLE = "idle"          # no ranks: backoff, the cluster's hold, a barrier
 
 
-@dataclass
+@record
 class Stopping:
     """One stop of an attempt's ranks, while it lasts.
 

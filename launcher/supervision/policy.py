@@ -1,9 +1,10 @@
 """The supervisor's inputs and outputs: restart policy, failures, and how a run ended."""
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from launcher.common.records import record
 from launcher.jobspec.recovery import RETRY, RecoveryStrategy
 from launcher.supervision.states import ExitInfo, Worker
 
@@ -25,7 +26,7 @@ NODE_FAULT_EXIT_CODE = 94
 HEALTHY_SECONDS = 60.0
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RestartPolicy:
     """The restart budget and the stop timeouts.
 
@@ -80,7 +81,7 @@ class RestartPolicy:
         return min(self.backoff_max, self.backoff * 2.0 ** min(quick_failures - 2, 64))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Failure:
     """A rank that failed on its own (not one the launcher stopped)."""
 
@@ -92,7 +93,7 @@ class Failure:
     hang: Tuple[str, ...] = ()  # killed as hung: why, then where every rank was
 
 
-@dataclass
+@record
 class NoProgress:
     """Restarts in a row whose attempt got no further (highest heartbeat step) than the best before.
 
@@ -116,7 +117,7 @@ class NoProgress:
         return bool(self.limit) and self.stalled >= self.limit
 
 
-@dataclass
+@record
 class Attempt:
     """The supervisor's record of one attempt.
 
@@ -160,7 +161,7 @@ class Attempt:
         return rows
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RunResult:
     """How the run ended.
 
@@ -191,7 +192,7 @@ class RunResult:
         return self.failures[-1] if self.failures else None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class PeerUpdate:
     """Event: another node failed or ended the job in ``generation`` (posted to the event loop).
 
@@ -205,7 +206,7 @@ class PeerUpdate:
     membership: bool = False
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Agreement:
     """What the nodes agreed on after a generation.
 

@@ -10,9 +10,10 @@ ranks are stopped through the ``stop`` callable the supervisor passes in.
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, List, Optional
 
+from launcher.common.records import record
 from launcher.supervision.debugging import DEBUG_REQUEST, DebugConsole
 from launcher.supervision.hooks import Cluster, Job
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankHung
@@ -26,7 +27,7 @@ log = logging.getLogger(__name__)
 Stop = Callable[[_Attempt, int, float, str], None]
 
 
-@dataclass
+@record
 class RunState:
     """What the supervisor and these handlers both change while a run lasts.
 

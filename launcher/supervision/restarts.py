@@ -21,9 +21,9 @@ Ends 3-5 exit with ``policy.no_progress_exit_code``: the scheduler's cue not to 
 """
 
 import logging
-from dataclasses import dataclass
 from typing import Callable, Mapping, Optional, Sequence
 
+from launcher.common.records import record
 from launcher.supervision.causes import DETERMINISTIC, MAX_TRANSIENT_RETRIES, TRANSIENT, Diagnosis, classify
 from launcher.supervision.policy import Attempt, Failure, NoProgress, RestartPolicy, RunResult
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 Emit = Callable[..., object]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Restart:
     """How the next attempt starts.
 

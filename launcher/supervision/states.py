@@ -2,8 +2,10 @@
 
 import enum
 import signal
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Dict, FrozenSet, Optional
+
+from launcher.common.records import record
 
 
 class WorkerState(enum.Enum):
@@ -29,7 +31,7 @@ _ALLOWED: Dict[WorkerState, FrozenSet[WorkerState]] = {
 TERMINAL = frozenset({WorkerState.SUCCEEDED, WorkerState.FAILED, WorkerState.STOPPED})
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ExitInfo:
     """How a process ended.
 
@@ -66,7 +68,7 @@ class InvalidTransition(RuntimeError):
     """A state change the lifecycle does not allow (a launcher bug, not a user error)."""
 
 
-@dataclass
+@record
 class Worker:
     """One rank's record within an attempt: its state, and how it ended."""
 

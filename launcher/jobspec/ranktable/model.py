@@ -4,12 +4,14 @@ Every supported format (1.0, 1.2, 2.0, the old ``group_list``) and the tables th
 itself from ``--nproc-per-node`` end up as one :class:`RankTable`.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cached_property
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from launcher.common.records import record
 
-@dataclass(frozen=True)
+
+@record(frozen=True)
 class Device:
     """One device (NPU) on a server.
 
@@ -28,7 +30,7 @@ class Device:
     local_id: Optional[int] = None
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ServerEntry:
     """One server (node, or pod on a node) and its devices, in global-rank order.
 
@@ -62,7 +64,7 @@ class ServerEntry:
         return tuple(d.rank_id for d in self.devices)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RankTable:
     """A complete rank table.
 
