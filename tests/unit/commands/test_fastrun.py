@@ -149,6 +149,19 @@ def test_a_launcher_run_takes_the_fast_path_without_importing_click(tmp_path):
     assert proc.stdout.strip() == "0 False", proc.stderr
 
 
+def test_a_plain_run_leaves_out_the_modules_only_rare_paths_need(tmp_path):
+    """Each costs every launch about a millisecond or more before the first rank starts: OpenSSL's
+    hashlib (the run id's SHA-256 comes from CPython's own module), platform (TaskD's install hint),
+    the idna codec (free_port's address is ASCII)."""
+    rare = ("_hashlib", "platform", "encodings.idna", "stringprep")
+    code = ("import sys\nfrom launcher.__main__ import main\n"
+            "try:\n    main(['run', '--nproc-per-node', '2', '--run-dir', sys.argv[1], '--', 'true'])\n"
+            f"except SystemExit as exc:\n    print(exc.code, sorted(m for m in {rare!r} if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "run")], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.stdout.strip() == "0 []", proc.stderr
+
 def test_a_mistake_still_gets_clicks_message_and_exit_2(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LAUNCHER_")}
     proc = subprocess.run([sys.executable, "-m", "launcher", "run", "--nproc-per-node", "0", "true"],
