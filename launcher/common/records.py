@@ -21,13 +21,17 @@ from typing import Any, Callable, Tuple
 _MISSING = object()
 
 
-def record(cls: Any = None, *, frozen: bool = False, **options: Any) -> Any:
-    """``@dataclasses.dataclass(frozen=frozen, **options)``, with ``__repr__``, ``__eq__`` and (frozen)
-    ``__hash__`` made without compiling; a class's own methods are kept, as ``dataclass`` keeps them."""
+def record(cls: Any = None, *, frozen: bool = False) -> Any:
+    """``@dataclasses.dataclass`` (or ``@dataclasses.dataclass(frozen=True)``) with ``__repr__``,
+    ``__eq__`` and, frozen, ``__hash__`` made without compiling.
+
+    A class's own ``__repr__``, ``__eq__`` or ``__hash__`` is kept, as ``dataclass`` keeps it, and a
+    mutable record is unhashable, as a dataclass with ``eq`` is.
+    """
 
     def wrap(cls: Any) -> Any:
         own = dict(vars(cls))
-        cls = dataclasses.dataclass(cls, frozen=frozen, repr=False, eq=False, **options)
+        cls = dataclasses.dataclass(cls, frozen=frozen, repr=False, eq=False)
         fields = dataclasses.fields(cls)
         if "__repr__" not in own:
             cls.__repr__ = _repr_fn(cls, tuple(f.name for f in fields if f.repr))
