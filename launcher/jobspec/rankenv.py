@@ -5,11 +5,9 @@ the spawned process gets the launcher's own environment overlaid with them. No I
 every framework's contract is unit-tested without spawning anything.
 """
 
-import importlib
 import json
 import os
 import signal
-import sys
 from dataclasses import field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -220,10 +218,13 @@ def _sha256_hex(data: bytes) -> str:
     """SHA-256 of ``data`` in hex, from CPython's own SHA-256 module where it has one: the same digest
     as ``hashlib``'s, without loading OpenSSL (``import hashlib`` is about 2.5 ms of every launch)."""
     try:
-        module = importlib.import_module("_sha256" if sys.version_info < (3, 12) else "_sha2")
-    except ImportError:  # a Python built without it
-        import hashlib as module
-    return module.sha256(data).hexdigest()
+        from _sha256 import sha256  # CPython up to 3.11
+    except ImportError:
+        try:
+            from _sha2 import sha256  # CPython from 3.12
+        except ImportError:  # a Python built without them
+            from hashlib import sha256
+    return sha256(data).hexdigest()
 
 
 def _torchrun_env(ctx: EnvContext, rank: int, local_rank: int, attempt: int) -> Dict[str, str]:
