@@ -7,7 +7,6 @@ interpreter start or import are the ones the standby started with. Both rules li
 I/O, so they are unit-tested apart from the processes.
 """
 
-import dataclasses
 import os
 import re
 import sys
