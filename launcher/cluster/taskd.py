@@ -314,6 +314,10 @@ class TaskdManager(Integration):
         host.emit("taskd_sidecar_started", pid=self.sidecar.pid, config=config, log=log_path)
         log.info("TaskD manager started (pid %d, log %s)", self.sidecar.pid, log_path)
 
+    def starts_processes(self, host: Host) -> bool:
+        """The sidecar starts with TaskD on, on the server hosting rank 0."""
+        return bool(job_rank_env(host.spec.cluster.taskd, host.ctx.base_env)) and host.ctx.topology.hosts_rank0
+
     def rank_env(self) -> Dict[str, str]:
         """``TASKD_PROCESS_ENABLE`` and ``LD_PRELOAD`` with libtaskd.so for every rank (TaskD on)."""
         return dict(self._env)

@@ -37,9 +37,15 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
         from launcher.common import jobs
 
         jobs.prune(os.path.dirname(ctx.run_dir), exclude=[os.path.basename(ctx.run_dir)])
-    from launcher.run.session import Session  # the spawning machinery is not needed for --dry-run
+    from launcher.run.jobstart import JobStart  # the spawning machinery is not needed for --dry-run
 
-    with Session(spec, ctx) as session:
+    start = JobStart.begin()  # the first ranks' cgroup move runs while the session is imported
+    try:
+        from launcher.run.session import Session
+    except BaseException:
+        start.abandon()
+        raise
+    with Session(spec, ctx, start) as session:
         return session.run()
 
 

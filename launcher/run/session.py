@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 from launcher.supervision import console as console_mod
 from launcher.common import envnames
 from launcher.control import gasp as gasp_mod
-from launcher.supervision import guard as guard_mod
 from launcher.common import rundir as rundir_mod
 from launcher.common.errors import UsageError
 from launcher.monitoring.events import EventLog
-from launcher.supervision.jobtree import JobTree, create_time, report_escaped
+from launcher.supervision.jobtree import create_time, report_escaped
 from launcher.jobspec import binding as binding_mod
 from launcher.jobspec.runspec import RunSpec
 from launcher.supervision.integration import Integrations
 from launcher.run.integrations import run_integrations
+from launcher.run.jobstart import JobStart
 from launcher.supervision.procgroup import LocalProcessGroup
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
                                   standby_pool)
@@ -45,18 +45,22 @@ class Session:
     Args:
         spec: The run's options, parsed (``launcher.jobspec.runspec.run_spec``).
         ctx: The resolved job context (topology, run id, ...).
+        start: The job's process tree and orphan guard, begun before this module was imported
+            (``launcher.run.jobstart``); begun by :meth:`__enter__` when not given. The session owns
+            them from here on, and releases them even when ``__enter__`` fails.
     """
 
-    def __init__(self, spec: RunSpec, ctx: EnvContext):
+    def __init__(self, spec: RunSpec, ctx: EnvContext, start: Optional[JobStart] = None):
         self.spec = spec
         self.ctx = ctx
+        self.job_start = start
         self.base_topology = ctx.topology  # every server of the job (elastic membership runs a subset)
         self.console_ranks = spec.output.console_ranks  # None: every rank
         self.run_dir = rundir_mod.RunDir(ctx.run_dir)
         self.log_root = os.path.abspath(spec.output.log_dir or os.path.join(ctx.run_dir, "logs"))
         self.log_session = os.path.join(self.log_root, session_name())
         self.events: Optional[EventLog] = None
-        self.guard: Optional[guard_mod.OrphanGuard] = None
+        self.guard = None  # launcher.supervision.guard.OrphanGuard, from self.job_start
         self.group: Optional[LocalProcessGroup] = None
         self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
         self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
@@ -70,6 +74,17 @@ class Session:
         self.plans: Dict[int, "RestorePlan"] = {}  # attempt -> its restore plan
 
     def __enter__(self) -> "Session":
+        try:
+            self._enter()
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _enter(self) -> None:
+        if self.job_start is None:
+            self.job_start = JobStart.begin()
+        tree, self.guard = self.job_start.tree, self.job_start.guard
         self.run_dir.lock()
         self._make_log_dir()
         self.events = EventLog(self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id)
@@ -83,9 +98,6 @@ class Session:
                                 "log_dir": self.log_session, "gasp_timeout": self.spec.restart.gasp_timeout,
                                 "gasp_signal": self.spec.restart.gasp_signal_name}
         self.run_dir.write_json(rundir_mod.LAUNCHER, self.launcher_record)
-        guard_mod.become_subreaper()
-        tree = JobTree.create(adopt_orphans=True)  # our children we did not start are the job's orphans
-        self.guard = guard_mod.OrphanGuard(tree)
         if self.spec.debug.enabled:
             from launcher.supervision.debugging import DebugConsole
 
@@ -102,7 +114,6 @@ class Session:
 
             self.space_check = SpaceCheck(self.spec.restore.checkpoint_dir)
         self._make_group_info_dirs(self.ctx.topology.server.ranks)
-        return self
 
     def _cpu_binding(self) -> "Optional[binding_mod.Plan]":
         """``--bind-cores``: each local rank's CPUs, said once in the log and events.jsonl."""
@@ -151,8 +162,11 @@ class Session:
                                no_progress_exit_code=restart.no_progress_exit_code,
                                device_wait_timeout=restart.device_wait_timeout,
                                node_fault_exit_code=restart.node_fault_exit_code)
+        if self.integrations.start_processes(self):
+            self.group.unprepare()  # a sidecar must not be born in the first attempt's cgroup
         self.integrations.start(self)
-        # The first ranks' cgroup, entered while the supervisor gets ready: their start does not wait for it.
+        # The first ranks' cgroup (entered since launcher.run.jobstart unless a sidecar started or this
+        # node joined a running elastic job at a later generation): the ranks do not wait for the move.
         self.group.prepare(self.sync.first_generation)
         self._warn_uncoordinated()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
@@ -387,6 +401,8 @@ class Session:
             report_escaped(self.emit, self.group.take_escaped(), attempt=None)
             self.group.close()
             self._report_console()
+        elif self.job_start is not None:  # never got as far as the ranks: out of the cgroup, which goes
+            self.job_start.tree.close()
         if self.guard is not None:
             self.guard.close()
         if self.debug is not None:

@@ -64,6 +64,11 @@ class Integration:
     def start(self, host: Host) -> None:
         """Before the first attempt; may raise UsageError for a bad option (nothing is running yet)."""
 
+    def starts_processes(self, host: Host) -> bool:
+        """Whether :meth:`start` will start a process that outlives it (a sidecar): the session must
+        not be moving into the first attempt's cgroup then, or the process would be born there."""
+        return False
+
     def attempt_started(self, attempt: int) -> None:
         """The ranks of ``attempt`` were spawned."""
 
@@ -118,6 +123,10 @@ class Integrations:
         for member in self._members:
             member.start(host)
             self._started.append(member)
+
+    def start_processes(self, host: Host) -> bool:
+        """Whether starting the members will start a process that outlives the start."""
+        return any(member.starts_processes(host) for member in self._members)
 
     def dispatch(self, event: str, fields: Mapping[str, Any]) -> None:
         """Pass one event to every started member (attempt start / end also to their own hooks)."""

@@ -161,6 +161,10 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         them outlives the wait (integrations started, preflight checks only)."""
         self._tree.prepare(f"a{attempt}")
 
+    def unprepare(self) -> None:
+        """Back out of a move :meth:`prepare` (or whoever created the tree) began."""
+        self._tree.unprepare()
+
     def _spawn(self, spec: WorkerSpec, attempt: int, base: Dict[str, str], cgroup: Optional[Cgroup],
                warm_only: Optional[bool] = None) -> bool:
         """Start ``spec``: from its standby, else cold. ``warm_only`` True: only from its standby (False

@@ -288,3 +288,23 @@ def test_no_heavy_imports():
             "print(sorted(bad))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=str(REPO))
     assert out.stdout.strip() == "[]"
+
+
+# -- TaskdManager.starts_processes: the session keeps the sidecar out of the first attempt's cgroup --
+def host(mode: str, hosts_rank0: bool):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(spec=SimpleNamespace(cluster=SimpleNamespace(taskd=mode)),
+                           ctx=SimpleNamespace(base_env={}, topology=SimpleNamespace(hosts_rank0=hosts_rank0)))
+
+
+def test_the_sidecar_starts_only_with_taskd_on_the_server_of_rank_0(stub_on_path, stub_libtaskd, monkeypatch):
+    monkeypatch.setattr(taskd, "libtaskd_path", lambda: stub_libtaskd)
+    manager = taskd.TaskdManager()
+    assert manager.starts_processes(host("on", True)) is True
+    assert manager.starts_processes(host("on", False)) is False
+    assert manager.starts_processes(host("off", True)) is False
+
+
+def test_no_sidecar_without_the_package(no_taskd):
+    assert taskd.TaskdManager().starts_processes(host("auto", True)) is False
