@@ -19,7 +19,6 @@ from launcher.jobspec.runspec import ClusterSpec
 from launcher.jobspec.topology import Topology, advertised_address, master_port_on, moved_master
 from launcher.supervision.integration import Host, Integration
 from launcher.supervision.loopevents import SignalReceived
-from launcher.supervision.policy import RunResult
 
 if TYPE_CHECKING:  # imported where used: a run without --sync-dir or --coordinator never needs them
     from launcher.cluster.sync import Coordinator
@@ -195,6 +194,8 @@ class SyncCoordination(Integration):
     def stop(self) -> None:
         """Tell the other nodes now if the launcher failed before the supervisor left; release the store."""
         if self.coordinator is not None and not self._left:
+            from launcher.supervision.policy import RunResult  # the restart loop's: imported after the first ranks
+
             self.coordinator.leave(self._generation, RunResult(1, "launcher-error", 0), quiet=True)
         if self.files is not None:
             self.files.shutdown()

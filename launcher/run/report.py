@@ -5,6 +5,7 @@ bounds how many attempt directories a crash loop keeps. ``format_root_cause`` tu
 ``RunResult`` into the lines printed at the end of a failed run.
 """
 
+import logging
 import os
 import shutil
 import time
@@ -15,6 +16,9 @@ from launcher.supervision.output import tail_lines
 
 if TYPE_CHECKING:
     from launcher.restore.plan import RestorePlan
+    from launcher.supervision.policy import RunResult
+
+log = logging.getLogger(__name__)
 
 
 #: ``attempt_<n>`` log directories kept per session besides the first one: a crash loop with a large
@@ -129,3 +133,24 @@ def resume_summary(plan: "RestorePlan") -> str:
     if plan.kind == KIND_PERIODIC:
         return f"resuming from the step-{plan.step} periodic checkpoints{reshard}"
     return f"starting from scratch ({plan.reason})"
+
+
+def log_result(result: "RunResult", error_file: Callable, events_path: Optional[str]) -> None:
+    """How the run ended, in the launcher's log: success, the root cause of a failure (``error_file``:
+    a failure -> its rank's error file), or the stop; then the goodput summary of ``events_path``."""
+    if result.reason == "succeeded":
+        log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
+    elif result.reason in ("failed", "no-progress", "deterministic"):
+        for line in format_root_cause(result, error_file=error_file):
+            log.error("%s", line)
+    else:
+        log.info("stopped (%s); exit %d", result.reason, result.exit_code)
+    if events_path is None:
+        return
+    from launcher.monitoring import goodput  # at the end: not on the path to the first rank
+    from launcher.monitoring.events import read_events
+
+    try:
+        log.info("%s", goodput.compute(read_events(events_path)).summary())
+    except (OSError, ValueError) as exc:  # its events file swapped for a FIFO or a symlink meanwhile
+        log.warning("no goodput summary: %s", exc)

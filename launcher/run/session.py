@@ -23,18 +23,18 @@ from launcher.jobspec.runspec import RunSpec
 from launcher.supervision.integration import Integrations
 from launcher.run.integrations import run_integrations
 from launcher.run.jobstart import JobStart
-from launcher.supervision.procgroup import LocalProcessGroup
+from launcher.run.topochange import regrouped, reread_rank_table
+from launcher.supervision.procgroup import LocalProcessGroup, start_attempt
 from launcher.run.attempt import (PLAN_FILE, attempt_specs, checkpoint_index, error_file_path, failure_text,
                                   standby_pool)
 from launcher.jobspec.rankenv import ROLE_SCHEDULER, EnvContext, WorkerSpec
-from launcher.run.report import (KEEP_ATTEMPT_LOGS, format_root_cause, prune_attempt_logs, resume_summary,
+from launcher.run.report import (KEEP_ATTEMPT_LOGS, log_result, prune_attempt_logs, resume_summary,
                                  session_name)
-from launcher.supervision.policy import RestartPolicy, RunResult
-from launcher.supervision.hooks import ClusterHooks, JobHooks
-from launcher.supervision.supervisor import Supervisor
 
-if TYPE_CHECKING:  # imported when a plan is made, not on the way to the first rank
+if TYPE_CHECKING:  # imported when a plan is made or the supervisor built, not on the way to the first rank
     from launcher.restore.plan import RestorePlan
+    from launcher.supervision.policy import RestartPolicy, RunResult
+    from launcher.supervision.procgroup import Started
 
 log = logging.getLogger(__name__)
 
@@ -146,37 +146,22 @@ class Session:
 
     def run(self) -> int:
         """Supervise the job to its end; returns the exit status."""
-        topo = self.ctx.topology
-        self.emit("start", argv=list(self.spec.command), framework=self.ctx.framework, source=topo.source,
-                  world_size=topo.table.world_size, server=topo.server.server_id,
-                  local_ranks=list(topo.server.ranks), max_restarts=self.spec.restart.max_restarts,
-                  log_dir=self.log_session)
-        log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
-                 topo.source, self.log_session)
-        restart = self.spec.restart
-        log.info("recovery strategy: %s", restart.strategy.describe())
-        policy = RestartPolicy(restart.max_restarts, restart.backoff, restart.stop_timeout, restart.gasp_timeout,
-                               restart.gasp_signal, self.gasp_gate.try_save, restart.strategy,
-                               self._in_place_supported(), backoff_max=restart.backoff_max,
-                               max_no_progress_restarts=restart.max_no_progress_restarts,
-                               no_progress_exit_code=restart.no_progress_exit_code,
-                               device_wait_timeout=restart.device_wait_timeout,
-                               node_fault_exit_code=restart.node_fault_exit_code)
-        if self.integrations.start_processes(self):
-            self.group.unprepare()  # a sidecar must not be born in the first attempt's cgroup
-        self.integrations.start(self)
-        # The first ranks' cgroup (entered since launcher.run.jobstart unless a sidecar started or this
-        # node joined a running elastic job at a later generation): the ranks do not wait for the move.
-        self.group.prepare(self.sync.first_generation)
-        self._warn_uncoordinated()
+        self._announce()
+        self._start_integrations()
+        started = self._start_first_attempt()
+        # Imported once the first ranks run, where they start before the supervisor (above).
+        from launcher.supervision.hooks import ClusterHooks, JobHooks
+        from launcher.supervision.supervisor import Supervisor
+
+        policy = self._policy()
         job = JobHooks(self._specs_for, self._on_spawned, self.group.log_paths.get, self._failure_text,
                        self._resume_note, self.integrations.progress, self.integrations.status, self._busy_devices,
                        self._health)
         cluster = ClusterHooks(self.integrations.hold, self._request_exit)
         # first_attempt > 0 when it joined a running elastic job
         supervisor = Supervisor(self.group, job, policy, self.emit, cluster=cluster,
-                                sync=self.integrations.restart_coordinator(),
-                                debug=self.debug, first_attempt=self.sync.first_generation)
+                                sync=self.integrations.restart_coordinator(), debug=self.debug,
+                                first_attempt=self.sync.first_generation, started=started)
         try:
             result = supervisor.run()
         except Exception:
@@ -185,7 +170,50 @@ class Session:
         self._report(result)
         return result.exit_code
 
-    def _gasp_on_error(self, policy: RestartPolicy) -> None:
+    def _announce(self) -> None:
+        topo = self.ctx.topology
+        self.emit("start", argv=list(self.spec.command), framework=self.ctx.framework, source=topo.source,
+                  world_size=topo.table.world_size, server=topo.server.server_id,
+                  local_ranks=list(topo.server.ranks), max_restarts=self.spec.restart.max_restarts,
+                  log_dir=self.log_session)
+        log.info("%d local rank(s) of %d (%s); logs in %s", len(topo.server.devices), topo.table.world_size,
+                 topo.source, self.log_session)
+        log.info("recovery strategy: %s", self.spec.restart.strategy.describe())
+
+    def _start_integrations(self) -> None:
+        if self.integrations.start_processes(self):
+            self.group.unprepare()  # a sidecar must not be born in the first attempt's cgroup
+        self.integrations.start(self)
+        # The first ranks' cgroup (entered since launcher.run.jobstart unless a sidecar started or this
+        # node joined a running elastic job at a later generation): the ranks do not wait for the move.
+        self.group.prepare(self.sync.first_generation)
+        self._warn_uncoordinated()
+
+    def _start_first_attempt(self) -> "Optional[Started]":
+        """Attempt 0's ranks, started now, before the restart loop is imported and built, where it would
+        start them at once: no other node to start with, no hold (reset.json), no debugger, no health
+        check, and no device held by another process (the supervisor's own look). None: the supervisor
+        starts them, after its checks."""
+        if (self.integrations.restart_coordinator() is not None or self.sync.first_generation
+                or self.integrations.hold() is not None or self.debug is not None or self._checks_health()
+                or (self.spec.restart.device_wait_timeout and self._busy_devices(True))):
+            return None
+        log.debug("attempt 0's ranks start before the restart loop is built: nothing has to come first")
+        return start_attempt(self.group, self._specs_for(0, ()), 0, self.emit)
+
+    def _policy(self) -> "RestartPolicy":
+        from launcher.supervision.policy import RestartPolicy
+
+        restart = self.spec.restart
+        return RestartPolicy(restart.max_restarts, restart.backoff, restart.stop_timeout, restart.gasp_timeout,
+                             restart.gasp_signal, self.gasp_gate.try_save, restart.strategy,
+                             self._in_place_supported(), backoff_max=restart.backoff_max,
+                             max_no_progress_restarts=restart.max_no_progress_restarts,
+                             no_progress_exit_code=restart.no_progress_exit_code,
+                             device_wait_timeout=restart.device_wait_timeout,
+                             node_fault_exit_code=restart.node_fault_exit_code)
+
+    def _gasp_on_error(self, policy: "RestartPolicy") -> None:
         """The launcher itself failed (a bug): a stop is still a stop with the gasp. The running ranks
         get the save signal and the gasp timeout, as on a SIGTERM to the launcher, before the error
         ends it (the ranks' groups are SIGKILLed on the way out)."""
@@ -208,37 +236,11 @@ class Session:
                         "(see docs/multinode.md)", topo.table.server_count)
 
     def _refresh_rank_table(self) -> None:
-        """Before a restart: re-read the rank table if the cluster rewrote it (its version changed)."""
-        topo = self.ctx.topology
-        if not topo.table_file:
-            return
-        from launcher.common.inputfiles import InputFileError
-        from launcher.jobspec.ranktable.files import read_version
-
-        try:
-            revision = read_version(topo.table_file)
-        except InputFileError as exc:  # a bad file during the run: say so, keep the table we have
-            log.warning("%s; keeping the rank table of version %s", exc, topo.table.revision)
-            return
-        if revision is None or revision == (topo.table.revision or ""):
-            return
-        from launcher.jobspec import topology
-        from launcher.jobspec.ranktable import RankTableError
-        from launcher.jobspec.ranktable.wait import wait_for_rank_table
-
-        try:
-            table = wait_for_rank_table(topo.table_file, timeout=self.spec.cluster.rank_table_timeout)
-        except RankTableError as exc:
-            log.warning("%s; keeping the rank table of version %s", exc.message, topo.table.revision)
-            return
-        new = topology.resolve(self.spec.cluster, self.ctx.framework, self.ctx.base_env, table)
-        self.emit("rank_table_changed", old_revision=topo.table.revision, new_revision=table.revision,
-                  old_ranks=list(topo.server.ranks), new_ranks=list(new.server.ranks),
-                  world_size=table.world_size)
-        log.warning("rank table rewritten (version %s -> %s): local ranks %s -> %s", topo.table.revision,
-                    table.revision, list(topo.server.ranks), list(new.server.ranks))
-        self.ctx = dataclasses.replace(self.ctx, topology=new)
-        self._make_group_info_dirs(new.server.ranks)
+        new = reread_rank_table(self.ctx.topology, self.spec.cluster, self.ctx.framework, self.ctx.base_env,
+                                self.emit)
+        if new is not None:
+            self.ctx = dataclasses.replace(self.ctx, topology=new)
+            self._make_group_info_dirs(new.server.ranks)
 
     def _make_group_info_dirs(self, ranks) -> None:
         """``--group-info-root`` only: the ranks write ``device<r>/group_info.pb`` there, kept across restarts."""
@@ -273,24 +275,10 @@ class Session:
         return specs
 
     def _follow_membership(self, attempt: int, failed_before: Sequence[int]) -> Sequence[int]:
-        """Elastic membership: run the generation on the servers the nodes agreed on (ranks renumbered,
-        world size changed); failed ranks of the old numbering name nobody in the new one."""
-        members = self.sync.members()
-        if members is None:
+        """Elastic membership: failed ranks of the old numbering name nobody in the new one."""
+        new = regrouped(self.base_topology, self.ctx.topology, self.sync, attempt, self.emit)
+        if new is None:
             return failed_before
-        from launcher.jobspec import topology
-
-        new = topology.regroup(self.base_topology, members, self.sync.addresses(), self.sync.endpoint())
-        old = self.ctx.topology
-        if new.table.servers == old.table.servers:
-            return failed_before
-        self.emit("world_size_changed", attempt=attempt, old_world_size=old.table.world_size,
-                  new_world_size=new.table.world_size, servers=list(members), old_ranks=list(old.server.ranks),
-                  new_ranks=list(new.server.ranks), master_addr=new.table.master_addr,
-                  master_port=new.master_port)
-        log.warning("attempt %d: world size %d -> %d (%d server(s)); local ranks %s -> %s; master %s:%d", attempt,
-                    old.table.world_size, new.table.world_size, len(members), list(old.server.ranks),
-                    list(new.server.ranks), new.table.master_addr, new.master_port)
         self.ctx = dataclasses.replace(self.ctx, topology=new)
         return ()
 
@@ -334,8 +322,11 @@ class Session:
 
         return busy_devices([d.device_id for d in self.ctx.topology.server.devices], self.ctx.base_env, here)
 
+    def _checks_health(self) -> bool:
+        return bool(self.spec.restart.health_check or self.spec.restore.checkpoint_dir)
+
     def _health(self) -> Optional[str]:
-        if not (self.spec.restart.health_check or self.spec.restore.checkpoint_dir):
+        if not self._checks_health():
             return None  # nothing to check: no import of the checks on the way to the first rank
         from launcher.run.healthcheck import node_health
 
@@ -363,24 +354,10 @@ class Session:
             self.events.emit(event, **fields)
         self.integrations.dispatch(event, fields)
 
-    def _report(self, result: RunResult) -> None:
+    def _report(self, result: "RunResult") -> None:
         self.emit("stop", reason=result.reason, exit_code=result.exit_code, attempts=result.attempts)
-        if result.reason == "succeeded":
-            log.info("all ranks finished successfully (%d attempt(s))", result.attempts)
-        elif result.reason in ("failed", "no-progress", "deterministic"):
-            error_file = lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank)
-            for line in format_root_cause(result, error_file=error_file):
-                log.error("%s", line)
-        else:
-            log.info("stopped (%s); exit %d", result.reason, result.exit_code)
-        if self.events is not None:
-            from launcher.monitoring import goodput  # at the end: not on the path to the first rank
-            from launcher.monitoring.events import read_events
-
-            try:
-                log.info("%s", goodput.compute(read_events(self.events.path)).summary())
-            except (OSError, ValueError) as exc:  # its events file swapped for a FIFO or a symlink meanwhile
-                log.warning("no goodput summary: %s", exc)
+        log_result(result, lambda failure: error_file_path(self.log_session, failure.attempt, failure.rank),
+                   self.events.path if self.events is not None else None)
         sys.stdout.flush()
 
     def _report_console(self) -> None:

@@ -4,7 +4,7 @@ The control server, the reset.json follower, the cross-node sync coordinator and
 sidecar are each an :class:`Integration`: the Session starts them in order before the first attempt,
 passes them every supervisor event (attempt start and end included), and stops them in reverse order
 when it ends, whatever happened, so a later one (which may rely on an earlier one) goes first. A new
-integration is a subclass in its own module plus one line in ``Session.integrations``.
+integration is a subclass in its own module plus one line in ``launcher.run.integrations``.
 
 Besides its hooks, an integration may contribute what the restart loop and the ranks need: a hold on
 (re)starts (reset.json), the ranks' progress (heartbeat steps), a section of the control socket's

@@ -8,6 +8,7 @@ rank's exit is seen within milliseconds, and nothing polls.
 """
 
 import abc
+import dataclasses
 import functools
 import logging
 import os
@@ -33,7 +34,7 @@ from launcher.supervision.states import ExitInfo
 from launcher.common.warnonce import WarnOnce
 
 __all__ = ["ClusterUpdate", "ControlRequest", "Event", "LocalProcessGroup", "ProcessGroup", "RankExited",
-           "SignalReceived"]
+           "SignalReceived", "Started", "start_attempt"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,34 @@ class ProcessGroup(abc.ABC):
     @abc.abstractmethod
     def respawn(self, spec: WorkerSpec, attempt: int) -> None:
         """Replace one rank of the running attempt: its old process group is gone first."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Started:
+    """An attempt whose ranks were started (:func:`start_attempt`).
+
+    Attributes:
+        attempt: Its number.
+        specs: Its ranks.
+        pids: Rank -> pid of each rank's main process, right after the spawns.
+    """
+
+    attempt: int
+    specs: Tuple[WorkerSpec, ...]
+    pids: Dict[int, int]
+
+
+def start_attempt(group: ProcessGroup, specs: Sequence[WorkerSpec], attempt: int,
+                  emit: Callable[..., object]) -> Started:
+    """Start ``attempt``'s ranks through ``group`` and record it: ``attempt_start`` before the spawns,
+    ``rank_spawned`` for each rank after them. The supervisor starts every attempt so, and the session
+    the first one before the supervisor exists, where nothing has to come before its ranks."""
+    emit("attempt_start", attempt=attempt, ranks=[s.rank for s in specs])
+    group.start(specs, attempt)
+    pids = group.pids()
+    for spec in specs:
+        emit("rank_spawned", attempt=attempt, rank=spec.rank, pid=pids.get(spec.rank))
+    return Started(attempt, tuple(specs), pids)
 
 
 class LocalProcessGroup(EventLoop, ProcessGroup):

@@ -21,7 +21,7 @@ from launcher.supervision.jobtree import report_escaped
 from launcher.supervision.requests import OutsideRequests, RunState
 from launcher.supervision.loopevents import RankHung
 from launcher.supervision.procgroup import (ClusterUpdate, ControlRequest, Event, ProcessGroup, RankExited,
-                                            SignalReceived)
+                                            SignalReceived, Started, start_attempt)
 from launcher.supervision.policy import (KILL_SETTLE_SECONDS, Attempt as _Attempt, Failure, NoSync, PeerUpdate,
                                          RestartPolicy, RunResult)
 from launcher.supervision.phases import Phase, Stopping as _Stopping
@@ -54,12 +54,15 @@ class Supervisor:
         debug: The rank holding the terminal (``--debug-rank``, ``--pdb``), or None.
         clock: Monotonic clock for attempt durations and the restart backoff (tests pass a fake).
         first_attempt: The first attempt's number (> 0 when joining a running elastic job).
+        started: The first attempt, when its ranks were started before the supervisor was built
+            (``launcher.run.session``: only where no hold, health check or busy device could have
+            kept them back, so its checks before a start are not taken again).
     """
 
     def __init__(self, group: ProcessGroup, job: Job, policy: RestartPolicy, emit: Emit, *,
                  cluster: Optional[Cluster] = None, sync: Optional[NoSync] = None,
                  debug: Optional[DebugConsole] = None, clock: Callable[[], float] = time.monotonic,
-                 first_attempt: int = 0):
+                 first_attempt: int = 0, started: Optional[Started] = None):
         self.group = group
         self.job = job
         self.policy = policy
@@ -76,6 +79,7 @@ class Supervisor:
         self._unclean = True  # processes outside the last attempt's control may hold devices (or no attempt yet)
         self.preflight = Preflight(job, policy, emit, clock, self._wait_quietly)
         self._handlers = self._table()
+        self._started = started
 
     @property
     def restarts(self) -> int:
@@ -121,11 +125,12 @@ class Supervisor:
         """Run attempts until the job ends; returns how it ended."""
         failed_ranks, attempts, attempt = (), 0, None
         while self._final is None and self.outside.wait_for_cluster():
-            unfit = self.preflight.unfit(self.attempt_no, attempts, self.failures)
-            if unfit is not None:
-                return self._finish(unfit)
-            if not self.preflight.devices_free(self.attempt_no, self._unclean):
-                break
+            if self._started is None:
+                unfit = self.preflight.unfit(self.attempt_no, attempts, self.failures)
+                if unfit is not None:
+                    return self._finish(unfit)
+                if not self.preflight.devices_free(self.attempt_no, self._unclean):
+                    break
             attempt = self._run_attempt(self.attempt_no, failed_ranks)
             attempts += 1
             if self._final is not None:
@@ -182,21 +187,20 @@ class Supervisor:
 
     # -- one attempt --------------------------------------------------------------------------
     def _run_attempt(self, number: int, failed_before) -> _Attempt:
-        specs = self.job.specs_for(number, failed_before)
+        started, self._started = self._started, None
+        specs = started.specs if started is not None else self.job.specs_for(number, failed_before)
         if self._restart_note is not None:
             note = self.job.resume_note(number)
             log.info("%s%s", self._restart_note, f"; {note}" if note else "")
             self._restart_note = None
         workers = {s.rank: Worker(s.rank, s.label, on_change=self._changed(number)) for s in specs}
         attempt = _Attempt(number, workers)
-        started = self.clock()
-        self.emit("attempt_start", attempt=number, ranks=[s.rank for s in specs])
-        self.group.start(specs, number)
-        pids = self.group.pids()
-        for rank, worker in workers.items():
+        clock_start = self.clock()
+        if started is None:
+            started = start_attempt(self.group, specs, number, self.emit)
+        for worker in workers.values():
             worker.transition(WorkerState.RUNNING)
-            self.emit("rank_spawned", attempt=number, rank=rank, pid=pids.get(rank))
-        self.job.spawned(number, pids)
+        self.job.spawned(number, started.pids)
         self.sync.attempt_started(number)
         while not attempt.finished:
             self._dispatch(Phase.RUNNING, attempt, self.group.wait_event(None))
@@ -207,7 +211,7 @@ class Supervisor:
         if leftovers:
             log.warning("process groups %s survived SIGKILL (uninterruptible sleep?)", leftovers)
             self.emit("leftover_processes", attempt=number, pgids=leftovers)
-        attempt.duration = self.clock() - started
+        attempt.duration = self.clock() - clock_start
         self.emit("attempt_end", attempt=number, failed=attempt.failure is not None)
         return attempt
 

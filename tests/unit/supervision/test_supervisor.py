@@ -559,3 +559,26 @@ def test_status_answer_carries_the_stragglers():
     supervisor(group, specs_for(2), RestartPolicy(), lambda name, **kw: None,
                status=lambda: {"stragglers": [1]}).run()
     assert replies[0]["stragglers"] == [1] and replies[0]["ranks"] == {0: "running", 1: "running"}
+
+
+def test_a_first_attempt_started_before_the_supervisor_is_taken_over_not_started_again():
+    """The session may start attempt 0's ranks itself (``start_attempt``), before the supervisor exists:
+    the supervisor runs that attempt without spawning it again, recording it again or taking its
+    checks before a start (health, devices) again; a restart is its own as always."""
+    from launcher.supervision.procgroup import start_attempt
+
+    group = ScriptedGroup([[exited(1, 3), exited(0, -15)], [exited(0, 0), exited(1, 0)]])
+    events: List[tuple] = []
+    emit = lambda name, **kw: events.append((name, kw))
+    build = specs_for(2)
+    started = start_attempt(group, build(0, ()), 0, emit)
+    assert [name for name, _ in events] == ["attempt_start", "rank_spawned", "rank_spawned"]
+    checks: List[str] = []
+    sup = supervisor(group, build, RestartPolicy(max_restarts=1, device_wait_timeout=60), emit, started=started,
+                     health=lambda: checks.append("health"), busy_devices=lambda here: checks.append("devices") or {})
+    result = sup.run()
+    assert (result.exit_code, result.attempts) == (0, 2)
+    assert [c for c in group.calls if c[0] == "start"] == [("start", 0, (0, 1)), ("start", 1, (0, 1))]
+    assert build.seen == [(0, ()), (1, (1,))]  # the session built attempt 0; the supervisor asked for 1 only
+    assert [kw["attempt"] for name, kw in events if name == "attempt_start"] == [0, 1]
+    assert checks == ["health", "devices"]  # before the restart only
