@@ -20,9 +20,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     """Run the launcher CLI and exit with its status."""
     args = sys.argv[1:] if argv is None else argv
     if args[:1] == ["run"]:
-        from launcher.common import signals
+        from launcher.common import gcpause, signals
 
         signals.install()
+        gcpause.pause_for_startup()  # until the first ranks run (launcher.run.session)
         from launcher.commands import fastrun  # the usual command lines without click: ranks start sooner
 
         code = fastrun.run(args[1:])

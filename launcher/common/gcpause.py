@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, TypeVar
 _lock = threading.Lock()
 _holders = 0
 _was_enabled = False
+_startup = False  # pause_for_startup holds the collector off
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,6 +39,38 @@ def collector_paused() -> Iterator[None]:
             _holders -= 1
             if _holders == 0 and _was_enabled:
                 gc.enable()
+
+
+def pause_for_startup() -> None:
+    """Hold the collector off while the launcher starts, until :func:`end_startup_pause`.
+
+    Importing the launcher's modules and building the job allocate many objects that live as long
+    as the process: the young passes over them were about 4 ms of CPU on the way to the first rank
+    (27 young and 3 middle passes in ``launcher run``), collecting nothing. Counted with
+    :func:`collector_paused`, so a thread pausing meanwhile leaves it paused until both are done.
+    """
+    global _holders, _was_enabled, _startup
+    with _lock:
+        if _startup:
+            return
+        if _holders == 0:
+            _was_enabled = gc.isenabled()
+            gc.disable()
+        _holders += 1
+        _startup = True
+
+
+def end_startup_pause() -> None:
+    """The first ranks run (or the launcher waits for something): the collector as before, once
+    nothing else holds it off. A no-op without :func:`pause_for_startup`."""
+    global _holders, _startup
+    with _lock:
+        if not _startup:
+            return
+        _startup = False
+        _holders -= 1
+        if _holders == 0 and _was_enabled:
+            gc.enable()
 
 
 def paused(function: F) -> F:

@@ -157,7 +157,10 @@ def resolve_topology(spec: RunSpec, environ: Mapping[str, str]) -> Tuple[RunSpec
     path = topology.rank_table_path(cluster, environ)
     table = None
     if path is not None:
+        from launcher.common.gcpause import end_startup_pause
         from launcher.jobspec.ranktable.wait import wait_for_rank_table
+
+        end_startup_pause()  # waiting for the cluster may take minutes: the collector is back on first
 
         # Absolute: ranks get it as RANK_TABLE_FILE and may change directory before opening it.
         table = wait_for_rank_table(os.path.abspath(path), timeout=cluster.rank_table_timeout)

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from launcher.supervision import console as console_mod
-from launcher.common import envnames
+from launcher.common import envnames, gcpause
 from launcher.control import gasp as gasp_mod
 from launcher.common import rundir as rundir_mod
 from launcher.common.errors import UsageError
@@ -149,6 +149,7 @@ class Session:
         self._announce()
         self._start_integrations()
         started = self._start_first_attempt()
+        gcpause.end_startup_pause()  # launcher.__main__ paused it for the start-up's imports
         # Imported once the first ranks run, where they start before the supervisor (above).
         from launcher.supervision.hooks import ClusterHooks, JobHooks
         from launcher.supervision.supervisor import Supervisor

@@ -144,3 +144,34 @@ def test_freeze_survivors_is_put_off_while_a_thread_has_the_collector_paused(fre
         leave.set()
         thread.join()
     assert freeze_survivors()
+
+
+def test_the_startup_pause_counts_with_the_others_and_ends_once():
+    assert gc.isenabled()
+    gcpause.end_startup_pause()  # without a pause: nothing to end
+    assert gc.isenabled()
+    gcpause.pause_for_startup()
+    gcpause.pause_for_startup()  # once only: one end lets it go
+    try:
+        assert not gc.isenabled()
+        with collector_paused():  # the checkpoint index's thread pauses meanwhile
+            gcpause.end_startup_pause()
+            assert not gc.isenabled()  # still held by the one inside
+        assert gc.isenabled()
+        gcpause.end_startup_pause()
+        assert gc.isenabled()
+    finally:
+        gcpause.end_startup_pause()
+        gc.enable()
+
+
+def test_a_run_from_the_command_line_is_parsed_with_the_collector_paused():
+    import subprocess
+    import sys
+
+    code = ("import gc, launcher.__main__ as m, launcher.commands.fastrun as f; seen = []; "
+            "f.run = lambda args: seen.append(gc.isenabled()) or 0; "
+            "import sys; sys.argv = ['launcher', 'run', '--', 'true']\n"
+            "try:\n    m.main()\nexcept SystemExit:\n    print(seen)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[False]"
