@@ -13,12 +13,21 @@ import os
 import sys
 
 
+def _path_finder():
+    """The path finder of ``sys.meta_path`` (the one ``site`` found this file with): importing
+    ``importlib.machinery`` for it was half of what this file added to each rank's start-up."""
+    for finder in sys.meta_path:
+        if getattr(finder, "__name__", None) == "PathFinder":
+            return finder
+    from importlib.machinery import PathFinder
+
+    return PathFinder
+
+
 def _chain():
     here = os.path.dirname(os.path.abspath(__file__))
     rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
-    from importlib.machinery import PathFinder
-
-    spec = PathFinder.find_spec("sitecustomize", rest)
+    spec = _path_finder().find_spec("sitecustomize", rest)
     if spec is None or spec.loader is None:
         return
     from importlib.util import module_from_spec
