@@ -32,7 +32,7 @@ _WHEEL_VENV: List[str] = []
 
 def wheel_launcher() -> str:
     """The ``launcher`` console script of a throwaway venv holding the launcher installed from a wheel
-    built from this checkout, as in a container image: no editable-install import hook in ``site``.
+    built from this checkout, as in a container image: nothing in ``site`` but the launcher.
     Only the launcher is installed (``--no-deps``): the preStop client imports nothing else."""
     if not _WHEEL_VENV:
         root = tempfile.mkdtemp(prefix="bench-wheel-")
@@ -156,7 +156,8 @@ def _details(runs: List[dict]) -> List[str]:
             "request on the run dir's unix socket. `launcher prestop` is the preStop hook's form (no options, "
             "`LAUNCHER_RUN_DIR` set), served without click, run as a container image has it: the `launcher` "
             "console script of a venv where the launcher was installed from a wheel built from this checkout. "
-            "`editable install` is the same command in the development venv, whose `site` runs the editable "
-            "install's import hook; `prestop --run-dir` goes through the click CLI there; `lean client` is "
+            "`editable install` is the same command in the development venv (`python -m launcher`, the checkout "
+            "on `sys.path` through a `.pth` path entry, whose `site` also processes that venv's other packages); "
+            "`prestop --run-dir` goes through the click CLI there; `lean client` is "
             "`python -S bench/scripts/prestop_min.py RUN_DIR`, the same request without `site` or launcher "
             "imports. The four alternate run by run."]
