@@ -105,6 +105,9 @@ def free_port(host: str) -> Optional[int]:
     not reserved, and another process may bind it before rank 0 (or the MindSpore scheduler) does;
     the kernel hands out port-0 ports round-robin through the ephemeral range, which makes an
     immediate reuse unlikely. An explicit ``--master-port`` avoids the race altogether.
+
+    Raises:
+        UsageError: ``host`` is not a host name (an empty or too long label).
     """
     try:
         family, kind, proto, _, address = socket.getaddrinfo(_idna_ascii(host), 0, type=socket.SOCK_STREAM)[0]
@@ -114,6 +117,9 @@ def free_port(host: str) -> Optional[int]:
     except OSError as exc:  # not an address of this host: the framework default
         log.debug("no free port on %s: %s", host, exc)
         return None
+    except UnicodeError as exc:  # the idna codec refused it: an empty or too long label
+        raise UsageError(f"master address {host!r} (--master-addr or the environment's) is not a host name: "
+                         f"{exc.__cause__ or exc}") from None
 
 
 def _idna_ascii(host: str) -> Union[str, bytes]:

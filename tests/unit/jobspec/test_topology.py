@@ -400,6 +400,14 @@ def test_free_port_on_a_foreign_address_falls_back_to_the_default():
 
 
 
+@pytest.mark.parametrize("host", ["a..b", ".x", "a" * 64 + ".b"])
+def test_a_master_address_that_is_no_host_name_is_a_usage_error_not_a_traceback(host):
+    with pytest.raises(UsageError, match="is not a host name: label empty or too long"):
+        resolve(opts(nproc_per_node=1, master_addr=host), "pytorch", {})
+    with pytest.raises(UsageError, match="is not a host name"):
+        resolve(opts(nproc_per_node=1), "pytorch", {"MASTER_ADDR": host})
+
+
 _HOST_TEXT = st.text(st.sampled_from("ab9.-:é"), max_size=80) | st.builds(
     ".".join, st.lists(st.text("ab", min_size=0, max_size=70), max_size=4))
 
