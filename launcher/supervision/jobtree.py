@@ -29,6 +29,10 @@ from launcher.supervision.cgroup import Cgroup, job_cgroup, not_used, read_file,
 log = logging.getLogger(__name__)
 
 _POLL = 0.002  # seconds between checks while killed processes finish dying
+#: Scans more, ``_POLL`` apart, while a process shows an empty environment: one in the middle of an
+#: exec does (the new memory is in place before its environment is), one started with none always.
+_EXEC_RECHECKS = 5
+_PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread (no environment, never ours)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +63,12 @@ class ProcStat:
     ppid: int
     pgid: int
     start: int  # clock ticks after boot: with the pid, identifies the process
+    flags: int = 0  # the kernel's PF_* flags
+
+    @property
+    def kernel_thread(self) -> bool:
+        """A kernel thread: no environment to read, never a process of the job."""
+        return bool(self.flags & _PF_KTHREAD)
 
 
 def parse_stat(data: bytes) -> ProcStat:
@@ -66,7 +76,7 @@ def parse_stat(data: bytes) -> ProcStat:
     head, _, rest = data.rpartition(b")")
     fields = rest.split()
     return ProcStat(int(head.split(b"(", 1)[0]), fields[0].decode(), int(fields[1]), int(fields[2]),
-                    int(fields[19]))
+                    int(fields[19]), int(fields[6]))
 
 
 def read_stat(pid: int) -> Optional[ProcStat]:
@@ -309,20 +319,24 @@ class JobTree:
         orphans = self.adopt_orphans and leaf is None
         exempt, skip_pgids = frozenset(exempt), frozenset(skip_pgids)
         named: Dict[int, Stray] = {}
+        rechecks = _EXEC_RECHECKS
         while True:
             reap()
-            found = self._scan(needle, orphans, exempt, skip_pgids)
+            found, unsure = self._scan(needle, orphans, exempt, skip_pgids)
             for stat, how in found:
                 if stat.pid not in named:
                     named[stat.pid] = Stray(stat.pid, cmdline(stat.pid), how)
                 kill_verified(stat.pid, stat.start)
-            if not found or time.monotonic() >= deadline:
+            rechecks = rechecks - 1 if unsure and not found else rechecks
+            if (not found and (not unsure or rechecks < 0)) or time.monotonic() >= deadline:
                 return list(named.values())
-            time.sleep(_POLL)  # they may have forked meanwhile: scan again until nothing is found
+            time.sleep(_POLL)  # they may have forked (or be exec'ing) meanwhile: scan again
 
     def _scan(self, needle: bytes, orphans: bool, exempt: FrozenSet[int],
-              skip_pgids: FrozenSet[int]) -> List[Tuple[ProcStat, str]]:
-        me, found = os.getpid(), []
+              skip_pgids: FrozenSet[int]) -> Tuple[List[Tuple[ProcStat, str]], bool]:
+        """The job's processes found, and whether a process showed an empty environment (maybe one
+        in the middle of an exec, whose token the next scan reads)."""
+        me, found, unsure = os.getpid(), [], False
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) == me or int(name) in exempt:
                 continue
@@ -331,9 +345,12 @@ class JobTree:
                 continue
             if orphans and stat.ppid == me:
                 found.append((stat, "reparented"))
-            elif stat.start >= self.started and _carries(stat.pid, needle):
-                found.append((stat, "token"))
-        return found
+            elif stat.start >= self.started and not stat.kernel_thread:
+                carries = _carries(stat.pid, needle)
+                if carries:
+                    found.append((stat, "token"))
+                unsure = unsure or carries is None
+        return found, unsure
 
     def kill_all(self, deadline: float) -> None:
         """The launcher is gone (orphan guard): kill the job's cgroup and every token carrier, clean up."""
@@ -355,11 +372,13 @@ def _cgroups(leaves: Iterable[Leaf]) -> List[Cgroup]:
     return list({leaf.cgroup.path: leaf.cgroup for leaf in leaves if leaf.cgroup is not None}.values())
 
 
-def _carries(pid: int, needle: bytes) -> bool:
+def _carries(pid: int, needle: bytes) -> Optional[bool]:
+    """Whether ``pid``'s environment holds ``needle``; None when it reads empty (see ``_EXEC_RECHECKS``)."""
     try:
-        return needle in b"\0" + read_file(f"/proc/{pid}/environ")
+        environ = read_file(f"/proc/{pid}/environ")
     except OSError:  # gone, or another user's
         return False
+    return (needle in b"\0" + environ) if environ else None
 
 
 def report_escaped(emit: Callable[..., object], strays: Sequence[Stray], **fields: object) -> None:

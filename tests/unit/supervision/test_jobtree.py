@@ -31,7 +31,33 @@ def _own_token(monkeypatch):
 @given(st.binary(max_size=16).filter(lambda comm: b"\0" not in comm))
 def test_stat_parser_copes_with_any_command_name(comm):
     data = b"4242 (" + comm + b") S 17 4242 4242 0 -1 4194560 1 2 3 4 5 6 7 8 20 0 1 0 987654 1 2"
-    assert jobtree.parse_stat(data) == jobtree.ProcStat(4242, "S", 17, 4242, 987654)
+    assert jobtree.parse_stat(data) == jobtree.ProcStat(4242, "S", 17, 4242, 987654, 4194560)
+
+
+def test_kernel_threads_are_told_apart_by_their_flags():
+    assert jobtree.read_stat(2).kernel_thread  # kthreadd
+    assert not jobtree.read_stat(os.getpid()).kernel_thread
+
+
+def test_a_process_in_the_middle_of_an_exec_is_scanned_again_not_missed(monkeypatch):
+    """Between an exec's new memory and its environment, /proc shows an empty environment: the scan
+    that read it so must look again (this race let kill_all miss a token carrier under load)."""
+    job = JobTree.create()
+    seen = []
+    real = jobtree._carries
+
+    def carries(pid, needle):  # the first reads of one process land in the window
+        seen.append(pid)
+        return None if seen.count(pid) <= 2 and pid == target.pid else real(pid, needle)
+
+    monkeypatch.setattr(jobtree, "_carries", carries)
+    target = subprocess.Popen(SLEEP, env={**os.environ, **Leaf(f"{job.token}.a0-r1").env}, start_new_session=True)
+    try:
+        strays = job.sweep(time.monotonic() + 10, lambda: None)
+        assert [s.pid for s in strays] == [target.pid] and target.wait(10) == -9
+    finally:
+        target.kill()
+        target.wait()
 
 
 def test_own_stat():
