@@ -42,10 +42,12 @@ def execute(opts: RunOptions, environ: Optional[Mapping[str, str]] = None) -> in
     start = JobStart.begin()  # the first ranks' cgroup move runs while the session is imported
     try:
         from launcher.run.session import Session
+
+        session = Session(spec, ctx, start)  # a run dir it refuses is exit 2: nothing must be left moving
     except BaseException:
         start.abandon()
         raise
-    with Session(spec, ctx, start) as session:
+    with session:
         return session.run()
 
 

@@ -46,11 +46,11 @@ class Session:
         spec: The run's options, parsed (``launcher.jobspec.runspec.run_spec``).
         ctx: The resolved job context (topology, run id, ...).
         start: The job's process tree and orphan guard, begun before this module was imported
-            (``launcher.run.jobstart``); begun by :meth:`__enter__` when not given. The session owns
-            them from here on, and releases them even when ``__enter__`` fails.
+            (``launcher.run.jobstart``). The session owns them from here on, and releases them even
+            when ``__enter__`` fails.
     """
 
-    def __init__(self, spec: RunSpec, ctx: EnvContext, start: Optional[JobStart] = None):
+    def __init__(self, spec: RunSpec, ctx: EnvContext, start: JobStart):
         self.spec = spec
         self.ctx = ctx
         self.job_start = start
@@ -60,7 +60,7 @@ class Session:
         self.log_root = os.path.abspath(spec.output.log_dir or os.path.join(ctx.run_dir, "logs"))
         self.log_session = os.path.join(self.log_root, session_name())
         self.events: Optional[EventLog] = None
-        self.guard = None  # launcher.supervision.guard.OrphanGuard, from self.job_start
+        self.guard = start.guard
         self.group: Optional[LocalProcessGroup] = None
         self.debug = None  # launcher.supervision.debugging.DebugConsole with --debug-rank / --pdb
         self.ckpt_index = None  # --checkpoint-dir's index, for the plans before restarts
@@ -82,9 +82,7 @@ class Session:
         return self
 
     def _enter(self) -> None:
-        if self.job_start is None:
-            self.job_start = JobStart.begin()
-        tree, self.guard = self.job_start.tree, self.job_start.guard
+        tree = self.job_start.tree
         self.run_dir.lock()
         self._make_log_dir()
         self.events = EventLog(self.run_dir.file(rundir_mod.EVENTS), self.ctx.run_id)
@@ -379,7 +377,7 @@ class Session:
             report_escaped(self.emit, self.group.take_escaped(), attempt=None)
             self.group.close()
             self._report_console()
-        elif self.job_start is not None:  # never got as far as the ranks: out of the cgroup, which goes
+        else:  # never got as far as the ranks: out of the cgroup, which goes
             self.job_start.tree.close()
         if self.guard is not None:
             self.guard.close()

@@ -79,6 +79,8 @@ class Supervisor:
         self._unclean = True  # processes outside the last attempt's control may hold devices (or no attempt yet)
         self.preflight = Preflight(job, policy, emit, clock, self._wait_quietly)
         self._handlers = self._table()
+        if started is not None and started.attempt != first_attempt:
+            raise ValueError(f"attempt {started.attempt} was started, but the first attempt is {first_attempt}")
         self._started = started
 
     @property

@@ -35,7 +35,7 @@ def test_a_run_whose_first_attempt_must_wait_is_started_by_the_restart_loop(tmp_
     assert job.events("rank_output", attempt=0)
 
 
-def test_a_stop_signal_right_after_the_early_start_still_stops_the_ranks_with_the_gasp(tmp_path):
+def test_a_stop_signal_to_an_early_started_attempt_stops_its_ranks_with_the_gasp(tmp_path):
     job = Launcher(tmp_path)
     job.start(["--nproc-per-node", "2", "--stop-timeout", "10"], ["--term-delay", "0.1"])
     job.wait_ready(2)

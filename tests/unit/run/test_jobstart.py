@@ -73,3 +73,26 @@ def test_a_session_that_cannot_start_releases_the_tree_and_the_guard(tmp_path):
     finally:
         holder.close()
         start.tree.unprepare()
+
+
+def test_a_run_dir_the_session_refuses_releases_what_began_before_it(tmp_path, monkeypatch):
+    """``Session()`` itself may refuse the run dir (exit 2): ``runner.execute`` releases what
+    ``JobStart.begin`` began, and the launcher does not exit on its way into a cgroup."""
+    from launcher.common.errors import UsageError
+    from launcher.run import jobstart, runner
+
+    began = []
+    real_begin = jobstart.JobStart.begin
+    monkeypatch.setattr(jobstart.JobStart, "begin", classmethod(lambda cls: began.append(real_begin()) or began[-1]))
+
+    def refuse(*_args):
+        raise UsageError("run dir refused")
+
+    monkeypatch.setattr("launcher.run.session.Session.__init__", refuse)
+    before = own_cgroup()
+    with pytest.raises(UsageError, match="run dir refused"):
+        runner.execute(RunOptions(command=("true",), nproc_per_node=1, run_dir=str(tmp_path / "run"),
+                                  log_dir=str(tmp_path / "logs")), dict(os.environ))
+    [start] = began
+    assert own_cgroup() == before and not os.path.exists(start.tree.cgroup.path)
+    reap(start)

@@ -582,3 +582,11 @@ def test_a_first_attempt_started_before_the_supervisor_is_taken_over_not_started
     assert build.seen == [(0, ()), (1, (1,))]  # the session built attempt 0; the supervisor asked for 1 only
     assert [kw["attempt"] for name, kw in events if name == "attempt_start"] == [0, 1]
     assert checks == ["health", "devices"]  # before the restart only
+
+
+def test_a_started_attempt_that_is_not_the_first_is_refused():
+    from launcher.supervision.procgroup import Started
+
+    with pytest.raises(ValueError, match="attempt 1 was started, but the first attempt is 0"):
+        supervisor(ScriptedGroup([[]]), specs_for(1), RestartPolicy(), lambda *a, **k: None,
+                   started=Started(1, (), {}))
