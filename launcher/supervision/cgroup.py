@@ -152,6 +152,46 @@ class Cgroup:
         return True
 
 
+def remove_stale(own: str) -> List[str]:
+    """Remove the job cgroups that launchers killed together with their orphan guard left beside
+    ``own`` (a SIGKILL of the launcher's whole tree: nothing was left to clean up after it).
+
+    Such a cgroup is named ``launcher-<pid>-<token>`` and is stale when its pid is this launcher's own
+    (the launcher that had it before ended) or belongs to no process, and no live process is in it or
+    below it (the kernel refuses to remove one that has: a job still running keeps its cgroup).
+
+    Returns:
+        The paths removed.
+    """
+    parent, name = os.path.split(own)
+    mine = name.split("-")[1]
+    try:
+        entries = os.listdir(parent)
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        parts = entry.split("-")
+        if entry == name or len(parts) != 3 or parts[0] != "launcher" or not parts[1].isdigit():
+            continue
+        if parts[1] != mine and _exists(int(parts[1])):
+            continue
+        stale = Cgroup(os.path.join(parent, entry))
+        if not stale.populated() and stale.remove():
+            removed.append(stale.path)
+    return removed
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's: it exists
+        return True
+    return True
+
+
 def job_cgroup(name: str, environ: Mapping[str, str]) -> Optional[Cgroup]:
     """The (not yet created) cgroup ``name`` below this process's own, or None where unusable.
 

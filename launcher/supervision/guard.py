@@ -6,7 +6,8 @@
   SIGKILLed) it SIGKILLs every group it still knows, so dataloader workers and other grandchildren
   die too, then the job's cgroup and every process carrying the job's token
   (:meth:`launcher.supervision.jobtree.JobTree.kill_all`): those that left their group. It sits in its own
-  session so a signal to the launcher's group does not take it down.
+  session so a signal to the launcher's group does not take it down. At its start it removes the
+  empty job cgroups of launchers that were SIGKILLed together with their guard.
 - ``become_subreaper`` makes orphaned grandchildren re-parent to the launcher, which reaps them
   (as PID 1 in a container it reaps everything anyway).
 """
@@ -105,6 +106,8 @@ def _guard_main(read_fd: int, tree: Optional[JobTree]) -> None:  # pragma: no co
             os.dup2(devnull, fd)
         os.closerange(3, read_fd)
         os.closerange(read_fd + 1, 1024)
+        if tree is not None:  # here, beside the launcher's start-up rather than in its way
+            tree.remove_stale()
         groups: Set[int] = set()
         buffer = b""
         while True:

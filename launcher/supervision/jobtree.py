@@ -24,7 +24,7 @@ import time
 from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common import envnames
-from launcher.supervision.cgroup import Cgroup, job_cgroup, not_used, read_file, write_file
+from launcher.supervision.cgroup import Cgroup, job_cgroup, not_used, read_file, remove_stale, write_file
 
 log = logging.getLogger(__name__)
 
@@ -359,6 +359,15 @@ class JobTree:
             self.cgroup.kill()
         self.sweep(deadline, lambda: None)  # in the guard, no child of ours is a job's orphan
         self.close(deadline)
+
+    def remove_stale(self) -> None:
+        """Remove the job cgroups killed launchers left beside this job's (the orphan guard does this at
+        its start; see :func:`launcher.supervision.cgroup.remove_stale`). Never raises."""
+        if self.cgroup is not None:
+            try:
+                remove_stale(self.cgroup.path)
+            except Exception:  # pylint: disable=broad-except - a tidy-up must never cost the guard
+                pass
 
     def close(self, deadline: float = 0.0) -> None:
         """Remove the job's cgroup, retrying until ``deadline`` while its last processes die."""

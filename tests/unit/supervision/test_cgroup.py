@@ -120,3 +120,39 @@ def test_kill_ends_every_member_and_remove_cleans_up(use_kill_file):
             proc.wait()
         group.remove()
     assert wait_until(lambda: not any(pid_alive(p.pid) for p in procs))
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@needs_cgroup
+def test_remove_stale_takes_only_what_killed_launchers_left():
+    """Beside a job's cgroup: those of a dead pid and of this pid with another token go (with their
+    attempts' cgroups); a live pid's, one with a process in it, and anything not named like a job's stay."""
+    parent = cg.Cgroup(os.path.join(writable_parent(), f"test-stale-{os.getpid()}"))
+    assert parent.create()
+    me, dead = os.getpid(), _dead_pid()
+    names = {"dead": f"launcher-{dead}-01", "mine": f"launcher-{me}-02", "live": "launcher-1-03",
+             "busy": f"launcher-{dead}-04", "own": f"launcher-{me}-aa", "other": "launcher-x-05"}
+    for name in names.values():
+        os.mkdir(os.path.join(parent.path, name))
+    os.mkdir(os.path.join(parent.path, names["dead"], "a0"))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        cg.write_file(os.path.join(parent.path, names["busy"], "cgroup.procs"), str(sleeper.pid))
+        removed = cg.remove_stale(os.path.join(parent.path, names["own"]))
+        assert sorted(removed) == sorted(os.path.join(parent.path, names[k]) for k in ("dead", "mine"))
+        assert set(os.listdir(parent.path)) >= {names[k] for k in ("live", "busy", "own", "other")}
+        assert not any(os.path.exists(path) for path in removed)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        cg.Cgroup(os.path.join(parent.path, names["busy"])).kill()
+        assert wait_until(lambda: parent.remove(), 10)
+
+
+def test_remove_stale_without_a_readable_parent_removes_nothing(tmp_path):
+    assert cg.remove_stale(str(tmp_path / "gone" / "launcher-1-aa")) == []
