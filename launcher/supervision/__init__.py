@@ -2,7 +2,7 @@
 
 Owns the policy (``supervisor``, with ``requests`` for what is asked from outside the ranks;
 ``policy``; ``states``) apart from the mechanism (``procgroup``: spawn, signal, reap, on ``eventloop``,
-with ``spawn``: how one rank's process starts;
+behind the interface in ``group``; with ``spawn``: how one rank's process starts;
 ``jobtree`` and ``cgroup``: every process of the job; ``guard``: orphan guard; ``output``/``console``:
 rank output and the terminal; ``standby``: warm standby ranks, with ``standbylearn``: what ``--preload
 auto`` learns and the memory left for them), the loop's event types (``loopevents``), ``--debug-rank``

@@ -7,8 +7,6 @@ with one session (process group) per rank, on the single-threaded
 rank's exit is seen within milliseconds, and nothing polls.
 """
 
-import abc
-import dataclasses
 import functools
 import logging
 import os
@@ -23,6 +21,7 @@ from launcher.supervision import guard as guard_mod
 from launcher.common.errors import LauncherError
 from launcher.supervision.cgroup import Cgroup
 from launcher.supervision.eventloop import EventLoop
+from launcher.supervision.group import ProcessGroup, Started, start_attempt
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log, rank_pipe
@@ -40,70 +39,6 @@ log = logging.getLogger(__name__)
 
 #: Seconds after a start before the spent attempts' cgroups are removed (an rmdir slows spawning).
 _TIDY_DELAY = 1.0
-
-
-class ProcessGroup(abc.ABC):
-    """What the supervisor needs from the processes of an attempt."""
-
-    @abc.abstractmethod
-    def start(self, specs: Sequence[WorkerSpec], attempt: int) -> None:
-        """Spawn every spec (each in its own session)."""
-
-    @abc.abstractmethod
-    def wait_event(self, timeout: Optional[float]) -> Optional[Event]:
-        """The next event, or None when ``timeout`` seconds pass without one."""
-
-    @abc.abstractmethod
-    def signal_main(self, ranks: Iterable[int], signum: int) -> None:
-        """Send ``signum`` to the main process of each rank still running (not its children)."""
-
-    @abc.abstractmethod
-    def kill_groups(self, ranks: Optional[Iterable[int]] = None) -> None:
-        """SIGKILL the whole process group of each rank (all of this attempt's when None)."""
-
-    @abc.abstractmethod
-    def ensure_gone(self, timeout: float) -> List[int]:
-        """Kill and reap every process of the attempt; returns pgids still present at the timeout."""
-
-    def take_escaped(self) -> List[Stray]:
-        """Processes outside the ranks' groups killed since the last call (by ``ensure_gone``, ``respawn``)."""
-        return []
-
-    @abc.abstractmethod
-    def pids(self) -> Dict[int, int]:
-        """Rank -> pid of its main process, for ranks still running."""
-
-    @abc.abstractmethod
-    def respawn(self, spec: WorkerSpec, attempt: int) -> None:
-        """Replace one rank of the running attempt: its old process group is gone first."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Started:
-    """An attempt whose ranks were started (:func:`start_attempt`).
-
-    Attributes:
-        attempt: Its number.
-        specs: Its ranks.
-        pids: Rank -> pid of each rank's main process, right after the spawns.
-    """
-
-    attempt: int
-    specs: Tuple[WorkerSpec, ...]
-    pids: Dict[int, int]
-
-
-def start_attempt(group: ProcessGroup, specs: Sequence[WorkerSpec], attempt: int,
-                  emit: Callable[..., object]) -> Started:
-    """Start ``attempt``'s ranks through ``group`` and record it: ``attempt_start`` before the spawns,
-    ``rank_spawned`` for each rank after them. The supervisor starts every attempt so, and the session
-    the first one before the supervisor exists, where nothing has to come before its ranks."""
-    emit("attempt_start", attempt=attempt, ranks=[s.rank for s in specs])
-    group.start(specs, attempt)
-    pids = group.pids()
-    for spec in specs:
-        emit("rank_spawned", attempt=attempt, rank=spec.rank, pid=pids.get(spec.rank))
-    return Started(attempt, tuple(specs), pids)
 
 
 class LocalProcessGroup(EventLoop, ProcessGroup):
