@@ -75,6 +75,8 @@ class WorkerSpec:
         role: ``worker`` or ``scheduler``.
         argv: The command to run.
         env: Only the variables the launcher sets.
+        serves: The TCP port on which this process hosts the job's rendezvous, which every other rank
+            connects to (torch's TCPStore on global rank 0); None for the others.
     """
 
     rank: int
@@ -83,6 +85,7 @@ class WorkerSpec:
     role: str
     argv: Tuple[str, ...]
     env: Mapping[str, str]
+    serves: Optional[int] = None
 
     @property
     def label(self) -> str:
@@ -287,15 +290,26 @@ def scheduler_env(ctx: EnvContext, attempt: int) -> Dict[str, str]:
     return env
 
 
+def store_port(env: Mapping[str, str]) -> Optional[int]:
+    """The port of the TCPStore a rank with ``env`` hosts: global rank 0 does, at ``MASTER_PORT``, in
+    ``init_process_group``'s env:// rendezvous when no agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``
+    false, as the launcher sets it). None for any other rank."""
+    port = env.get(ev.MASTER_PORT, "")
+    if env.get(ev.RANK) != "0" or env.get(ev.TORCHELASTIC_USE_AGENT_STORE) != "False":
+        return None
+    return int(port) if port.isascii() and port.isdigit() and 0 < int(port) < 65536 else None
+
+
 def worker_specs(ctx: EnvContext, command: Sequence[str], attempt: int,
                  per_rank: Optional[Mapping[int, Mapping[str, str]]] = None) -> List[WorkerSpec]:
     """Every process this server starts for one attempt: the local ranks, plus the MindSpore
     scheduler on the server hosting rank 0 in dynamic-cluster mode."""
     per_rank = per_rank or {}
     argv = tuple(command)
-    specs = [WorkerSpec(d.rank_id, i, d.device_id, ROLE_WORKER, argv,
-                        build_rank_env(ctx, d, i, attempt, per_rank.get(d.rank_id)))
-             for i, d in enumerate(ctx.topology.server.devices)]
+    specs = []
+    for i, d in enumerate(ctx.topology.server.devices):
+        env = build_rank_env(ctx, d, i, attempt, per_rank.get(d.rank_id))
+        specs.append(WorkerSpec(d.rank_id, i, d.device_id, ROLE_WORKER, argv, env, store_port(env)))
     if ctx.topology.dynamic_cluster and ctx.topology.hosts_rank0:
         specs.insert(0, WorkerSpec(SCHEDULER_RANK, -1, -1, ROLE_SCHEDULER, argv, scheduler_env(ctx, attempt)))
     return specs

@@ -2,7 +2,8 @@
 
 Owns the policy (``supervisor``, with ``requests`` for what is asked from outside the ranks;
 ``policy``; ``states``) apart from the mechanism (``procgroup``: spawn, signal, reap, on ``eventloop``,
-behind the interface in ``group``; with ``spawn``: how one rank's process starts;
+behind the interface in ``group``; with ``spawn``: how one rank's process starts; ``listening``: whether
+the rank hosting the rendezvous listens yet;
 ``jobtree`` and ``cgroup``: every process of the job; ``guard``: orphan guard; ``output``/``console``:
 rank output and the terminal; ``standby``: warm standby ranks, with ``standbylearn``: what ``--preload
 auto`` learns and the memory left for them), the loop's event types (``loopevents``), ``--debug-rank``

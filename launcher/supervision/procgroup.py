@@ -23,6 +23,7 @@ from launcher.supervision.cgroup import Cgroup
 from launcher.supervision.eventloop import EventLoop
 from launcher.supervision.group import ProcessGroup, Started, start_attempt
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
+from launcher.supervision.listening import wait_listening
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log, rank_pipe
 from launcher.supervision.spawn import Spawner
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds after a start before the spent attempts' cgroups are removed (an rmdir slows spawning).
 _TIDY_DELAY = 1.0
+#: Longest wait, at a hand-over from standbys, for the rank hosting the rendezvous to listen (seconds).
+_SERVE_WAIT = 0.1
 
 
 class LocalProcessGroup(EventLoop, ProcessGroup):
@@ -101,7 +104,8 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         spec = specs[0] if specs else None
         try:
             warm = self._standby.ready_ranks() if self._standby is not None else set()
-            cold = [spec for spec in specs if spec.rank not in warm or not self._spawn(spec, attempt, base, None, True)]
+            unused = self._hand_over([spec for spec in specs if spec.rank in warm], attempt, base)
+            cold = [spec for spec in specs if spec.rank not in warm or spec.rank in unused]
             if cold:  # only cold starts need it: moving this process into a cgroup costs 5-20 ms
                 with self._tree.inside(f"a{attempt}") as cgroup:  # the ranks are born in the attempt's cgroup
                     for spec in cold:
@@ -118,6 +122,24 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
             self.kill_groups()
             self.ensure_gone(5.0)
             raise LauncherError(f"cannot start {spec.label}: {spec.argv[0]}: {exc.strerror or exc}") from None
+
+    def _hand_over(self, specs: Sequence[WorkerSpec], attempt: int, base: Dict[str, str]) -> set:
+        """Start ``specs`` from their ready standbys; returns the ranks that must start cold instead.
+
+        The rank that hosts the job's rendezvous goes first and the others once it listens (at most
+        ``_SERVE_WAIT``): a peer that connects before, is refused, and torch's TCPStore client then
+        backs off for 0.5-1.5 s (docs/warm-standby.md). Cold starts spend seconds importing: no order.
+        """
+        unused = set()
+        for spec in sorted(specs, key=lambda spec: spec.serves is None):
+            if not self._spawn(spec, attempt, base, None, True):
+                unused.add(spec.rank)
+            elif spec.serves is not None and len(specs) > 1:
+                waited = time.monotonic()
+                up = wait_listening(spec.serves, _SERVE_WAIT)
+                log.debug("%s %s port %d after %.3f s", spec.label, "listens on" if up else "does not yet listen on",
+                          spec.serves, time.monotonic() - waited)
+        return unused
 
     def prepare(self, attempt: int) -> None:
         """Begin now, in the background, the move into ``attempt``'s cgroup that its cold starts wait for

@@ -298,3 +298,20 @@ def test_a_restart_hands_ready_standbys_over_first_without_entering_the_attempts
     finally:
         group.ensure_gone(5, final=True)
         group.close()
+
+
+STORE_HOST = str(REPO / "tests" / "workers" / "store_host.py")
+
+
+def test_rank_0_from_its_standby_listens_before_the_others_are_handed_over(tmp_path):
+    """Rank 0 hosts the rendezvous (torch's TCPStore at MASTER_PORT) and takes 50 ms to listen: the
+    other ranks' standbys are handed over only once it does, so their one connection is not refused
+    (torch's client would back off 0.5-1.5 s)."""
+    job = Job(tmp_path / "job", "json", free_port(), nproc=3, worker=STORE_HOST)
+    job.go_when_ready(3)
+    assert job.finish() == 0, job.stderr
+    lines = [line.split() for line in (job.out / "starts").read_text().splitlines()]
+    listened = float(next(t for rank, what, t in lines if what == "listen"))
+    others = [float(t) for rank, what, t in lines if what == "start" and rank != "0"]
+    assert len(others) == 2 and min(others) >= listened, lines
+    assert sorted(e["ranks"] for e in job.events("standby_start")) == [[0, 1, 2]]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from launcher.common.errors import UsageError
 from launcher.jobspec.rankenv import (ROLE_SCHEDULER, ROLE_WORKER, SCHEDULER_RANK, EnvContext, WorkerSpec,
                                       build_rank_env, check_visible_devices, derived_run_id, scheduler_env,
-                                      worker_specs)
+                                      store_port, worker_specs)
 from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
 from launcher.jobspec.topology import Topology
 
@@ -574,3 +574,35 @@ def test_dynamic_cluster_node_ids_cover_the_world_exactly_once(nnodes, nproc):
         seen.extend(s.env["MS_NODE_ID"] for s in workers)
     assert schedulers == 1
     assert sorted(seen, key=int) == [str(r) for r in range(nnodes * nproc)]
+
+
+# --------------------------------------------------------------------------- the rendezvous host
+
+
+def test_global_rank_0_of_a_torch_job_serves_the_store_at_master_port():
+    specs0 = worker_specs(make_ctx(file_topology(0, port=29611)), ["python", "train.py"], 1)
+    specs1 = worker_specs(make_ctx(file_topology(1, port=29611)), ["python", "train.py"], 1)
+    assert [(s.rank, s.serves) for s in specs0] == [(0, 29611)] + [(s.rank, None) for s in specs0[1:]]
+    assert all(s.serves is None for s in specs1)  # the server without global rank 0 hosts nothing
+
+
+def test_mindspore_ranks_and_scheduler_serve_no_store():
+    ctx = make_ctx(dynamic_topology(0), framework="mindspore")
+    assert all(s.serves is None for s in worker_specs(ctx, ["python", "net.py"], 0))
+
+
+@pytest.mark.parametrize("env", [
+    {"RANK": "1", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "False"},
+    {"RANK": "0", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "True"},  # an agent hosts it
+    {"RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "False"},
+    *({"RANK": "0", "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
+      for port in ("", "0", "65536", "-1", " 29500", "２９５００", "²", "29500x")),
+])
+def test_no_store_port_without_rank_0_hosting_one_at_a_usable_port(env):
+    assert store_port(env) is None
+
+
+@given(st.dictionaries(st.sampled_from(["RANK", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"]), st.text()))
+def test_store_port_never_raises(env):
+    port = store_port(env)
+    assert port is None or 0 < port < 65536
