@@ -30,6 +30,14 @@ BAD_RECORDS = {"failed.1.json": b'{"ranks": [1e999]}', "failed.0.json": b"[" * 1
                "abort": b'{"reason": ["not", "text"], "exit_code": "x"}'}
 WARNING = "ignoring it, the job goes on"
 LEADS = "this server leads the coordination"
+FINISHED = "all ranks finished successfully"
+
+
+def led_while_running(node: Launcher) -> bool:
+    """It led before its ranks ended. Leadership also passes to a node in its last moments, when the
+    leader ends first: after its ranks, too late to read the records (seen in CI, 2026-11-28)."""
+    text = node.stderr
+    return LEADS in text and (FINISHED not in text or text.index(LEADS) < text.index(FINISHED))
 
 
 def run_two_nodes(tmp: Path, coordination: List[str], plant: Callable[[], None],
@@ -97,9 +105,8 @@ def test_bad_records_in_etcd_are_one_warning_each(tmp_path):
 
     try:
         nodes = run_two_nodes(tmp_path, ["--coordinator", etcd.url, "--coordinator-ttl", "2", "--sync-timeout", "30"],
-                              plant, lambda node: LEADS in node.stderr)
+                              plant, led_while_running)
     finally:
         etcd.stop()
-    # Leadership moves to the node still running when the leader ends: at least one node led while
-    # the records were there, and it warned.
-    assert any(LEADS in node.stderr for node in nodes)
+    # At least one node led while the records were there, and it warned (run_two_nodes counted).
+    assert any(led_while_running(node) for node in nodes)
