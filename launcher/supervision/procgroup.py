@@ -23,7 +23,7 @@ from launcher.supervision.cgroup import Cgroup
 from launcher.supervision.eventloop import EventLoop
 from launcher.supervision.group import ProcessGroup, Started, start_attempt
 from launcher.supervision.jobtree import JobTree, Leaf, Stray
-from launcher.supervision.listening import wait_listening
+from launcher.supervision.listening import listening, wait_listening
 from launcher.supervision.loopevents import ClusterUpdate, ControlRequest, Event, RankExited, SignalReceived
 from launcher.supervision.output import RankOutput, open_log, rank_pipe
 from launcher.supervision.spawn import Spawner
@@ -91,6 +91,8 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         if self._probe_pid is not None:  # reaped by this loop meanwhile: the spawner gets its status
             self.watch_pid(self._probe_pid, self._spawner.probed)
         self._standby = standby
+        self._serving: Optional[int] = None  # the attempt's rendezvous port, until its first exit
+        self._host_listened = False  # the rendezvous host listened when its attempt's first rank exited
         if standby is not None:
             standby.attach(self, self._tree, orphan_guard)
 
@@ -103,6 +105,7 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         base = dict(os.environ)
         spec = specs[0] if specs else None
         try:
+            self._serving = next((spec.serves for spec in specs if spec.serves is not None), None)
             warm = self._standby.ready_ranks() if self._standby is not None else set()
             unused = self._hand_over([spec for spec in specs if spec.rank in warm], attempt, base)
             cold = [spec for spec in specs if spec.rank not in warm or spec.rank in unused]
@@ -127,18 +130,20 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         """Start ``specs`` from their ready standbys; returns the ranks that must start cold instead.
 
         The rank that hosts the job's rendezvous goes first and the others once it listens (at most
-        ``_SERVE_WAIT``): a peer that connects before, is refused, and torch's TCPStore client then
-        backs off for 0.5-1.5 s (docs/warm-standby.md). Cold starts spend seconds importing: no order.
+        ``_SERVE_WAIT``), where the host of the attempt before listened when its first rank exited (a
+        torch job's rank 0 does, with its TCPStore): a peer that connects before the host listens is
+        refused, and torch's TCPStore client then backs off for 0.5-1.5 s (docs/warm-standby.md).
+        Cold starts spend seconds importing: no order.
         """
         unused = set()
         for spec in sorted(specs, key=lambda spec: spec.serves is None):
             if not self._spawn(spec, attempt, base, None, True):
                 unused.add(spec.rank)
-            elif spec.serves is not None and len(specs) > 1:
-                waited = time.monotonic()
-                up = wait_listening(spec.serves, _SERVE_WAIT)
-                log.debug("%s %s port %d after %.3f s", spec.label, "listens on" if up else "does not yet listen on",
-                          spec.serves, time.monotonic() - waited)
+            elif spec.serves is not None and len(specs) > 1 and self._host_listened:
+                self._host_listened = wait_listening(spec.serves, _SERVE_WAIT)
+                if not self._host_listened:
+                    log.info("%s did not listen on port %d within %g s of its hand-over: the other ranks start "
+                             "without waiting longer", spec.label, spec.serves, _SERVE_WAIT)
         return unused
 
     def prepare(self, attempt: int) -> None:
@@ -240,6 +245,8 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         proc = self._procs.get(rank)
         if proc is not None and proc.pid == pid:
             proc.returncode = info.returncode  # reaped here; keep Popen from waiting on it again
+        if self._serving is not None:  # the attempt's first exit: is its rendezvous host listening?
+            self._host_listened, self._serving = listening(self._serving), None
         self._queue.append(RankExited(rank, info))
 
     # -- signalling -----------------------------------------------------------------------------

@@ -303,15 +303,37 @@ def test_a_restart_hands_ready_standbys_over_first_without_entering_the_attempts
 STORE_HOST = str(REPO / "tests" / "workers" / "store_host.py")
 
 
-def test_rank_0_from_its_standby_listens_before_the_others_are_handed_over(tmp_path):
-    """Rank 0 hosts the rendezvous (torch's TCPStore at MASTER_PORT) and takes 50 ms to listen: the
-    other ranks' standbys are handed over only once it does, so their one connection is not refused
-    (torch's client would back off 0.5-1.5 s)."""
-    job = Job(tmp_path / "job", "json", free_port(), nproc=3, worker=STORE_HOST)
+def _store_job(tmp_path, *args):
+    """The store-host job of 3 ranks, its restart from standbys; (listen time, other ranks' starts)."""
+    job = Job(tmp_path / "job", "json", free_port(), *args, nproc=3, worker=STORE_HOST)
     job.go_when_ready(3)
     assert job.finish() == 0, job.stderr
+    assert sorted(e["ranks"] for e in job.events("standby_start")) == [[0, 1, 2]]
     lines = [line.split() for line in (job.out / "starts").read_text().splitlines()]
     listened = float(next(t for rank, what, t in lines if what == "listen"))
     others = [float(t) for rank, what, t in lines if what == "start" and rank != "0"]
-    assert len(others) == 2 and min(others) >= listened, lines
-    assert sorted(e["ranks"] for e in job.events("standby_start")) == [[0, 1, 2]]
+    assert len(others) == 2, lines
+    return job, listened, others
+
+
+def test_rank_0_from_its_standby_listens_before_the_others_are_handed_over(tmp_path):
+    """Rank 0 hosts the rendezvous (torch's TCPStore at MASTER_PORT: it listened in attempt 0) and
+    takes 50 ms to listen after its hand-over: the other ranks' standbys are handed over only once it
+    does, so their connection is not refused (torch's client would back off 0.5-1.5 s)."""
+    _job, listened, others = _store_job(tmp_path)
+    assert min(others) >= listened
+
+
+def test_a_rank_0_that_hosted_nothing_before_is_not_waited_for(tmp_path):
+    """Rank 0 did not listen in attempt 0 (no store there, as with most non-torch scripts): the
+    hand-over does not wait for it, so the others start before it listens 50 ms later."""
+    _job, listened, others = _store_job(tmp_path, "--no-store-first")
+    assert max(others) < listened
+
+
+def test_a_rendezvous_host_that_listens_late_is_waited_for_only_briefly(tmp_path):
+    """Rank 0 listens 1 s after its hand-over: the others are handed over after the wait's bound
+    (0.1 s), not after that second, and the launcher says so once."""
+    job, listened, others = _store_job(tmp_path, "--host-delay", "1.0")
+    assert max(others) < listened - 0.5
+    assert job.stderr.count("did not listen on port") == 1, job.stderr
