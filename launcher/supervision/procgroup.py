@@ -105,7 +105,8 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
         base = dict(os.environ)
         spec = specs[0] if specs else None
         try:
-            self._serving = next((spec.serves for spec in specs if spec.serves is not None), None)
+            if self._standby is not None:  # only a hand-over from standbys waits for the host
+                self._serving = next((spec.serves for spec in specs if spec.serves is not None), None)
             warm = self._standby.ready_ranks() if self._standby is not None else set()
             unused = self._hand_over([spec for spec in specs if spec.rank in warm], attempt, base)
             cold = [spec for spec in specs if spec.rank not in warm or spec.rank in unused]

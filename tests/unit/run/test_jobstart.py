@@ -16,6 +16,7 @@ from launcher.run.jobstart import JobStart
 from launcher.run.runner import job_context, resolve_topology, run_spec
 from launcher.supervision import jobtree
 from launcher.supervision.jobtree import JobTree
+from tests.helpers.procs import wait_until
 
 
 def own_cgroup(pid: object = "self") -> str:
@@ -96,3 +97,27 @@ def test_a_run_dir_the_session_refuses_releases_what_began_before_it(tmp_path, m
     [start] = began
     assert own_cgroup() == before and not os.path.exists(start.tree.cgroup.path)
     reap(start)
+
+
+def test_the_guard_removes_the_cgroups_killed_launchers_left_and_nothing_else():
+    """Beside the job's cgroup: one of a launcher that is gone (a dead pid, with an attempt's cgroup
+    below) and one of this pid with another token are removed by the guard at its start; one of a
+    live process stays."""
+    import subprocess
+
+    parent = os.path.dirname(JobTree.create().cgroup.path)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = [os.path.join(parent, f"launcher-{dead.pid}-0badf00d"), os.path.join(parent, f"launcher-{os.getpid()}-0ld")]
+    live = os.path.join(parent, "launcher-1-0live")
+    for path in (*stale, live):
+        os.mkdir(path)
+    os.mkdir(os.path.join(stale[0], "a1"))
+    start = JobStart.begin()
+    try:
+        assert wait_until(lambda: not any(os.path.exists(path) for path in stale), 10)
+        assert os.path.isdir(live)
+    finally:
+        start.abandon()
+        reap(start)
+        os.rmdir(live)

@@ -1,7 +1,8 @@
-"""``launcher.supervision.listening``: the /proc/net/tcp parser (examples, malformed input,
-properties) and the wait against real sockets of this machine."""
+"""``launcher.supervision.listening``: the sock_diag and /proc/net/tcp parsers (examples, malformed
+input, properties) and the answers and the wait against real sockets of this machine."""
 
 import socket
+import struct
 import time
 
 import pytest
@@ -49,7 +50,48 @@ def test_wait_sees_a_real_listener_and_gives_up_on_a_bound_socket_that_does_not_
         assert listening.wait_listening(port, 5.0)
 
 
-def test_unreadable_tables_mean_not_listening(monkeypatch):
+def _record(sport: int, kind: int = 20) -> bytes:
+    """One netlink message as the kernel sends it for a listening socket: nlmsghdr + inet_diag_msg."""
+    body = struct.pack("=BBBB", socket.AF_INET, 10, 0, 0) + struct.pack("!HH", sport, 0) + bytes(64)
+    return struct.pack("=IHHII", 16 + len(body), kind, 2, 1, 0) + body
+
+
+DONE = struct.pack("=IHHII", 20, 3, 2, 1, 0) + bytes(4)
+
+
+def test_diag_records_give_their_local_ports_until_done():
+    assert listening.diag_ports(_record(29500) + _record(8080)) == ({29500, 8080}, False)
+    assert listening.diag_ports(_record(29500) + DONE + _record(8080)) == ({29500}, True)
+    assert listening.diag_ports(struct.pack("=IHHII", 20, 2, 0, 1, 0) + bytes(4)) == (set(), True)  # error
+
+
+@pytest.mark.parametrize("data", [b"", b"\0" * 15, struct.pack("=IHHII", 0, 20, 0, 0, 0),
+                                  struct.pack("=IHHII", 17, 20, 0, 0, 0) + b"x", _record(1)[:20]])
+def test_malformed_diag_data_ends_the_dump_without_a_port(data):
+    ports, _done = listening.diag_ports(data)
+    assert ports == set()
+
+
+@given(st.binary())
+def test_diag_parser_never_raises(data):
+    ports, done = listening.diag_ports(data)
+    assert all(0 <= port < 65536 for port in ports) and done in (True, False)
+
+
+@pytest.mark.parametrize("netlink", [True, False], ids=["sock_diag", "proc-tables"])
+def test_both_ways_find_a_real_listener_on_ipv4_and_ipv6(monkeypatch, netlink):
+    if not netlink:
+        monkeypatch.setattr(listening, "_netlink_listening", lambda port: None)
+    with socket.create_server(("127.0.0.1", 0)) as four, \
+            socket.create_server(("::1", 0), family=socket.AF_INET6) as six:
+        assert listening.listening(four.getsockname()[1]) and listening.listening(six.getsockname()[1])
+        with socket.socket() as bound:
+            bound.bind(("127.0.0.1", 0))
+            assert not listening.listening(bound.getsockname()[1])
+
+
+def test_unreadable_tables_without_netlink_mean_not_listening(monkeypatch):
+    monkeypatch.setattr(listening, "_netlink_listening", lambda port: None)
     monkeypatch.setattr(listening, "TABLES", ("/nonexistent/tcp",))
     with socket.create_server(("127.0.0.1", 0)) as server:
         assert not listening.listening(server.getsockname()[1])
