@@ -22,41 +22,18 @@ import base64
 import http.client
 import json
 import select
-import socket
-import ssl
 import threading
 import weakref
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, Optional, Sequence, Tuple
 
 from launcher.cluster.etcdsecurity import EtcdError, EtcdRejected, Security, rejection
-from launcher.common.inputfiles import loads_json
-
-#: The largest answer or watch message read from etcd: a range of every record of a 10,000-node job fits.
-LIMIT_ANSWER = 64 * 1024 * 1024
+from launcher.cluster.etcdwire import LIMIT_ANSWER, Changes, answer, b64, holds, prefix_end, put_body, watch_changes
 
 __all__ = ["EtcdClient", "EtcdError", "EtcdRejected", "Security", "Unanswered"]
 
 
 class Unanswered(EtcdError, OSError):
     """A request went out whole and no answer came: etcd may have applied it."""
-
-
-class Changes(NamedTuple):
-    """One message of a watch stream: its revision and its events, ``(key, value)`` with value None
-    for a deleted key (an expired lease's key too)."""
-
-    revision: int
-    events: List[Tuple[str, Optional[bytes]]]
-
-
-def _b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def _prefix_end(prefix: str) -> str:
-    """The range end that covers every key starting with ``prefix`` (its last byte plus one)."""
-    raw = prefix.encode()
-    return base64.b64encode(raw[:-1] + bytes([raw[-1] + 1])).decode()
 
 
 class EtcdClient:
@@ -127,7 +104,7 @@ class EtcdClient:
         if path != "/v3/watch" and not response.will_close and response.isclosed():  # read to its end
             self._keep(idle, (host, port), conn)
             conn = _Kept()
-        return response.status, _answer(raw, f"{host}:{port}{path}"), conn
+        return response.status, answer(raw, f"{host}:{port}{path}"), conn
 
     def _exchange(self, host: str, port: int, path: str, body: dict, token: Optional[str], replay: bool,
                   kept: Optional[http.client.HTTPConnection]) -> Tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
@@ -248,8 +225,8 @@ class EtcdClient:
     def range(self, prefix: str, range_end: Optional[str] = None) -> Tuple[int, Dict[str, bytes]]:
         """Every key under ``prefix`` (from ``prefix`` up to ``range_end`` when given):
         ``(revision, {key: value})``."""
-        end = _b64(range_end) if range_end is not None else _prefix_end(prefix)
-        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": end})
+        end = b64(range_end) if range_end is not None else prefix_end(prefix)
+        data = self._call("/v3/kv/range", {"key": b64(prefix), "range_end": end})
         kvs = {base64.b64decode(kv["key"]).decode(): base64.b64decode(kv.get("value", ""))
                for kv in data.get("kvs", ())}
         return int(data.get("header", {}).get("revision", 0)), kvs
@@ -260,12 +237,12 @@ class EtcdClient:
 
     def count(self, prefix: str) -> int:
         """How many keys there are under ``prefix`` (etcd counts them: no key travels)."""
-        data = self._call("/v3/kv/range", {"key": _b64(prefix), "range_end": _prefix_end(prefix), "count_only": True})
+        data = self._call("/v3/kv/range", {"key": b64(prefix), "range_end": prefix_end(prefix), "count_only": True})
         return int(data.get("count", 0))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         """Set ``key`` (attached to ``lease`` when not 0: it goes when the lease does)."""
-        self._call("/v3/kv/put", _put(key, value, lease))
+        self._call("/v3/kv/put", put_body(key, value, lease))
 
     def create(self, key: str, value: bytes, lease: int = 0, also: Sequence[Tuple[str, bytes, int]] = ()) -> bool:
         """Put ``key`` only if it does not exist, in one transaction with the puts in ``also``.
@@ -278,11 +255,11 @@ class EtcdClient:
         Returns:
             False when ``key`` existed, written by another call (nothing written).
         """
-        compare = [{"key": _b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
-        success = [{"request_put": _put(key, value, lease)}] + [{"request_put": _put(*put)} for put in also]
-        failure = [{"request_range": {"key": _b64(key)}}]  # who holds it: this call, applied once already?
+        compare = [{"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}]
+        success = [{"request_put": put_body(key, value, lease)}] + [{"request_put": put_body(*put)} for put in also]
+        failure = [{"request_range": {"key": b64(key)}}]  # who holds it: this call, applied once already?
         data = self._call("/v3/kv/txn", {"compare": compare, "success": success, "failure": failure})
-        return bool(data.get("succeeded")) or _holds(data, value, lease)
+        return bool(data.get("succeeded")) or holds(data, value, lease)
 
     def grant(self, ttl: int) -> int:
         """A new lease of ``ttl`` seconds; returns its id.
@@ -320,8 +297,8 @@ class EtcdClient:
             EtcdError: no endpoint accepted the watch.
         """
         host, port = self.endpoints[0]
-        end = _b64(range_end) if range_end is not None else _prefix_end(prefix)
-        body = {"create_request": {"key": _b64(prefix), "range_end": end, "start_revision": str(start_revision)}}
+        end = b64(range_end) if range_end is not None else prefix_end(prefix)
+        body = {"create_request": {"key": b64(prefix), "range_end": end, "start_revision": str(start_revision)}}
         try:
             status, data, conn = self._authorized(host, port, "/v3/watch", body)
         except (OSError, http.client.HTTPException) as exc:
@@ -332,7 +309,7 @@ class EtcdClient:
                 raise rejection(f"{host}:{port}/v3/watch", status, str(data.get("message", "")), self.security)
             if conn.sock is not None:
                 conn.sock.settimeout(idle)
-            yield from _watch_changes(data["response"])
+            yield from watch_changes(data["response"])
         finally:
             conn.close()
 
@@ -360,60 +337,3 @@ class _Kept:
 
     def close(self) -> None:
         pass
-
-
-def _watch_changes(response: http.client.HTTPResponse) -> Iterator[Changes]:
-    """Each message of a watch stream, until it closes, stalls or breaks."""
-    while True:
-        try:
-            line = response.readline(LIMIT_ANSWER + 1)
-        except (OSError, socket.timeout, ssl.SSLError, http.client.HTTPException):
-            return
-        if not line or len(line) > LIMIT_ANSWER:
-            return
-        try:
-            message = loads_json(line, "etcd", "watch stream of")
-            result = message.get("result", {}) if isinstance(message, dict) else {}
-        except ValueError:
-            return
-        if not isinstance(result, dict):
-            return
-        if result.get("canceled") or result.get("compact_revision"):
-            return
-        try:
-            events = [(base64.b64decode(kv.get("key", "")).decode(errors="replace"),
-                       None if event.get("type") == "DELETE" else base64.b64decode(kv.get("value", "")))
-                      for event in result.get("events", ()) for kv in [event.get("kv", {})]]
-            revision = int(result.get("header", {}).get("revision", 0))
-        except (ValueError, TypeError, AttributeError):
-            return  # not etcd's answer: the caller reads the range again
-        yield Changes(revision, events)
-
-
-def _holds(answer: dict, value: bytes, lease: int) -> bool:
-    """Whether a failed create's transaction found its key holding ``value`` on ``lease``."""
-    try:
-        kvs = answer["responses"][0]["response_range"].get("kvs") or [{}]
-        return base64.b64decode(kvs[0].get("value", "")) == value and int(kvs[0].get("lease", 0)) == lease
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError):
-        return False
-
-
-def _answer(raw: bytes, where: str) -> dict:
-    """An answer's body as a dict, through the bounded reader like any input; ``{"message": text}``
-    when it is not JSON (too long, too deep, numbers out of range), ``{}`` when not an object."""
-    try:
-        if len(raw) > LIMIT_ANSWER:
-            raise ValueError("too long")
-        data = loads_json(raw or b"{}", where, "etcd answer from")
-    except ValueError:  # InputFileError too
-        data = {"message": raw[:200].decode("utf-8", "replace").strip()}
-    return data if isinstance(data, dict) else {}
-
-
-def _put(key: str, value: bytes, lease: int = 0) -> dict:
-    body: Dict[str, object] = {"key": _b64(key), "value": base64.b64encode(value).decode()}
-    if lease:
-        body["lease"] = str(lease)
-    return body
-

@@ -38,7 +38,8 @@ from typing import Callable, Deque, Dict, List, Optional, Sequence, Tuple
 import tenacity
 
 from launcher.cluster import etcdview
-from launcher.cluster.etcdclient import Changes, EtcdClient, EtcdError
+from launcher.cluster.etcdclient import EtcdClient, EtcdError
+from launcher.cluster.etcdwire import Changes
 from launcher.cluster.etcdjoin import MEMBER, Joining, parse as _parse
 from launcher.cluster.etcdreset import Seen, lost_data, put_back, resets
 from launcher.cluster.syncdir import CLOSED, Generation, collect, stamp
