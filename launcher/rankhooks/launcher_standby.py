@@ -10,8 +10,9 @@ where FD is one end of a SOCK_SEQPACKET socket pair whose other end the launcher
    ``sys.path[0]`` and working directory the rank will). ``auto``: the modules are what the ranks
    imported (``--preload auto``): only installed packages among them are imported, a failing one is
    skipped.
-2. The standby imports the modules one by one; a module whose import started a thread or opened a
-   character device (an accelerator: ``/dev/davinci*``, ...) is refused. It answers ``{"ready":
+2. The standby imports the modules one by one; a module whose import started a thread (other than
+   an OpenBLAS library's worker pool, as ``import numpy`` starts) or opened a character device (an
+   accelerator: ``/dev/davinci*``, ...) is refused. It answers ``{"ready":
    true, "rss": bytes, "threads": n, "env_read": [...], "imported": [...]}`` (``env_read``: the
    variables the imports looked up through ``os.environ``) or ``{"ready": false, "module": name,
    "error": "..."}``. The launcher may send further ``{"modules", "auto"}`` (the ranks imported
@@ -89,6 +90,34 @@ def _threads():
         return len(os.listdir("/proc/self/task"))
     except OSError:
         return 1
+
+
+#: An OpenBLAS build's thread count, by the prefixes and suffixes of its builds' symbols (numpy's and
+#: scipy's wheels bundle ``scipy_openblas`` with 64-bit integers).
+_BLAS_NUM_THREADS = [p + "openblas_get_num_threads" + s for p in ("", "scipy_") for s in ("", "64_")]
+
+
+def _blas_pool_threads():
+    """Worker threads of the OpenBLAS libraries loaded here: each keeps a pool of its thread count
+    less one, started when ``import numpy`` (or scipy) loads it, sized from ``OPENBLAS_NUM_THREADS``,
+    ``OMP_NUM_THREADS`` and the CPU set, which the standby shares with its rank. The threads only
+    wait for BLAS calls: a cold rank that imports numpy starts the same pool. Other threads refuse."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line[line.index("/"):].rstrip("\n") for line in maps if "openblas" in line and ".so" in line}
+    except (OSError, ValueError):
+        return 0
+    import ctypes  # only here: most standbys never need it
+
+    pool = 0
+    for path in sorted(paths):
+        try:
+            library = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        count = next((getattr(library, name) for name in _BLAS_NUM_THREADS if hasattr(library, name)), None)
+        pool += max(int(count()) - 1, 0) if count is not None else 0
+    return pool
 
 
 def _rss():
@@ -171,8 +200,9 @@ def _import(names, auto, env_read):
                 continue
             imported.append(name)
             threads, devices = _threads(), _devices()
-            if threads > 1:
-                raise _Refused(name, "importing {} started {} thread(s)".format(name, threads - 1))
+            started = threads - 1 - (_blas_pool_threads() if threads > 1 else 0)
+            if started > 0:
+                raise _Refused(name, "importing {} started {} thread(s)".format(name, started))
             if devices:
                 raise _Refused(name, "importing {} opened {} (a device: only a rank may hold one)".format(
                     name, ", ".join(devices)))

@@ -235,6 +235,45 @@ def test_a_default_run_of_a_torch_script_keeps_standbys_and_preload_none_does_no
     assert not list((none.root / "logs").glob("*/standby"))
 
 
+def _blas_pool_env() -> dict:
+    """Two OpenBLAS threads (numpy's pool: one worker beside the caller), as a MindSpore rank gets
+    with ``OMP_NUM_THREADS`` unset on a machine of 2 CPUs or more: msrun sets none."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("OpenBLAS starts no worker thread with one CPU")
+    pytest.importorskip("numpy")
+    return {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
+
+
+def test_numpys_blas_pool_does_not_refuse_the_standby(tmp_path):
+    """``import numpy`` starts OpenBLAS's worker pool, sized by the variables and CPU set the standby
+    shares with its rank: the default keeps numpy in the standbys, and the restarted ranks have the
+    threads a cold rank has (before this, a MindSpore job got no standby: mindspore imports numpy)."""
+    job = Job(tmp_path / "job", "auto", free_port(), "--now", "numpy", env=_blas_pool_env(), worker=IMPORTER)
+    assert wait_until(lambda: len({e["rank"] for e in job.events("standby_ready") if "numpy" in e["modules"]}) == 2
+                      or job.proc.poll() is not None, 120)
+    job.trigger.touch()
+    assert job.finish() == 0, (job.root / "stderr.txt").read_text()
+    assert not job.events("standby_refused")
+    assert [e["ranks"] for e in job.events("standby_start")] == [[0, 1]]
+    assert _importer_outputs(job, 1) == [["numpy"]] * 2
+    threads = [[json.loads((job.out / f"{attempt}-{rank}.json").read_text())["threads"] for rank in (0, 1)]
+               for attempt in (0, 1)]
+    assert threads[0] == threads[1] == [2, 2]  # attempt 0 cold, attempt 1 from the standbys
+
+
+def test_a_thread_beside_the_blas_pool_still_refuses(tmp_path):
+    env = {**_write_module(tmp_path, "npthreader", "import numpy, threading, time\n"
+                           "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"),
+           "OPENBLAS_NUM_THREADS": "2"}
+    _blas_pool_env()
+    job = Job(tmp_path / "job", "npthreader", free_port(), "--fail-rank", "1", "--mode", "exit3", env=env)
+    assert wait_until(lambda: job.events("standby_refused") or job.proc.poll() is not None, 60)
+    job.trigger.touch()
+    assert job.finish() == 0
+    [refused] = job.events("standby_refused")
+    assert "importing npthreader started 1 thread(s)" in refused["reason"]
+
+
 def _site_packages(tmp_path: Path, device: str) -> dict:
     """An installed-looking ``fakeheavy`` (with a submodule imported later) and ``fakedevice``, which
     opens the character device ``device`` when imported, as torch_npu opens /dev/davinci*."""

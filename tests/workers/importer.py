@@ -3,7 +3,7 @@ on an optimizer's first step), for ``--preload auto`` (tests/integration/test_st
 
 ``--now A,B`` are imported at start, ``--later C`` one second after. Then ``<out>/<attempt>-<rank>.json``
 lists which of the named modules were already in ``sys.modules`` when the script began (a
-standby-born rank has them), and on attempt 0 rank ``--fail-rank`` waits for ``--fail-when`` and
+standby-born rank has them) and the process's thread count after the imports, and on attempt 0 rank ``--fail-rank`` waits for ``--fail-when`` and
 exits 3; every other rank waits for the same file and ends.
 """
 
@@ -37,7 +37,8 @@ def main():
             importlib.import_module(name)
     path = os.path.join(args.out, f"{attempt}-{rank}.json")
     with open(path, "w") as fh:
-        json.dump({"preloaded": sorted(name for name in names if name in _AT_START)}, fh)
+        json.dump({"preloaded": sorted(name for name in names if name in _AT_START),
+                   "threads": len(os.listdir("/proc/self/task"))}, fh)
     while attempt == 0 and not os.path.exists(args.fail_when):
         time.sleep(0.01)
     return 3 if attempt == 0 and rank == args.fail_rank else 0
