@@ -6,7 +6,8 @@ elastic job's late joiner announcing itself in the running generation).
 import logging
 import os
 import re
-from typing import Callable, Dict, Optional, Sequence
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import tenacity
 
@@ -53,8 +54,13 @@ class Joining:
                                                                           state.outcome.exception()))
         token = os.urandom(8).hex()  # tells this call's join record from a previous start's
         store = retrying(cls._enter, client, run_id, index, names, ttl, write_for, elastic, address, emit, token)
-        retrying(store._begin)
-        for thread in store._threads:
+        store._threads[0].start()  # the lease is renewed from now on: the first read may be slow too
+        try:
+            retrying(store._begin)
+        except BaseException:
+            store._stop.set()
+            raise
+        for thread in store._threads[1:]:
             thread.start()
         return store
 
@@ -68,21 +74,32 @@ class Joining:
         number = 0  # the newest incarnation, found by counting (every node joins: no key list travels)
         while client.count(f"{root}inc_{number + 1}/"):
             number += 1
-        lease = client.grant(ttl)
+        granted: List[Tuple[int, float]] = []
+
+        def leased(store: "Joining") -> int:
+            """The lease, granted just before the first write that holds it: etcd counts its TTL from
+            the grant, and nothing renews it before the lease thread starts (:meth:`join`)."""
+            if not granted:
+                asked = time.monotonic()
+                granted.append((client.grant(ttl), asked))
+            store.lease, store._renewed = granted[0]
+            return store.lease
+
         while True:
-            store = cls(client, f"{root}inc_{number}/", index, names, ttl, lease, write_for, address, emit)
+            store = cls(client, f"{root}inc_{number}/", index, names, ttl, 0, write_for, address, emit)
             store.token = token
             mine = store.prefix + f"join.{index}"
             if (parse(client.get(mine), mine) or {}).get("token") == token:
-                client.put(store.prefix + f"member.{index}", b"{}", lease)  # onto this attempt's lease
+                client.put(store.prefix + f"member.{index}", b"{}", leased(store))  # onto this attempt's lease
                 break
             if client.get(store.prefix + CLOSED) is None:
                 # only a late joiner of a running elastic job reads the incarnation's keys
                 running = elastic and client.count(store.prefix + "gen_") > 0
-                if running and store._join_running(client.range(store.prefix)[1]):
+                keys = client.range(store.prefix)[1] if running else None
+                if keys is not None and leased(store) and store._join_running(keys):
                     break
                 if client.create(store.prefix + f"join.{index}", store._joined(), 0,
-                                 [(store.prefix + f"member.{index}", b"{}", lease)]):
+                                 [(store.prefix + f"member.{index}", b"{}", leased(store))]):
                     break
             number += 1
         return store

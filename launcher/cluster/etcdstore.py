@@ -93,6 +93,9 @@ class EtcdStore(Joining, etcdview.Leading):
                          for what, target in (("lease", self._keep_alive), ("watch", self._follow),
                                               ("write", self._write_queued))]
         self._outage: Optional[str] = None
+        #: When the lease was last granted or renewed (asked, monotonic): its TTL runs from there, not
+        #: from when the keep-alive thread starts (``join`` sets the grant's moment).
+        self._renewed = time.monotonic()
         self.running: Optional[int] = None  # the generation this server joined a running job in
         self.address = address  # where this server hosts the master if it comes to host rank 0
         self.emit = emit
@@ -250,17 +253,26 @@ class EtcdStore(Joining, etcdview.Leading):
         (two late answers must not cost the lease, nor a slow etcd get a storm of renewals); a lease
         etcd no longer knows: see :meth:`_refresh`."""
         failed = 0
-        while not self._stop.wait(min(self.ttl / 3, RENEW_AGAIN * 2 ** (failed - 1) if failed else self.ttl)) \
-                and not self.expelled:
-            lease = self.lease
+        while not self._stop.wait(self._renew_in(failed)) and not self.expelled:
+            lease, asked = self.lease, time.monotonic()
             try:
-                if self.client.keepalive(lease) <= 0 and not self._stop.is_set():
+                if self.client.keepalive(lease) > 0:
+                    self._renewed = asked
+                elif not self._stop.is_set():
                     self._refresh(gone=lease)
                 self._reachable(None)
                 failed = 0
             except EtcdError as exc:
                 self._reachable(str(exc))
                 failed += 1
+
+    def _renew_in(self, failed: int) -> float:
+        """Seconds to the next renewal: TTL/3 after the last grant or renewal (at once when the join
+        took longer than that: etcd counts the TTL from the grant, and a slow join used to leave the
+        lease unrenewed for join + TTL/3, past its TTL); after ``failed`` failures, sooner."""
+        if failed:
+            return min(self.ttl / 3, RENEW_AGAIN * 2 ** (failed - 1))
+        return max(0.0, self._renewed + self.ttl / 3 - time.monotonic())
 
     def _refresh(self, gone: Optional[int] = None) -> int:
         """Read the incarnation into the snapshot (a follower: the view), after putting the records
@@ -338,6 +350,7 @@ class EtcdStore(Joining, etcdview.Leading):
         low, high = self._view_keys  # the view and its leader are published again, not put back
         before = {k: v for k, v in {**self._mine, **self._snapshot}.items() if not low <= k < high}
         marker = self._record({"reason": why, "revision_before": self._seen.revision})
+        self._renewed = time.monotonic()  # put_back grants the new lease
         self.lease = put_back(self.client, self.prefix, self.index, before, self.ttl, number, marker, self._joined())
         self.leading = False
 

@@ -257,6 +257,72 @@ def test_a_renewal_that_failed_is_tried_again_within_half_a_second(etcd):
     assert gaps[0] < 0.8 and 0.8 < gaps[1] < 1.3 and gaps[2] > 0.8  # 0.5 s, then 1 s (TTL/3), then every second
 
 
+def test_a_slow_join_does_not_cost_the_lease_before_its_first_renewal(etcd):
+    """etcd counts a lease's TTL from its grant. When the join's calls after the grant take longer
+    than TTL - TTL/3 (1,000 launchers joining one etcd at once), the first renewal must come at once
+    when the threads start, not TTL/3 later: past the TTL, etcd has dropped the lease and the
+    launcher is expelled from the job it just joined (the elastic phase of bench.simnodes at 1,000
+    nodes lost hundreds of nodes so). The fake expires a lease not renewed within its TTL."""
+    ttl, slow = 3, 2.2
+    renewed: Dict[int, float] = {}
+    grant, keepalive, create = etcd.grant, etcd.keepalive, etcd.create
+
+    def granted(seconds):
+        lease = grant(seconds)
+        renewed[lease] = time.monotonic()
+        return lease
+
+    def renew(lease):
+        if time.monotonic() - renewed.get(lease, 0.0) > ttl:
+            etcd.expire(lease)
+        renewed[lease] = time.monotonic()
+        return keepalive(lease)
+
+    def slow_create(key, value, lease=0, also=()):
+        if key.endswith("view.leader"):  # the last call of the join (the campaign) answers late
+            time.sleep(slow)
+        return create(key, value, lease, also)
+
+    etcd.grant, etcd.keepalive, etcd.create = granted, renew, slow_create
+    store = EtcdStore.join(etcd, "job", 0, NAMES, ttl=ttl)
+    etcd.stores.append(store)
+    time.sleep(ttl / 3 + 0.3)  # past the TTL counted from the grant, had the first renewal waited TTL/3
+    assert store.expelled is None
+    assert store.lease in etcd.live and f"{store.prefix}member.0" in etcd.kv
+
+
+@pytest.mark.parametrize("late", [False, True], ids=["starting", "joining the running job"])
+def test_the_lease_is_granted_just_before_the_join_and_renewed_while_the_first_read_runs(etcd, late):
+    """Of the join's calls, only the transaction that creates ``member.<i>`` comes between the grant
+    and the lease thread's start: the reads that find the incarnation come before the grant, and the
+    first read of the records (``_begin``) runs with the lease thread already renewing."""
+    calls: List[str] = []
+    renewing: List[int] = []  # lease threads alive at each campaign
+
+    def traced(name, call):
+        def traced_call(*args, **kwargs):
+            if name != "keepalive" or "keepalive" not in calls:  # the first renewal only
+                calls.append(name)
+            if name == "create" and args[0].endswith("view.leader"):  # _begin's campaign
+                renewing.append(sum(t.name == "etcd-lease" and t.is_alive() for t in threading.enumerate()))
+            return call(*args, **kwargs)
+        return traced_call
+
+    for name in ("range", "get", "count", "put", "create", "grant", "keepalive"):
+        setattr(etcd, name, traced(name, getattr(etcd, name)))
+    if late:
+        first = EtcdStore.join(etcd, "job", 0, NAMES, ttl=60, elastic=True)
+        etcd.stores.append(first)
+        etcd.kv[first.prefix + "gen_0/start.json"] = json.dumps({"servers": [0, 1]}).encode()
+    calls.clear()
+    renewing.clear()
+    store = EtcdStore.join(etcd, "job", 2, NAMES, ttl=60, elastic=True)
+    etcd.stores.append(store)
+    assert calls[calls.index("grant") + 1] == "create"  # the join's transaction
+    assert store.running == (0 if late else None)
+    assert renewing[0] == 1 + late  # this store's lease thread (and the first store's) ran at its campaign
+
+
 def test_silent_watches_are_reopened_at_moments_of_their_own(etcd):
     """Every follower opens its watch on the same view: each waits 5-7.5 s drawn at random before it
     re-reads, so that 1,000 of them do not all hit etcd in the same instant every 5 s."""
