@@ -323,6 +323,28 @@ def test_the_lease_is_granted_just_before_the_join_and_renewed_while_the_first_r
     assert renewing[0] == 1 + late  # this store's lease thread (and the first store's) ran at its campaign
 
 
+def test_a_lease_lost_during_the_first_read_expels_and_is_no_reset(etcd):
+    """The lease thread runs while the join's first read does: a lease etcd drops meanwhile expels
+    this server. Nothing was seen yet to tell lost data by, so a reset the incarnation had before
+    this join (``reset.1``) must not read as a new one, which would put every record back."""
+    first = join(etcd, 0)
+    etcd.put(first.prefix + "reset.1", b"{}")
+    campaigned, create = threading.Event(), etcd.create
+
+    def slow_create(key, value, lease=0, also=()):
+        if key.endswith("view.leader") and not campaigned.is_set():  # the joiner's campaign
+            campaigned.set()
+            etcd.expire(max(etcd.live))  # its lease, the newest, is gone before its first read ends
+            time.sleep(1.5)  # past its first renewal (TTL/3 = 1 s)
+        return create(key, value, lease, also)
+
+    etcd.create = slow_create
+    store = EtcdStore.join(etcd, "job", 1, NAMES, ttl=3)
+    etcd.stores.append(store)
+    assert store.expelled and "lease expired" in store.expelled
+    assert [k for k in etcd.kv if "/reset." in k] == [first.prefix + "reset.1"]
+
+
 def test_silent_watches_are_reopened_at_moments_of_their_own(etcd):
     """Every follower opens its watch on the same view: each waits 5-7.5 s drawn at random before it
     re-reads, so that 1,000 of them do not all hit etcd in the same instant every 5 s."""
