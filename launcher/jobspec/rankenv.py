@@ -76,7 +76,7 @@ class WorkerSpec:
         argv: The command to run.
         env: Only the variables the launcher sets.
         serves: The TCP port on which this process hosts the job's rendezvous, which every other rank
-            connects to (torch's TCPStore on global rank 0); None for the others.
+            connects to (torch's TCPStore on global rank 0, MindSpore's scheduler); None for the others.
     """
 
     rank: int
@@ -290,12 +290,16 @@ def scheduler_env(ctx: EnvContext, attempt: int) -> Dict[str, str]:
     return env
 
 
-def store_port(env: Mapping[str, str]) -> Optional[int]:
-    """The port of the TCPStore a rank with ``env`` hosts: global rank 0 does, at ``MASTER_PORT``, in
-    ``init_process_group``'s env:// rendezvous when no agent hosts it (``TORCHELASTIC_USE_AGENT_STORE``
-    false, as the launcher sets it). None for any other rank."""
-    port = env.get(ev.MASTER_PORT, "")
-    if env.get(ev.RANK) != "0" or env.get(ev.TORCHELASTIC_USE_AGENT_STORE) != "False":
+def rendezvous_port(env: Mapping[str, str]) -> Optional[int]:
+    """The port of the rendezvous a process with ``env`` hosts, which every rank connects to:
+    MindSpore's scheduler (``MS_ROLE=MS_SCHED``) at ``MS_SCHED_PORT``; PyTorch's global rank 0 at
+    ``MASTER_PORT``, its TCPStore in ``init_process_group``'s env:// rendezvous when no agent hosts it
+    (``TORCHELASTIC_USE_AGENT_STORE`` false, as the launcher sets it). None for any other process."""
+    if env.get(ev.MS_ROLE) == ev.MS_ROLE_SCHED:
+        port = env.get(ev.MS_SCHED_PORT, "")
+    elif env.get(ev.RANK) == "0" and env.get(ev.TORCHELASTIC_USE_AGENT_STORE) == "False":
+        port = env.get(ev.MASTER_PORT, "")
+    else:
         return None
     return int(port) if port.isascii() and port.isdigit() and 0 < int(port) < 65536 else None
 
@@ -309,7 +313,8 @@ def worker_specs(ctx: EnvContext, command: Sequence[str], attempt: int,
     specs = []
     for i, d in enumerate(ctx.topology.server.devices):
         env = build_rank_env(ctx, d, i, attempt, per_rank.get(d.rank_id))
-        specs.append(WorkerSpec(d.rank_id, i, d.device_id, ROLE_WORKER, argv, env, store_port(env)))
+        specs.append(WorkerSpec(d.rank_id, i, d.device_id, ROLE_WORKER, argv, env, rendezvous_port(env)))
     if ctx.topology.dynamic_cluster and ctx.topology.hosts_rank0:
-        specs.insert(0, WorkerSpec(SCHEDULER_RANK, -1, -1, ROLE_SCHEDULER, argv, scheduler_env(ctx, attempt)))
+        env = scheduler_env(ctx, attempt)
+        specs.insert(0, WorkerSpec(SCHEDULER_RANK, -1, -1, ROLE_SCHEDULER, argv, env, rendezvous_port(env)))
     return specs

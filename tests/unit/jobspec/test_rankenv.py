@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from launcher.common.errors import UsageError
 from launcher.jobspec.rankenv import (ROLE_SCHEDULER, ROLE_WORKER, SCHEDULER_RANK, EnvContext, WorkerSpec,
                                       build_rank_env, check_visible_devices, derived_run_id, scheduler_env,
-                                      store_port, worker_specs)
+                                      rendezvous_port, worker_specs)
 from launcher.jobspec.ranktable.model import Device, RankTable, ServerEntry
 from launcher.jobspec.topology import Topology
 
@@ -586,9 +586,13 @@ def test_global_rank_0_of_a_torch_job_serves_the_store_at_master_port():
     assert all(s.serves is None for s in specs1)  # the server without global rank 0 hosts nothing
 
 
-def test_mindspore_ranks_and_scheduler_serve_no_store():
+def test_mindspores_scheduler_serves_the_rendezvous_and_its_workers_nothing():
+    """Its workers register with it at MS_SCHED_PORT and retry 0.5 s later when it is not listening yet."""
     ctx = make_ctx(dynamic_topology(0), framework="mindspore")
-    assert all(s.serves is None for s in worker_specs(ctx, ["python", "net.py"], 0))
+    specs = worker_specs(ctx, ["python", "net.py"], 0)
+    [scheduler] = [s for s in specs if s.role == "scheduler"]
+    assert scheduler.serves == int(scheduler.env["MS_SCHED_PORT"]) > 0
+    assert all(s.serves is None for s in specs if s is not scheduler)
 
 
 @pytest.mark.parametrize("env", [
@@ -597,12 +601,16 @@ def test_mindspore_ranks_and_scheduler_serve_no_store():
     {"RANK": "0", "TORCHELASTIC_USE_AGENT_STORE": "False"},
     *({"RANK": "0", "MASTER_PORT": port, "TORCHELASTIC_USE_AGENT_STORE": "False"}
       for port in ("", "0", "65536", "-1", " 29500", "２９５００", "²", "29500x")),
+    {"MS_ROLE": "MS_WORKER", "MS_SCHED_PORT": "8118"},
+    {"MS_ROLE": "MS_SCHED", "MS_SCHED_PORT": "x"},
+    {"MS_ROLE": "MS_SCHED", "RANK": "0", "MASTER_PORT": "29500", "TORCHELASTIC_USE_AGENT_STORE": "False"},
 ])
-def test_no_store_port_without_rank_0_hosting_one_at_a_usable_port(env):
-    assert store_port(env) is None
+def test_no_rendezvous_port_without_a_host_at_a_usable_port(env):
+    assert rendezvous_port(env) is None
 
 
-@given(st.dictionaries(st.sampled_from(["RANK", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE"]), st.text()))
-def test_store_port_never_raises(env):
-    port = store_port(env)
+@given(st.dictionaries(st.sampled_from(["RANK", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "MS_ROLE",
+                                        "MS_SCHED_PORT"]), st.text()))
+def test_rendezvous_port_never_raises(env):
+    port = rendezvous_port(env)
     assert port is None or 0 < port < 65536
