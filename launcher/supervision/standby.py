@@ -56,6 +56,7 @@ class Standby:
     rss: int = 0
     loading: int = 1  # import requests not yet answered
     env_read: Tuple[str, ...] = ()
+    threads: int = 1  # its threads when ready: more than one is an OpenBLAS pool, sized for its CPUs then
 
 
 def _out_of_idle(pid: int) -> None:
@@ -128,7 +129,9 @@ class StandbyPool(AutoLearning):
         """
         standby = self._standbys.get(spec.rank)
         reason = self._unusable(standby, spec, env, stdio)
-        if reason is None and cpus is not None:  # before it runs the rank: its threads inherit the set
+        if reason is None and cpus is not None and standby.threads > 1:  # a cold rank's pool fits its set
+            reason = f"its BLAS thread pool was sized before --bind-cores gave it CPUs {format_cpulist(cpus)}"
+        elif reason is None and cpus is not None:  # before it runs the rank: its threads inherit the set
             try:
                 pin(standby.proc.pid, cpus)
             except OSError as exc:
@@ -286,6 +289,8 @@ class StandbyPool(AutoLearning):
         elif standby.loading == 0:
             standby.ready, standby.rss = True, int(answer.get("rss", 0))
             standby.env_read = tuple(answer.get("env_read", ()))
+            threads = answer.get("threads")
+            standby.threads = threads if isinstance(threads, int) else 1
             self.emit("standby_ready", rank=standby.rank, pid=standby.proc.pid, rss_bytes=standby.rss,
                       seconds=seconds, modules=list(self.modules))
 

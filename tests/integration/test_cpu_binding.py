@@ -55,3 +55,21 @@ def test_a_list_and_none(tmp_path):
     unbound.trigger.touch()
     assert unbound.finish() == 0
     assert _affinities(unbound, 0) == [ALLOWED, ALLOWED]
+
+
+def test_a_standby_with_a_blas_pool_leaves_a_bound_rank_to_start_cold(tmp_path):
+    """numpy's OpenBLAS sizes its pool from the CPU set when it loads: in a standby, before
+    ``--bind-cores`` binds it. A cold rank's pool fits its own set, so that rank starts cold."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "2"}
+    pytest.importorskip("numpy")
+    job = Job(tmp_path / "job", "numpy", free_port(), "--fail-rank", "1", "--mode", "ok", "--fail-attempt", "1",
+              env=env, options=["--bind-cores", "auto"])
+    assert wait_until(lambda: all((job.out / f"0-{rank}.json").exists() for rank in (0, 1))
+                      or job.proc.poll() is not None, 60)
+    job.go_when_ready(2)
+    assert job.finish() == 0
+    [started] = job.events("standby_start")
+    assert started["ranks"] == [] and sorted(started["cold"]) == ["0", "1"]
+    assert all("BLAS thread pool was sized before --bind-cores" in why for why in started["cold"].values())
+    sets = _affinities(job, 1)
+    assert not sets[0] & sets[1] and sets[0] | sets[1] == ALLOWED
