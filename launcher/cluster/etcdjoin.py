@@ -94,10 +94,11 @@ class Joining:
                 break
             if client.get(store.prefix + CLOSED) is None:
                 # only a late joiner of a running elastic job reads the incarnation's keys
-                running = elastic and client.count(store.prefix + "gen_") > 0
-                keys = client.range(store.prefix)[1] if running else None
-                if keys is not None and leased(store) and store._join_running(keys):
-                    break
+                if elastic and client.count(store.prefix + "gen_") > 0:
+                    keys = client.range(store.prefix)[1]
+                    leased(store)  # after the read: the join's transaction is next
+                    if store._join_running(keys):
+                        break
                 if client.create(store.prefix + f"join.{index}", store._joined(), 0,
                                  [(store.prefix + f"member.{index}", b"{}", leased(store))]):
                     break

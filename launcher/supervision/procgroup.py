@@ -132,8 +132,9 @@ class LocalProcessGroup(EventLoop, ProcessGroup):
 
         The rank that hosts the job's rendezvous goes first and the others once it listens (at most
         ``_SERVE_WAIT``), where the host of the attempt before listened when its first rank exited (a
-        torch job's rank 0 does, with its TCPStore): a peer that connects before the host listens is
-        refused, and torch's TCPStore client then backs off for 0.5-1.5 s (docs/warm-standby.md).
+        torch job's rank 0 with its TCPStore, MindSpore's scheduler): a peer that connects before the
+        host listens is refused, and tries again only later (torch's TCPStore client 0.6-0.7 s here,
+        MindSpore's workers 0.5 s; docs/warm-standby.md).
         Cold starts spend seconds importing: no order.
         """
         unused = set()

@@ -262,10 +262,10 @@ def test_numpys_blas_pool_does_not_refuse_the_standby(tmp_path):
 
 
 def test_a_thread_beside_the_blas_pool_still_refuses(tmp_path):
+    pool = _blas_pool_env()
     env = {**_write_module(tmp_path, "npthreader", "import numpy, threading, time\n"
                            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"),
-           "OPENBLAS_NUM_THREADS": "2"}
-    _blas_pool_env()
+           "OPENBLAS_NUM_THREADS": pool["OPENBLAS_NUM_THREADS"]}
     job = Job(tmp_path / "job", "npthreader", free_port(), "--fail-rank", "1", "--mode", "exit3", env=env)
     assert wait_until(lambda: job.events("standby_refused") or job.proc.poll() is not None, 60)
     job.trigger.touch()
