@@ -7,13 +7,12 @@ instead of in front of the first spawn. The orphan guard is forked before the mo
 started during the move is born in the attempt's cgroup, and the guard must outlive every attempt.
 """
 
-import dataclasses
-
+from launcher.common.records import record
 from launcher.supervision import guard as guard_mod
 from launcher.supervision.jobtree import JobTree
 
 
-@dataclasses.dataclass
+@record
 class JobStart:
     """What a session takes over: the job's process tree (moving into the first attempt's cgroup) and
     the orphan guard watching it.

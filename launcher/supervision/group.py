@@ -5,9 +5,9 @@ signalling, reaping, output); the supervisor's tests script it.
 """
 
 import abc
-import dataclasses
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from launcher.common.records import record
 from launcher.jobspec.rankenv import WorkerSpec
 from launcher.supervision.jobtree import Stray
 from launcher.supervision.loopevents import Event
@@ -49,7 +49,7 @@ class ProcessGroup(abc.ABC):
         """Replace one rank of the running attempt: its old process group is gone first."""
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Started:
     """An attempt whose ranks were started (:func:`start_attempt`).
 

@@ -24,6 +24,7 @@ import time
 from typing import Callable, Dict, FrozenSet, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.common import envnames
+from launcher.common.records import record
 from launcher.supervision.cgroup import Cgroup, job_cgroup, not_used, read_file, remove_stale, write_file
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,7 @@ _EXEC_RECHECKS = 5
 _PF_KTHREAD = 0x00200000  # /proc/<pid>/stat flags: a kernel thread (no environment, never ours)
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Stray:
     """A process of the job found outside its rank's process group, and killed.
 
@@ -54,7 +55,7 @@ class Stray:
         return dataclasses.asdict(self)
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class ProcStat:
     """The fields of ``/proc/<pid>/stat`` the sweep needs."""
 
@@ -139,7 +140,7 @@ def kill_verified(pid: int, start: int) -> bool:
             os.close(pidfd)
 
 
-@dataclasses.dataclass(frozen=True)
+@record(frozen=True)
 class Leaf:
     """One spawn's share of the job: its environment token and, where cgroups are used, its cgroup.
 

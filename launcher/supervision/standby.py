@@ -14,7 +14,6 @@ Everything here runs in the launcher's event loop and never blocks: the standby'
 readable sockets, its death through the loop's reaper (``watch_pid``).
 """
 
-import dataclasses
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import time
 from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 from launcher.common.inputfiles import loads_json
+from launcher.common.records import record
 from launcher.jobspec.binding import format_cpulist, pin
 from launcher.jobspec.preload import PythonEntry, python_entry, start_env_diff
 from launcher.jobspec.rankenv import WorkerSpec
@@ -41,7 +41,7 @@ PREPARE_DELAY = 0.5
 _MAX_ANSWER = 1 << 16
 
 
-@dataclasses.dataclass
+@record
 class Standby:
     """One standby process and what the launcher knows of it."""
 

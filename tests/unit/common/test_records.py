@@ -1,7 +1,9 @@
-"""``@record`` against ``@dataclass``: the same text, equality and hash, on the same classes."""
+"""``@record`` against ``@dataclass``: the same text, equality, hash, arguments and guards, on the same
+classes."""
 
 import dataclasses
 import importlib
+import inspect
 import math
 import pkgutil
 from typing import Any, List, Optional, Tuple
@@ -10,7 +12,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 import launcher
-from launcher.common.records import record
+from launcher.common.records import COMPILE_AFTER, init_fn, record
 
 
 def point_classes(frozen: bool):
@@ -178,3 +180,145 @@ def test_a_class_that_sets_its_own_hash_keeps_it(own_hash):
 
     for cls in (make(dataclasses.dataclass(frozen=True)), make(record(frozen=True))):
         assert cls.__hash__ is own_hash
+
+
+def _full_twin(cls: type) -> type:
+    """``cls`` as ``@dataclass`` would have made it, ``__init__`` included: every field's default,
+    factory, ``init`` and keyword-only flag, and ``__post_init__`` when it has one."""
+    def spec(f: dataclasses.Field) -> dataclasses.Field:
+        extra = {"kw_only": f.kw_only} if hasattr(f, "kw_only") else {}
+        return dataclasses.field(default=f.default, default_factory=f.default_factory, init=f.init, repr=f.repr,
+                                 compare=f.compare, hash=f.hash, **extra)
+
+    namespace = {"__post_init__": cls.__post_init__} if hasattr(cls, "__post_init__") else {}
+    twin = dataclasses.make_dataclass(cls.__name__, [(f.name, f.type, spec(f)) for f in dataclasses.fields(cls)],
+                                      namespace=namespace, frozen=cls.__dataclass_params__.frozen)
+    twin.__qualname__ = cls.__qualname__
+    return twin
+
+
+@pytest.mark.parametrize("cls", RECORDS, ids=lambda cls: f"{cls.__module__}.{cls.__qualname__}")
+def test_every_launcher_record_takes_the_arguments_of_its_dataclass_twin(cls):
+    ours = init_fn(cls, cls.__dataclass_params__.frozen)
+    assert str(inspect.signature(ours)) == str(inspect.signature(_full_twin(cls).__init__))  # <factory>: ours
+    assert ours.__qualname__ == f"{cls.__qualname__}.__init__"
+
+
+def featured_classes(frozen: bool):
+    """Every kind of field ``__init__`` treats apart, as a dataclass and as a record."""
+
+    def make(decorate):
+        class Featured:
+            x: Any
+            y: Any = 0
+            items: List[Any] = dataclasses.field(default_factory=list)
+            made: List[Any] = dataclasses.field(default_factory=lambda: ["made"], init=False)
+            fixed: Any = dataclasses.field(default="fixed", init=False)
+            unset: Any = dataclasses.field(init=False)
+            keyword: Any = dataclasses.field(default=None, kw_only=True)
+
+            def __post_init__(self) -> None:
+                object.__setattr__(self, "post", (self.x, len(self.items)))
+
+        return decorate(Featured)
+
+    return make(dataclasses.dataclass(frozen=frozen)), make(record(frozen=frozen))
+
+
+def _outcome(cls: type, args: Tuple[Any, ...], kwargs: dict) -> Any:
+    try:
+        obj = cls(*args, **kwargs)
+    except TypeError as exc:
+        return type(exc), str(exc)
+    return vars(obj), obj.fixed, hasattr(obj, "unset")
+
+
+ARGUMENT_VALUES = st.one_of(st.none(), st.integers(-2, 2), st.lists(st.integers(0, 3), max_size=2))
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(st.booleans(), st.lists(ARGUMENT_VALUES, max_size=4),
+       st.dictionaries(st.sampled_from(["x", "y", "items", "made", "keyword", "other"]), ARGUMENT_VALUES,
+                       max_size=3))
+def test_a_record_is_made_from_the_same_arguments_as_the_dataclass(frozen, args, kwargs):
+    theirs, ours = featured_classes(frozen)
+    for _ in range(COMPILE_AFTER + 2):  # by the stand-in, then by the compiled __init__
+        assert _outcome(ours, tuple(args), kwargs) == _outcome(theirs, tuple(args), kwargs)
+    ours_again = featured_classes(frozen)[1]
+    assert ours_again(1).items is not ours_again(1).items  # the factory runs for each instance
+
+
+def test_the_init_is_compiled_once_the_class_is_made_often():
+    cls = featured_classes(True)[1]
+    standin = cls.__init__
+    assert "*args" in str(inspect.signature(standin))
+    for _ in range(COMPILE_AFTER):
+        cls(1)
+    assert cls.__init__ is standin
+    cls(1)
+    assert cls.__init__ is not standin
+    assert str(inspect.signature(cls)) == str(inspect.signature(featured_classes(True)[0]))
+
+
+def test_arguments_the_stand_in_cannot_bind_get_the_dataclass_error():
+    theirs = featured_classes(False)[0]
+    for args, kwargs in (((), {}), ((1, 2, 3, 4), {}), ((1,), {"x": 2}), ((1,), {"made": 2})):
+        with pytest.raises(TypeError) as expected:
+            theirs(*args, **kwargs)
+        with pytest.raises(TypeError) as got:
+            featured_classes(False)[1](*args, **kwargs)
+        assert str(got.value) == str(expected.value)
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_record_guards_its_fields_as_the_dataclass_does(frozen):
+    outcomes = []
+    for cls in featured_classes(frozen):
+        obj, child = cls(1), type("Child", (cls,), {})(1)
+        seen = []
+        for target, name in ((obj, "x"), (obj, "other"), (child, "x"), (child, "other")):
+            for act in (lambda: setattr(target, name, 2), lambda: delattr(target, name)):
+                try:
+                    act()
+                    seen.append("ok")
+                except (dataclasses.FrozenInstanceError, AttributeError) as exc:
+                    seen.append(f"{type(exc).__name__}: {exc}")
+        outcomes.append(seen)
+    assert outcomes[0] == outcomes[1]
+    assert ("FrozenInstanceError: cannot assign to field 'x'" in outcomes[1]) == frozen
+
+
+def test_what_dataclasses_refuses_a_record_refuses():
+    class Ordered:
+        a: int = 0
+        b: int
+
+    class Guarded:
+        a: int
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            object.__setattr__(self, name, value)
+
+    class Late:
+        a: int
+        late: dataclasses.InitVar[int] = 0
+
+    for cls, frozen, message in ((Ordered, False, "non-default argument 'b' follows default argument"),
+                                 (Guarded, True, "Cannot overwrite attribute __setattr__"),
+                                 (Late, False, "takes no InitVar")):
+        with pytest.raises(TypeError, match=message):
+            record(cls, frozen=frozen)
+
+
+def test_a_record_on_a_dataclass_base_is_made_by_dataclasses():
+    @dataclasses.dataclass(frozen=True)
+    class Base:
+        a: int
+
+    @record(frozen=True)
+    class Derived(Base):
+        b: int = 1
+
+    assert Derived(2) == Derived(2, 1) and repr(Derived(2)) == "test_a_record_on_a_dataclass_base_is_made_by_dataclasses.<locals>.Derived(a=2, b=1)"
+    with pytest.raises(TypeError, match="non-frozen"):
+        record(type("Mutable", (Base,), {"__annotations__": {"c": int}}))
