@@ -5,7 +5,8 @@ Owns: ``errors`` (UsageError / LauncherError), ``envnames`` (every env var name)
 not write), ``outputfiles`` (the one way to create files where someone else may plant a symlink), ``resources`` (shipped schemas), ``rundir`` and ``jobs`` (the run dir
 and the jobs under the base dir), ``signals`` (handlers that only record), ``warnonce``,
 ``filewatch`` and ``gcpause`` (the cyclic collector paused while any thread asks, and long-lived
-objects frozen out of its passes), ``records`` (``@record``: dataclasses that import faster).
+objects frozen out of its passes), ``records`` (``@record``: dataclasses that import faster), ``programs``
+(``which`` without importing ``shutil``).
 
 May import: the standard library and third-party packages only; nothing else from ``launcher``.
 """

@@ -9,12 +9,12 @@ launcher runs the dumps (``launcher.run.hangwatch``); this module parses and com
 
 import os
 import re
-import shutil
 import sys
 from collections import Counter
 from typing import Dict, List, Mapping, Optional
 
 from launcher.common import envnames
+from launcher.common.programs import which
 
 #: ``    func (file.py:88)`` in a py-spy dump.
 _PYSPY_FRAME = re.compile(r"^\s+(?P<func>\S.*?) \((?P<file>[^()]*?):(?P<line>\d+)\)\s*$")
@@ -31,7 +31,7 @@ def py_spy_path(environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
     if envnames.LAUNCHER_PY_SPY in environ:
         return environ[envnames.LAUNCHER_PY_SPY] or None
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
-    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+    return which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
 
 
 def _where(func: str, path: str, line: str) -> str:

@@ -24,11 +24,11 @@ import functools
 import logging
 import os
 import re
-import shutil
 import subprocess
 from typing import Dict, Iterable, List, Mapping, Optional
 
 from launcher.common import envnames
+from launcher.common.programs import which
 from launcher.supervision.jobtree import read_stat
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def parse_npu_smi(text: str) -> Dict[int, List[int]]:
 @functools.lru_cache(maxsize=4)
 def _which_npu_smi(path: str) -> Optional[str]:
     """Where ``npu-smi`` is on ``path`` (looked up once per PATH: a restart should not walk it)."""
-    return shutil.which("npu-smi", path=path)
+    return which("npu-smi", path=path)
 
 
 def npu_smi_holders(device_ids: Iterable[int], root: int) -> Dict[int, List[str]]:

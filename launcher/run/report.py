@@ -7,7 +7,6 @@ bounds how many attempt directories a crash loop keeps. ``format_root_cause`` tu
 
 import logging
 import os
-import shutil
 import time
 from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
@@ -48,6 +47,8 @@ def prune_attempt_logs(log_session: str, current: int, keep: int = KEEP_ATTEMPT_
     busy = {os.path.basename(os.path.dirname(path)) for path in in_use}
     kept = set(numbers[:1]) | set(sorted(set(numbers) | {current})[-keep:]) | {current}
     removed = [n for n in numbers if n not in kept and f"attempt_{n}" not in busy]
+    import shutil  # here, not at the top: shutil's imports (bz2, lzma) would delay the first ranks
+
     for number in removed:
         shutil.rmtree(os.path.join(log_session, f"attempt_{number}"), ignore_errors=True)
     return removed

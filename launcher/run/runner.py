@@ -4,13 +4,13 @@ import dataclasses
 import json
 import logging
 import os
-import shutil
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 from launcher.supervision import debugging
 from launcher.common import envnames
 from launcher.jobspec import hostfacts, topology
 from launcher.common.errors import UsageError
+from launcher.common.programs import which
 from launcher.jobspec.options import RunOptions, check_sync_options
 from launcher.jobspec.runspec import ClusterSpec, RunSpec, run_spec
 from launcher.common.rundir import base_dir
@@ -142,7 +142,7 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
     if os.sep in program:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise UsageError(f"command not found or not executable: {program}")
-    elif shutil.which(program, path=environ.get("PATH")) is None:
+    elif which(program, path=environ.get("PATH")) is None:
         here = os.path.isfile(program)  # the shell's habit: a file here runs only as ./NAME
         raise UsageError(f"command not found: {program}",
                          [f"(searched $PATH; to run the file in this directory, write ./{program})" if here

@@ -22,11 +22,11 @@ before, where setpriv would exit 127 in the rank's place, or hand a script witho
 
 import functools
 import os
-import shutil
 import subprocess
 from typing import Dict, FrozenSet, Mapping, Optional, Sequence, Tuple
 
 from launcher.common.inputfiles import InputFileError, open_regular
+from launcher.common.programs import which
 from launcher.supervision import guard as guard_mod
 from launcher.supervision.states import ExitInfo
 
@@ -44,7 +44,7 @@ class Spawner:
     """
 
     def __init__(self, setpriv: Optional[str] = "") -> None:
-        self._setpriv = shutil.which("setpriv") if setpriv == "" else setpriv
+        self._setpriv = which("setpriv") if setpriv == "" else setpriv
         self._usable: Optional[bool] = None if self._setpriv else False
         self._probe: Optional[subprocess.Popen] = None
         self._direct: Dict[Tuple[str, str], bool] = {}  # (program, PATH) -> it execs directly
