@@ -1,9 +1,10 @@
 """``@record``: a dataclass none of whose methods is compiled when its module is imported.
 
 ``dataclasses`` compiles every method it generates, for every class, when the module is imported (an
-``exec`` each, about 0.07-0.2 ms on CPython 3.11). ``launcher run`` imports some fifty dataclasses
-before its first rank starts; their methods were about 25 ms of its start-up (2 cores), and most of
-those classes are never instantiated before the ranks run, many never in a run. A record makes:
+``exec`` each, about 0.07-0.3 ms on CPython 3.11). ``launcher run`` imports some fifty dataclasses
+before its first rank starts; compiling their methods was 17 ms of its start-up (docs/benchmarks.md,
+"Launch, a fifth look"), and most of those classes are never instantiated before the ranks run, many
+never in a run. A record makes:
 
 - ``__repr__``, ``__eq__`` and, frozen, ``__hash__``: closures over the field names, not compiled
   code. They give what ``dataclasses`` generates (the same text, the same equality, the same hash,
