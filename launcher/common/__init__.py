@@ -6,7 +6,7 @@ not write), ``outputfiles`` (the one way to create files where someone else may 
 and the jobs under the base dir), ``signals`` (handlers that only record), ``warnonce``,
 ``filewatch`` and ``gcpause`` (the cyclic collector paused while any thread asks, and long-lived
 objects frozen out of its passes), ``records`` (``@record``: dataclasses that import faster), ``programs``
-(``which`` without importing ``shutil``).
+(``which``: a program on ``PATH`` as ``exec`` finds it).
 
 May import: the standard library and third-party packages only; nothing else from ``launcher``.
 """

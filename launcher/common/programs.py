@@ -1,39 +1,26 @@
-"""Finding a program on ``PATH``, as ``shutil.which`` finds it, without importing ``shutil``.
+"""Finding a program on ``PATH`` as ``exec`` finds it, without importing ``shutil``.
 
-``shutil`` imports ``fnmatch``, ``bz2``, ``lzma`` and ``zlib``: about 2 ms of ``launcher run``'s
-start-up before its first rank, where all it needed was ``which`` (the command, setpriv, npu-smi).
-tests/unit/common/test_programs.py compares :func:`which` with ``shutil.which``.
+The one lookup of a program in the launcher: the rank's command (checked before anything runs, and
+looked at before it is spawned), setpriv, npu-smi, py-spy. It searches the directories
+``os.get_exec_path`` gives for an environment, which ``subprocess.Popen`` and ``execvp`` search, so
+the file it names is the one a spawn runs. ``shutil`` would have imported ``fnmatch``, ``bz2``,
+``lzma`` and ``zlib``: about 2 ms of ``launcher run``'s start-up before its first rank.
 """
 
 import os
-from typing import Optional
+from typing import Mapping, Optional
 
 
-def which(program: str, path: Optional[str] = None) -> Optional[str]:
-    """The first executable file named ``program`` on ``path`` (default: ``$PATH``, else the system's
-    default path), or ``program`` itself when it names a directory part and is executable; None
-    otherwise. An empty ``path`` finds nothing; an empty entry in it means the current directory."""
+def which(program: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The file ``exec`` runs for ``program`` in an environment ``env`` (default: this process's): as
+    given when it names a directory part, else the first executable regular file of that name in
+    ``env``'s ``PATH`` (the system's default path without one; an empty entry is the current
+    directory). None when there is none."""
     if os.path.dirname(program):
-        return program if _executable(program) else None
-    if path is None:
-        path = os.environ.get("PATH")
-        if path is None:
-            try:
-                path = os.confstr("CS_PATH")
-            except (AttributeError, ValueError):
-                path = os.defpath
-    if not path:
-        return None
-    seen = set()
-    for directory in path.split(os.pathsep):
-        if directory in seen:
-            continue
-        seen.add(directory)
-        candidate = os.path.join(directory, program)
-        if _executable(candidate):
-            return candidate
+        candidates = [program]
+    else:
+        candidates = [os.path.join(d, program) for d in os.get_exec_path(None if env is None else dict(env))]
+    for path in candidates:
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
     return None
-
-
-def _executable(path: str) -> bool:
-    return os.path.exists(path) and os.access(path, os.F_OK | os.X_OK) and not os.path.isdir(path)

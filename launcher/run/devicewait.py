@@ -111,14 +111,14 @@ def parse_npu_smi(text: str) -> Dict[int, List[int]]:
 
 
 @functools.lru_cache(maxsize=4)
-def _which_npu_smi(path: str) -> Optional[str]:
+def _which_npu_smi(path: Optional[str]) -> Optional[str]:
     """Where ``npu-smi`` is on ``path`` (looked up once per PATH: a restart should not walk it)."""
-    return which("npu-smi", path=path)
+    return which("npu-smi", {} if path is None else {"PATH": path})
 
 
 def npu_smi_holders(device_ids: Iterable[int], root: int) -> Dict[int, List[str]]:
     """Device -> ``pid N (npu-smi)`` of each process ``npu-smi info`` lists on it; {} without npu-smi."""
-    tool = _which_npu_smi(os.environ.get("PATH", ""))
+    tool = _which_npu_smi(os.environ.get("PATH"))
     if tool is None:
         return {}
     try:

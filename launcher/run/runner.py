@@ -142,7 +142,7 @@ def check_command(command: Sequence[str], environ: Mapping[str, str]) -> None:
     if os.sep in program:
         if not (os.path.isfile(program) and os.access(program, os.X_OK)):
             raise UsageError(f"command not found or not executable: {program}")
-    elif which(program, path=environ.get("PATH")) is None:
+    elif which(program, environ) is None:
         here = os.path.isfile(program)  # the shell's habit: a file here runs only as ./NAME
         raise UsageError(f"command not found: {program}",
                          [f"(searched $PATH; to run the file in this directory, write ./{program})" if here

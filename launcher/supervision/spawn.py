@@ -95,23 +95,10 @@ class Spawner:
         return self._direct[key]
 
 
-def resolve(program: str, env: Mapping[str, str]) -> Optional[str]:
-    """The file ``exec`` runs for ``program``: as given when it names a path, else the first executable
-    file of that name on the environment's ``PATH`` (the one ``execvp`` and ``Popen`` both reach)."""
-    if os.path.dirname(program):
-        candidates = [program]
-    else:
-        candidates = [os.path.join(d, program) for d in os.get_exec_path(dict(env))]
-    for path in candidates:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-    return None
-
-
 def execs_directly(program: str, env: Mapping[str, str]) -> bool:
     """Whether ``exec`` of ``program`` succeeds as it is: an executable ELF file, or a ``#!`` script
     whose interpreter is an executable file."""
-    path = resolve(program, env)
+    path = which(program, env)
     if path is None:
         return False
     try:  # the user's program: its first bytes, through the one reader (a FIFO is not waited for)

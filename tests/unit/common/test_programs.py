@@ -1,7 +1,10 @@
-"""``programs.which`` against ``shutil.which``: the same answer on the same directories and ``PATH``."""
+"""``programs.which``: the file ``exec`` runs. Where ``shutil.which`` answers the same question (a
+non-empty ``PATH``) the two agree; an empty or missing ``PATH`` is searched as ``Popen`` searches it."""
 
 import os
 import shutil
+import subprocess
+import sys
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -33,7 +36,8 @@ def _make(root: str, layout: dict) -> None:
 @settings(max_examples=150, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(layout=st.fixed_dictionaries({name: st.sampled_from(KINDS) for name in ("a", "b", "c")}),
-       entries=st.lists(ENTRIES, max_size=5), program=st.sampled_from(["prog", "a/prog", "./c/prog", "nope"]))
+       entries=st.lists(ENTRIES, min_size=1, max_size=5).filter(any),
+       program=st.sampled_from(["prog", "a/prog", "./c/prog", "nope"]))
 def test_which_finds_what_shutil_finds(tmp_path_factory, layout, entries, program):
     root = str(tmp_path_factory.mktemp("which"))
     _make(root, layout)
@@ -41,15 +45,29 @@ def test_which_finds_what_shutil_finds(tmp_path_factory, layout, entries, progra
     here = os.getcwd()
     os.chdir(root)  # an empty entry and a relative program are looked up here
     try:
-        assert which(program, path) == shutil.which(program, path=path)
+        assert which(program, {"PATH": path}) == shutil.which(program, path=path)
     finally:
         os.chdir(here)
 
 
-def test_without_a_path_it_reads_the_environment(monkeypatch, tmp_path):
+def test_an_empty_or_missing_path_is_searched_as_popen_searches_it(tmp_path):
+    tool = tmp_path / "tool"
+    tool.write_text("#!/bin/sh\necho ran\n")
+    tool.chmod(0o755)
+    ran = subprocess.run(["tool"], env={"PATH": ""}, cwd=tmp_path, capture_output=True, text=True)
+    assert ran.stdout == "ran\n"  # Popen: an empty PATH is the current directory
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert which("tool", {"PATH": ""}) == "tool"
+    finally:
+        os.chdir(here)
+    assert which("sh", {}) == next(os.path.join(d, "sh") for d in os.defpath.split(os.pathsep)
+                                   if os.path.isfile(os.path.join(d, "sh")))
+
+
+def test_without_an_environment_it_reads_this_process(monkeypatch, tmp_path):
     (tmp_path / "tool").write_text("#!/bin/sh\n")
     (tmp_path / "tool").chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.path.dirname(sys.executable)}")
     assert which("tool") == shutil.which("tool") == str(tmp_path / "tool")
-    monkeypatch.delenv("PATH")
-    assert which("sh") == shutil.which("sh")
