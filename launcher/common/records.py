@@ -78,16 +78,16 @@ def record(cls: Any = None, *, frozen: bool = False) -> Any:
 
 
 def _lazy_methods(cls: Any, own: Dict[str, Any], frozen: bool) -> None:
-    """``__init__`` compiled at first use, a frozen record's guards, and what ``dataclasses`` says of
-    the class: what it would say had it made all of them."""
+    """The stand-in ``__init__``, a frozen record's guards, and what ``dataclasses`` says of the class:
+    what it would say had it made all of them."""
     fields = dataclasses.fields(cls)
     if len(fields) != len(cls.__dataclass_fields__):
-        pseudo = [f for name, f in cls.__dataclass_fields__.items() if f not in fields]
+        pseudo = [f for f in cls.__dataclass_fields__.values() if f not in fields]
         if any(isinstance(f.type, dataclasses.InitVar) or "InitVar" in str(f.type) for f in pseudo):
             raise TypeError(f"{cls.__qualname__}: a record takes no InitVar fields")
     _check_order(fields)
     if "__init__" not in own:
-        cls.__init__ = _lazy_init(cls, frozen)
+        cls.__init__ = _lazy_init(cls, fields, frozen)
     if frozen:
         for name in ("__setattr__", "__delattr__"):
             if name in own:
@@ -108,9 +108,10 @@ def _check_order(fields: Sequence[dataclasses.Field]) -> None:
                 raise TypeError(f"non-default argument {f.name!r} follows default argument")
 
 
-def _lazy_init(cls: Any, frozen: bool) -> Callable[..., None]:
-    fields = [(f.name, f.init, f.default, f.default_factory) for f in dataclasses.fields(cls)]
-    positional = tuple(f.name for f in dataclasses.fields(cls) if f.init and not getattr(f, "kw_only", False))
+def _lazy_init(cls: Any, described: Sequence[dataclasses.Field], frozen: bool) -> Callable[..., None]:
+    """The stand-in: binds its first :data:`COMPILE_AFTER` calls' arguments from ``described``."""
+    fields = [(f.name, f.init, f.default, f.default_factory) for f in described]
+    positional = tuple(f.name for f in described if f.init and not getattr(f, "kw_only", False))
     accepted = frozenset(name for name, init, _, _ in fields if init)
     required = frozenset(name for name, init, default, factory in fields
                          if init and default is dataclasses.MISSING and factory is dataclasses.MISSING)
@@ -162,7 +163,8 @@ def init_fn(cls: Any, frozen: bool) -> Callable[..., None]:
     params: List[str] = []
     keywords: List[str] = []
     body: List[str] = []
-    for f in dataclasses.fields(cls):
+    fields = dataclasses.fields(cls)
+    for f in fields:
         value = _init_value(f, names, params if not getattr(f, "kw_only", False) else keywords)
         if value is not None:
             body.append(f"__record_set__(self, {f.name!r}, {value})" if frozen else f"self.{f.name} = {value}")
@@ -172,7 +174,7 @@ def init_fn(cls: Any, frozen: bool) -> Callable[..., None]:
     text = f"def __init__({signature}):\n" + "".join(f" {line}\n" for line in body or ["pass"])
     exec(text, names)  # noqa: S102 - the text is made of field names and fixed words only
     fn = names["__init__"]
-    fn.__annotations__ = {**{f.name: f.type for f in dataclasses.fields(cls) if f.init}, "return": None}
+    fn.__annotations__ = {**{f.name: f.type for f in fields if f.init}, "return": None}
     return _named(cls, "__init__", fn)
 
 
